@@ -1,0 +1,7 @@
+"""magicdec_jax: lossless speculative decoding (MagicDec) for long-context, large-batch generation in JAX."""
+from magicdec_jax.config import ModelConfig, RopeScaling
+from magicdec_jax.model import Model, forward, full_forward, init_params
+from magicdec_jax.trees import Tree
+from magicdec_jax.sampling import Sampling
+from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft, truncate_layers
+from magicdec_jax.engine import GenerateResult, generate, logits

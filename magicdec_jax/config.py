@@ -1,0 +1,128 @@
+"""Model configuration: one frozen dataclass, read from HF `config.json` or GGUF metadata.
+
+Frozen and hashable so it can be a static argument of `jax.jit`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """RoPE frequency scaling: 'llama3' (smooth wavelength blend) or 'linear' (positions / factor)."""
+  kind: str = "llama3"
+  factor: float = 8.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A LLaMA-family decoder. Names follow HF where one exists."""
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope_theta: float = 10000.0
+  rope_scaling: RopeScaling | None = None
+  rms_norm_eps: float = 1e-5
+  tie_embeddings: bool = False
+  max_position_embeddings: int = 4096
+  bos_token_id: int | None = None
+  eos_token_ids: tuple[int, ...] = ()
+  dtype: str = "float32"  # params and caches: "float32" or "bfloat16"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+    if self.dtype not in ("float32", "bfloat16"):
+      raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+
+  @property
+  def jnp_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def group_size(self) -> int:
+    return self.num_heads // self.num_kv_heads
+
+  def replace(self, **kw) -> "ModelConfig":
+    return dataclasses.replace(self, **kw)
+
+  def to_json(self) -> str:
+    d = dataclasses.asdict(self)
+    return json.dumps(d, indent=1)
+
+  @classmethod
+  def from_json(cls, text: str) -> "ModelConfig":
+    d = json.loads(text)
+    if d.get("rope_scaling"):
+      d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+    d["eos_token_ids"] = tuple(d.get("eos_token_ids") or ())
+    return cls(**d)
+
+
+def _rope_scaling_from_hf(d: Mapping[str, Any] | None) -> RopeScaling | None:
+  if not d:
+    return None
+  kind = d.get("rope_type", d.get("type", "default"))
+  if kind == "default":
+    return None
+  if kind == "llama3":
+    return RopeScaling(
+        kind="llama3", factor=float(d["factor"]),
+        low_freq_factor=float(d.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(d.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(d.get("original_max_position_embeddings", 8192)))
+  if kind == "linear":
+    return RopeScaling(kind="linear", factor=float(d["factor"]))
+  raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, llama3, linear)")
+
+
+def config_from_hf(d: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
+  """Build a ModelConfig from a parsed HF `config.json`."""
+  archs = d.get("architectures") or []
+  model_type = d.get("model_type")
+  if (archs and not any(a in SUPPORTED_ARCHITECTURES for a in archs)) or (
+      model_type is not None and model_type not in SUPPORTED_MODEL_TYPES):
+    raise ValueError(f"unsupported architecture {archs or model_type!r}; "
+                     f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+  n_heads = int(d["num_attention_heads"])
+  hidden = int(d["hidden_size"])
+  rope_params = d.get("rope_parameters") or {}
+  scaling = d.get("rope_scaling") or (rope_params if rope_params.get("rope_type", "default") != "default" else None)
+  theta = d.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+  eos = d.get("eos_token_id")
+  eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+  return ModelConfig(
+      vocab_size=int(d["vocab_size"]), hidden_size=hidden,
+      intermediate_size=int(d["intermediate_size"]), num_layers=int(d["num_hidden_layers"]),
+      num_heads=n_heads, num_kv_heads=int(d.get("num_key_value_heads") or n_heads),
+      head_dim=int(d.get("head_dim") or hidden // n_heads), rope_theta=float(theta),
+      rope_scaling=_rope_scaling_from_hf(scaling), rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
+      tie_embeddings=bool(d.get("tie_word_embeddings", False)),
+      max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
+      bos_token_id=d.get("bos_token_id"), eos_token_ids=eos, dtype=dtype)
+
+
+def load_hf_config(path: str, dtype: str = "float32") -> ModelConfig:
+  with open(os.path.join(path, "config.json")) as f:
+    return config_from_hf(json.load(f), dtype=dtype)

@@ -1,0 +1,96 @@
+"""Grouped-query attention over an explicit KV cache passed in and returned.
+
+The new tokens' keys/values are written into the cache at per-row slots first, then every query attends
+to the cache under a visibility rule. Two rules cover every caller:
+  * `PrefixTree(base, anc)` — a linear cache: slots [0, base) are the row's prefix, the T new tokens sit at
+    slots base + j and see each other through the ancestor mask `anc` (causal chunk, chain, or tree);
+  * `DenseMask(mask)` — any explicit [B, T, S] mask (the draft's sink + window ring buffer).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers.rope import apply_rope, rope_frequencies
+
+NEG_INF = -1e30
+
+
+@flax.struct.dataclass
+class PrefixTree:
+  base: jax.Array  # [B] int32
+  anc: jax.Array   # [T, T] bool
+
+
+@flax.struct.dataclass
+class DenseMask:
+  mask: jax.Array  # [B, T, S] bool
+
+
+def prefix_tree_mask(base: jax.Array, anc: jax.Array, num_slots: int) -> jax.Array:
+  """[B] base, [T, T] anc -> [B, T, S] visibility of cache slots."""
+  t = anc.shape[0]
+  rel = jnp.arange(num_slots)[None, :] - base[:, None]                     # [B, S]
+  tree_vis = jnp.take(anc, jnp.clip(rel, 0, t - 1), axis=1)                 # [T, B, S]
+  tree_vis = jnp.transpose(tree_vis, (1, 0, 2)) & ((rel >= 0) & (rel < t))[:, None, :]
+  return (rel < 0)[:, None, :] | tree_vis
+
+
+def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                     return_scores: bool = False):
+  """q [B,T,H,D], k/v [B,S,K,D], mask [B,T,S] -> out [B,T,H,D] (and [B,K,S] probability mass per KV head)."""
+  b, t, h, d = q.shape
+  kh = k.shape[2]
+  qg = q.reshape(b, t, kh, h // kh, d)
+  logits = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+  logits = jnp.where(mask[:, None, None, :, :], logits, NEG_INF)
+  probs = jax.nn.softmax(logits, axis=-1)
+  out = jnp.einsum("BKGTS,BSKD->BTKGD", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  out = out.reshape(b, t, h, d).astype(q.dtype)
+  if return_scores:
+    return out, probs.sum(axis=(2, 3))
+  return out
+
+
+def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False):
+  """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel."""
+  if isinstance(spec, PrefixTree):
+    if impl != "xla" and not return_scores:
+      from magicdec_jax import pallas
+      return pallas.tree_attention(q, k, v, spec.base, spec.anc, impl=impl)
+    mask = prefix_tree_mask(spec.base, spec.anc, k.shape[1])
+  else:
+    mask = spec.mask
+  return masked_attention(q, k, v, mask, return_scores)
+
+
+class Attention(nn.Module):
+  """q/k/v/o projections + RoPE + cache write + attention, for one layer of a stacked cache."""
+  cfg: ModelConfig
+  impl: str = "xla"
+
+  @nn.compact
+  def __call__(self, x, positions, cache_k, cache_v, layer, write_slots, spec, return_scores=False):
+    cfg, dt = self.cfg, self.cfg.jnp_dtype
+    init = nn.initializers.normal(0.02)
+    dm, h, kh, d = x.shape[-1], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    wq = self.param("q", init, (dm, h, d), dt)
+    wk = self.param("k", init, (dm, kh, d), dt)
+    wv = self.param("v", init, (dm, kh, d), dt)
+    wo = self.param("o", init, (h, d, dm), dt)
+    inv_freq = rope_frequencies(cfg)
+    q = apply_rope(jnp.einsum("BTD,DNH->BTNH", x, wq), positions, inv_freq)
+    k = apply_rope(jnp.einsum("BTD,DNH->BTNH", x, wk), positions, inv_freq)
+    v = jnp.einsum("BTD,DNH->BTNH", x, wv)
+    rows = jnp.arange(x.shape[0])[:, None]
+    cache_k = cache_k.at[layer, rows, write_slots].set(k.astype(cache_k.dtype), mode="drop")
+    cache_v = cache_v.at[layer, rows, write_slots].set(v.astype(cache_v.dtype), mode="drop")
+    res = attend(q, cache_k[layer], cache_v[layer], spec, self.impl, return_scores)
+    out, scores = res if return_scores else (res, None)
+    return jnp.einsum("BTNH,NHD->BTD", out, wo), cache_k, cache_v, scores

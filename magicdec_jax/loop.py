@@ -1,0 +1,177 @@
+"""The compiled core: chunked prefill and one `lax.while_loop` for autoregressive, chain and tree decoding.
+
+One round: propose (a draft fills the tree; autoregressive = the root-only tree, nothing proposed) ->
+verify (one target pass over the tree with a prefix + ancestor mask) -> accept (verify.py) -> commit
+(compact the accepted path into the target cache, refresh the draft ring, write tokens at per-row
+offsets) -> stop (per-row EOS / max_new_tokens). Every row advances on its own; finished rows freeze.
+"""
+from __future__ import annotations
+
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from magicdec_jax import drafts
+from magicdec_jax.cache import KVCache, RingCache, gather_slots
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers.attention import DenseMask, PrefixTree
+from magicdec_jax.model import forward
+from magicdec_jax.sampling import Sampling, probabilities
+from magicdec_jax.trees import Tree
+from magicdec_jax.verify import accept
+
+
+@flax.struct.dataclass
+class LoopState:
+  out: jax.Array         # [B, M] generated tokens (M = max new tokens + tree size)
+  n_out: jax.Array       # [B] tokens written to `out`
+  lengths: jax.Array     # [B] L: committed tokens (prompt + generated); token L-1 is pending in no cache
+  last: jax.Array        # [B] token at position L-1
+  prev: jax.Array        # [B] token at position L-2 (model drafts re-encode it)
+  done: jax.Array        # [B] bool
+  max_new: jax.Array     # [B] per-row budget
+  eos: jax.Array         # [E] stop token ids (-1 padded)
+  keys: jax.Array        # [B] per-row PRNG keys; round r uses fold_in(key, r)
+  step: jax.Array        # [] rounds run
+  target: KVCache
+  ring: RingCache | None
+  rounds: jax.Array      # [B] verify steps while active
+  accepted: jax.Array    # [B] accepted draft tokens
+  accepted_at: jax.Array  # [B, D] accepted count per tree depth
+
+
+def _prefill_linear(params, cfg: ModelConfig, cache: KVCache, tokens: jax.Array, chunk: int,
+                    sink_window: tuple[int, int] | None = None, impl: str = "xla") -> KVCache:
+  """Write K/V of tokens [B, P] (P a multiple of `chunk`) into slots 0..P-1, chunk by chunk."""
+  b, p = tokens.shape
+  anc = jnp.tril(jnp.ones((chunk, chunk), bool))
+
+  def body(cache, c):
+    start = c * chunk
+    toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+    pos = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+    if sink_window is None:
+      spec = PrefixTree(jnp.full((b,), start, jnp.int32), anc)
+    else:
+      spec = DenseMask(drafts.windowed_mask(*sink_window, pos, cache.num_slots))
+    _, cache = forward(params, cfg, toks, pos, cache, pos, spec, impl=impl, compute_logits=False)
+    return cache, None
+
+  cache, _ = jax.lax.scan(body, cache, jnp.arange(p // chunk))
+  return cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "num_slots", "chunk", "impl"))
+def prefill(target_params, draft_params, tokens: jax.Array, lengths: jax.Array, *, cfg: ModelConfig,
+            spec, tree: Tree, num_slots: int, chunk: int, impl: str = "xla"):
+  """tokens [B, P] right-padded prompts, lengths [B] -> (target KVCache, draft RingCache or None).
+
+  Positions 0..L-2 of each row are encoded; the last prompt token stays pending for the first round.
+  """
+  b = tokens.shape[0]
+  target = _prefill_linear(target_params, cfg, KVCache.zeros(cfg, b, num_slots), tokens, chunk, impl=impl)
+  if spec is None:
+    return target, None
+  dcfg = cfg if drafts.is_self(spec) else spec.config
+  ring = drafts.empty_ring(spec, dcfg, b, tree)
+  if isinstance(spec, drafts.SnapKVDraft):
+    obs = spec.observation_window
+    base = lengths - 1 - obs
+    pos = base[:, None] + jnp.arange(obs)[None, :]
+    toks = jnp.take_along_axis(tokens, jnp.maximum(pos, 0), axis=1)
+    no_write = jnp.full_like(pos, num_slots)
+    _, _, scores = forward(target_params, cfg, toks, pos, target, no_write,
+                           PrefixTree(base, jnp.tril(jnp.ones((obs, obs), bool))),
+                           compute_logits=False, return_scores=True)
+    ring = drafts.snapkv_select(spec, ring, target, scores, lengths)
+    return target, drafts.prefill_from_target(spec, ring, target, lengths)
+  if drafts.is_self(spec):
+    return target, drafts.prefill_from_target(spec, ring, target, lengths)
+  draft_linear = _prefill_linear(draft_params, dcfg, KVCache.zeros(dcfg, b, tokens.shape[1]), tokens,
+                                 chunk, sink_window=(spec.sink, spec.window))
+  return target, drafts.prefill_from_target(spec, ring, draft_linear, lengths)
+
+
+def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec, tree: Tree,
+           sampling: Sampling, impl: str) -> LoopState:
+  b = state.lengths.shape[0]
+  rows = jnp.arange(b)
+  keys = jax.vmap(jax.random.fold_in)(state.keys, jnp.broadcast_to(state.step, (b,)))
+  draft_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+  verify_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2))(keys)
+  base = state.lengths - 1
+  ring, q = state.ring, None
+  if spec is None:
+    node_tokens = state.last[:, None]
+  else:
+    node_tokens, q, ring = drafts.propose(spec, tree, sampling, target_params, cfg, draft_params, ring,
+                                          state.last, state.prev, state.lengths, draft_keys)
+  n_nodes = tree.num_nodes
+  positions = base[:, None] + jnp.asarray(tree.depths)[None, :]
+  slots = base[:, None] + jnp.arange(n_nodes)[None, :]
+  logits, target = forward(target_params, cfg, node_tokens, positions, state.target, slots,
+                           PrefixTree(base, jnp.asarray(tree.ancestor_mask)), impl=impl)
+  p = logits if sampling.greedy else probabilities(logits, sampling)
+  path, n, nxt, acc_at = accept(tree, sampling.greedy, p, q, node_tokens, verify_keys)
+  if not tree.is_chain:   # move the accepted path's K/V to consecutive slots (a chain already is)
+    k, v = gather_slots(target.k, target.v, base[:, None] + path)
+    dst = base[:, None] + jnp.arange(path.shape[1])[None, :]
+    target = target.replace(k=target.k.at[:, rows[:, None], dst].set(k),
+                            v=target.v.at[:, rows[:, None], dst].set(v))
+  if spec is not None:
+    ring = drafts.commit(spec, ring, tree, target, path, n, state.lengths)
+
+  # tokens emitted this round: the accepted candidates, then the bonus / residual token
+  i = jnp.arange(path.shape[1])[None, :]
+  cand = jnp.take_along_axis(node_tokens, path[:, 1:], axis=1)                  # [B, D]
+  cand = jnp.concatenate([cand, jnp.zeros((b, 1), jnp.int32)], axis=1)
+  emitted = jnp.where(i < n[:, None], cand, jnp.where(i == n[:, None], nxt[:, None], -1))
+  is_eos = (emitted[:, :, None] == state.eos[None, None, :]).any(-1) & (i <= n[:, None])
+  hit_eos = is_eos.any(-1)
+  count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=-1) + 1, n + 1)
+  count = jnp.minimum(count, state.max_new - state.n_out)
+  active = ~state.done
+  count = jnp.where(active, count, 0)
+  write_at = jnp.where(i < count[:, None], state.n_out[:, None] + i, state.out.shape[1])
+  out = state.out.at[rows[:, None], write_at].set(emitted, mode="drop")
+  n_out = state.n_out + count
+  prev_tok = jnp.where(n > 0, jnp.take_along_axis(emitted, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0],
+                       state.last)
+  return state.replace(
+      out=out, n_out=n_out,
+      lengths=jnp.where(active, state.lengths + n + 1, state.lengths),
+      last=jnp.where(active, nxt, state.last), prev=jnp.where(active, prev_tok, state.prev),
+      done=state.done | (active & (hit_eos | (n_out >= state.max_new))),
+      step=state.step + 1, target=target, ring=ring,
+      rounds=state.rounds + active, accepted=state.accepted + jnp.where(active, n, 0),
+      accepted_at=state.accepted_at + (acc_at & active[:, None]))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "sampling", "impl"),
+                   donate_argnames=("state",))
+def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, spec, tree: Tree,
+           sampling: Sampling, impl: str = "xla") -> LoopState:
+  """Run rounds until every row is done: one `lax.while_loop`, no host round trip."""
+  max_rounds = state.out.shape[1]
+
+  def cond(s):
+    return (~s.done.all()) & (s.step < max_rounds)
+
+  return jax.lax.while_loop(
+      cond, lambda s: _round(s, target_params, draft_params, cfg, spec, tree, sampling, impl), state)
+
+
+def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos: jax.Array,
+                  keys: jax.Array, target: KVCache, ring: RingCache | None, out_len: int,
+                  tree: Tree) -> LoopState:
+  b = tokens.shape[0]
+  rows = jnp.arange(b)
+  return LoopState(
+      out=jnp.full((b, out_len), -1, jnp.int32), n_out=jnp.zeros((b,), jnp.int32), lengths=lengths,
+      last=tokens[rows, lengths - 1], prev=tokens[rows, jnp.maximum(lengths - 2, 0)],
+      done=max_new <= 0, max_new=max_new, eos=eos, keys=keys, step=jnp.zeros((), jnp.int32),
+      target=target, ring=ring, rounds=jnp.zeros((b,), jnp.int32), accepted=jnp.zeros((b,), jnp.int32),
+      accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32))

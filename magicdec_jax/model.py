@@ -1,0 +1,111 @@
+"""The LLaMA decoder as Flax modules used purely, and the functional forward pass.
+
+`forward(params, cfg, tokens, positions, cache, write_slots, spec) -> (logits, cache)`: embed, a `lax.scan`
+over the stacked layers that carries the whole layer-stacked cache (written in place at per-row slots,
+never emitted as scan outputs, which would copy it), final norm, LM head.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from magicdec_jax.cache import KVCache
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers import Attention, RMSNorm, SwiGLU, rms_norm
+from magicdec_jax.layers.attention import PrefixTree
+
+
+@dataclasses.dataclass
+class Model:
+  """A loaded model: config, params pytree, optional tokenizer and chat template."""
+  config: ModelConfig
+  params: Any
+  tokenizer: Any = None          # a `tokenizers.Tokenizer`, or None (token-id input only)
+  chat_template: str | None = None
+  name: str = "model"
+
+
+class Block(nn.Module):
+  """One pre-norm decoder layer."""
+  cfg: ModelConfig
+  impl: str = "xla"
+
+  @nn.compact
+  def __call__(self, x, positions, cache_k, cache_v, layer, write_slots, spec, return_scores=False):
+    cfg = self.cfg
+    h = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="attn_norm")(x)
+    a, cache_k, cache_v, scores = Attention(cfg, self.impl, name="attn")(
+        h, positions, cache_k, cache_v, layer, write_slots, spec, return_scores)
+    x = x + a
+    h = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="mlp_norm")(x)
+    x = x + SwiGLU(cfg.intermediate_size, cfg.jnp_dtype, name="mlp")(h)
+    return x, cache_k, cache_v, scores
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
+  """Random params in the layout every loader produces (layer leaves stacked on a leading axis)."""
+  k_embed, k_layers, k_head = jax.random.split(key, 3)
+  dt = cfg.jnp_dtype
+  b, t, s = 1, 1, 1
+  dummy = (jnp.zeros((b, t, cfg.hidden_size), dt), jnp.zeros((b, t), jnp.int32),
+           jnp.zeros((1, b, s, cfg.num_kv_heads, cfg.head_dim), dt),
+           jnp.zeros((1, b, s, cfg.num_kv_heads, cfg.head_dim), dt), 0, jnp.zeros((b, t), jnp.int32),
+           PrefixTree(jnp.zeros((b,), jnp.int32), jnp.ones((t, t), bool)))
+  init_one = lambda k: Block(cfg).init(k, *dummy)["params"]
+  layers = jax.vmap(init_one)(jax.random.split(k_layers, cfg.num_layers))
+  params = {
+      "embed": (jax.random.normal(k_embed, (cfg.vocab_size, cfg.hidden_size)) * scale).astype(dt),
+      "layers": layers,
+      "final_norm": {"scale": jnp.ones((cfg.hidden_size,), dt)},
+  }
+  if not cfg.tie_embeddings:
+    params["lm_head"] = (jax.random.normal(k_head, (cfg.hidden_size, cfg.vocab_size)) * scale).astype(dt)
+  return params
+
+
+def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array, cache,
+            write_slots: jax.Array, spec, *, impl: str = "xla", compute_logits: bool = True,
+            return_scores: bool = False):
+  """tokens/positions/write_slots [B, T] -> (logits float32 [B, T, V] or None, cache[, scores [L,B,K,S]]).
+
+  `cache` is any pytree with `.k`/`.v` of shape [L, B, S, K, D] (KVCache or RingCache); `spec` is a
+  PrefixTree or DenseMask visibility rule (see layers/attention.py). Slots out of range are not written.
+  """
+  x = jnp.take(params["embed"], tokens, axis=0)
+  block = Block(cfg, impl)
+
+  def layer(carry, xs):
+    x, ck, cv = carry
+    lp, i = xs
+    x, ck, cv, scores = block.apply({"params": lp}, x, positions, ck, cv, i, write_slots, spec,
+                                    return_scores)
+    return (x, ck, cv), scores
+
+  (x, ck, cv), scores = jax.lax.scan(layer, (x, cache.k, cache.v),
+                                     (params["layers"], jnp.arange(cfg.num_layers)))
+  cache = cache.replace(k=ck, v=cv)
+  logits = None
+  if compute_logits:
+    x = rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps)
+    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    logits = jnp.einsum("BTD,DV->BTV", x, head, preferred_element_type=jnp.float32)
+  if return_scores:
+    return logits, cache, scores
+  return logits, cache
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def full_forward(params: dict, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
+  """A plain causal forward over [B, T] tokens -> float32 logits [B, T, V] (no cache kept)."""
+  b, t = tokens.shape
+  cache = KVCache.zeros(cfg, b, t)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  spec = PrefixTree(jnp.zeros((b,), jnp.int32), jnp.tril(jnp.ones((t, t), bool)))
+  logits, _ = forward(params, cfg, tokens, pos, cache, pos, spec)
+  return logits

@@ -1,0 +1,57 @@
+"""Prefix + tree attention over a linear KV cache, in plain XLA.
+
+The reference and fallback path (and the CPU default): build the [B, T, S] visibility mask from the
+per-row prefix length `base` and the [T, T] ancestor mask `anc`, then run one masked softmax per KV
+group with einsums. Normalisation is deferred to the [B, T, H, D] output so the only [B, H, T, S]
+float32 intermediate is the logits (the probabilities feed the second einsum in the value dtype).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NEG_BIG = -1e30  # finite "minus infinity": keeps max/exp free of inf - inf
+
+
+def visibility_mask(base: jax.Array, anc: jax.Array, num_slots: int) -> jax.Array:
+  """base [B] int32, anc [T, T] bool -> [B, T, S] bool: slot s visible to query t of row b.
+
+  Prefix slots s < base[b] are visible to every query; tree slot base[b] + j is visible to query t
+  iff anc[t, j]; slots >= base[b] + T are never visible.
+  """
+  t = anc.shape[0]
+  rel = jnp.arange(num_slots, dtype=jnp.int32)[None, :] - base[:, None].astype(jnp.int32)  # [B, S]
+  in_tree = (rel >= 0) & (rel < t)                                                          # [B, S]
+  tree_vis = jnp.take(anc.astype(bool), jnp.clip(rel, 0, t - 1), axis=1)                    # [T, B, S]
+  tree_vis = jnp.transpose(tree_vis, (1, 0, 2)) & in_tree[:, None, :]                       # [B, T, S]
+  return (rel < 0)[:, None, :] | tree_vis
+
+
+def xla_tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, anc: jax.Array,
+                       *, scale: float | None = None) -> jax.Array:
+  """q [B,T,H,D], k/v [B,S,K,D], base [B], anc [T,T] -> out [B,T,H,D] in q.dtype.
+
+  Invisible logits are replaced (not added to), so garbage keys (even NaN) in invisible slots cannot
+  leak; garbage *values* must be finite (a 0 probability times NaN is NaN in the second einsum).
+  """
+  b, t, h, d = q.shape
+  s, kh = k.shape[1], k.shape[2]
+  g = h // kh
+  scale = d ** -0.5 if scale is None else scale
+  mask = visibility_mask(base, anc, s)                                              # [B, T, S]
+  qg = q.reshape(b, t, kh, g, d)
+  logits = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k, preferred_element_type=jnp.float32,
+                      precision=_precision(q.dtype))
+  logits = jnp.where(mask[:, None, None, :, :], logits * scale, NEG_BIG)             # [B, K, G, T, S]
+  m = jnp.max(logits, axis=-1, keepdims=True)                                        # [B, K, G, T, 1]
+  p = jnp.exp(logits - m)
+  l = jnp.sum(p, axis=-1)                                                            # [B, K, G, T]
+  o = jnp.einsum("BKGTS,BSKD->BTKGD", p.astype(v.dtype), v, preferred_element_type=jnp.float32,
+                 precision=_precision(v.dtype))                                      # [B, T, K, G, D]
+  o = o / jnp.transpose(l, (0, 3, 1, 2))[..., None]
+  return o.reshape(b, t, h, d).astype(q.dtype)
+
+
+def _precision(dtype):
+  """Full-precision matmuls for float32 inputs (GPUs otherwise default to TF32)."""
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
