@@ -32,12 +32,18 @@ from magicdec_jax.trees import Tree
 
 @dataclasses.dataclass(frozen=True)
 class StreamingDraft:
-  """Self-speculation with a StreamingLLM cache: `sink` first tokens + the last `window` tokens."""
+  """Self-speculation with a StreamingLLM cache: `sink` first tokens + the last `window` tokens.
+
+  positions: "absolute" (every key at its true position) or "cache" (StreamingLLM: sink keys are seen as
+  if they sat right before the window, i.e. RoPE positions within the cache).
+  """
   sink: int = 4
   window: int = 256
+  positions: str = "absolute"
 
   def __post_init__(self):
     _check_sink_window(self.sink, self.window)
+    _check_positions(self.positions)
 
   num_static = property(lambda self: self.sink)
 
@@ -49,6 +55,7 @@ class SnapKVDraft:
   window: int = 64
   observation_window: int = 32
   pool_kernel: int = 5
+  positions = "absolute"
 
   def __post_init__(self):
     _check_sink_window(0, self.window)
@@ -69,6 +76,7 @@ class ModelSpec:
   config: ModelConfig
   sink: int
   window: int
+  positions: str = "absolute"
 
   num_static = property(lambda self: self.sink)
 
@@ -76,10 +84,11 @@ class ModelSpec:
 class ModelDraft:
   """A standalone draft model (same vocabulary) with its own StreamingLLM ring cache."""
 
-  def __init__(self, model: Model, sink: int = 4, window: int = 256):
+  def __init__(self, model: Model, sink: int = 4, window: int = 256, positions: str = "absolute"):
     _check_sink_window(sink, window)
+    _check_positions(positions)
     self.model = model
-    self.spec = ModelSpec(model.config, sink, window)
+    self.spec = ModelSpec(model.config, sink, window, positions)
 
   def check_compatible(self, target: Model):
     if self.model.config.vocab_size != target.config.vocab_size:
@@ -92,6 +101,19 @@ def _check_sink_window(sink: int, window: int):
     raise ValueError(f"draft sink must be an integer >= 0, got {sink!r}")
   if not isinstance(window, (int, np.integer)) or window < 1:
     raise ValueError(f"draft window must be an integer >= 1, got {window!r}")
+
+
+def _check_positions(positions: str):
+  if positions not in ("absolute", "cache"):
+    raise ValueError(f"draft positions must be 'absolute' or 'cache', got {positions!r}")
+
+
+def window_attention(spec, mask: jax.Array, q_pos: jax.Array, num_static: int) -> DenseMask:
+  """The draft's visibility rule, with StreamingLLM cache positions for static slots if asked."""
+  if spec.positions == "absolute" or num_static == 0:
+    return DenseMask(mask)
+  alt_pos = jnp.minimum(q_pos, spec.sink + spec.window - 1)
+  return DenseMask(mask, alt_pos, jnp.arange(mask.shape[-1]) < num_static)
 
 
 def truncate_layers(model: Model, n: int) -> Model:
@@ -185,8 +207,8 @@ def propose(spec, tree: Tree, sampling: Sampling, target_params, target_cfg: Mod
             ring: RingCache, last: jax.Array, prev: jax.Array, lengths: jax.Array, keys: jax.Array):
   """Draft the tree's candidates. last/prev [B]: tokens at positions L-1 (root) and L-2; lengths [B] = L.
 
-  Returns node_tokens [B, N] (node 0 = last), q [B, N, V] draft probabilities at expanded nodes (None when
-  greedy), and the ring with this round's scratch slots written.
+  Returns node_tokens [B, N] (node 0 = last), draft logits [B, N, V] at expanded nodes (0 elsewhere), and
+  the ring with this round's scratch slots written.
   """
   params, cfg = _draft_params_cfg(spec, target_params, target_cfg, draft_params)
   b, n_nodes = last.shape[0], tree.num_nodes
@@ -199,7 +221,7 @@ def propose(spec, tree: Tree, sampling: Sampling, target_params, target_cfg: Mod
   scratch_pos = (lengths - 1)[:, None] + jnp.asarray(depths)[None, :]          # [B, N + off]
   before = lengths - 1 - off
   node_tokens = jnp.zeros((b, n_nodes), jnp.int32).at[:, 0].set(last)
-  q_all = None if sampling.greedy else jnp.zeros((b, n_nodes, cfg.vocab_size), jnp.float32)
+  all_logits = jnp.zeros((b, n_nodes, cfg.vocab_size), jnp.float32)
   for d, level in enumerate(tree.levels[:-1]):
     expanding = np.asarray([u for u in level if tree.num_children[u] > 0], np.int32)
     rows_sc = expanding + off                                                    # scratch indices
@@ -214,21 +236,22 @@ def propose(spec, tree: Tree, sampling: Sampling, target_params, target_cfg: Mod
     sc_vis = sc_vis & (scratch_pos[:, None, :] >= 0)
     mask = jnp.concatenate([ring.visible(q_pos, before), sc_vis], axis=2)
     slots = jnp.broadcast_to(jnp.asarray(ring.scratch_start + rows_sc), q_pos.shape)
-    logits, ring = forward(params, cfg, toks, jnp.maximum(q_pos, 0), ring, slots, DenseMask(mask))
+    logits, ring = forward(params, cfg, toks, jnp.maximum(q_pos, 0), ring, slots,
+                           window_attention(spec, mask, q_pos, spec.num_static))
     logits = logits[:, off:] if (d == 0 and off) else logits                    # drop prev's output
+    all_logits = all_logits.at[:, expanding].set(logits)
     width = int(tree.num_children[expanding].max())
     level_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7919 + d))(keys)
     if sampling.greedy:
       children_tok = jax.lax.top_k(logits, width)[1].astype(jnp.int32)           # [B, n_exp, width]
     else:
       q = probabilities(logits, sampling)
-      q_all = q_all.at[:, expanding].set(q)
       keys_e = jax.vmap(lambda k: jax.random.split(k, len(expanding)))(level_keys)
       children_tok = sample_without_replacement(keys_e, q, width)
     for j, u in enumerate(expanding):
       ch = tree.children[u]
       node_tokens = node_tokens.at[:, np.asarray(ch)].set(children_tok[:, j, :len(ch)])
-  return node_tokens, q_all, ring
+  return node_tokens, all_logits, ring
 
 
 def commit(spec, ring: RingCache, tree: Tree, target_cache: KVCache, path: jax.Array, n: jax.Array,
@@ -245,7 +268,8 @@ def commit(spec, ring: RingCache, tree: Tree, target_cache: KVCache, path: jax.A
     pos = (lengths - 1)[:, None] + i
     k, v = gather_slots(target_cache.k, target_cache.v, pos)
     return ring.write_committed(k, v, pos, i <= n[:, None])
-  pos = (lengths - 2)[:, None] + jnp.concatenate([jnp.zeros((b, 1), jnp.int32), i + 1], axis=1)
+  pos = (lengths - 2)[:, None] + jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
+                                                  jnp.broadcast_to(i + 1, (b, dp1))], axis=1)
   scratch = ring.scratch_start + jnp.concatenate([jnp.zeros((b, 1), jnp.int32), path + 1], axis=1)
   k, v = gather_slots(ring.k, ring.v, scratch)
   valid = (pos >= 0) & (jnp.concatenate([jnp.zeros((b, 1), bool), i <= n[:, None]], axis=1) |

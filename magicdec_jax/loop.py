@@ -17,7 +17,7 @@ import numpy as np
 from magicdec_jax import drafts
 from magicdec_jax.cache import KVCache, RingCache, gather_slots
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.layers.attention import DenseMask, PrefixTree
+from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import forward
 from magicdec_jax.sampling import Sampling, probabilities
 from magicdec_jax.trees import Tree
@@ -44,7 +44,7 @@ class LoopState:
 
 
 def _prefill_linear(params, cfg: ModelConfig, cache: KVCache, tokens: jax.Array, chunk: int,
-                    sink_window: tuple[int, int] | None = None, impl: str = "xla") -> KVCache:
+                    window_spec=None, impl: str = "xla") -> KVCache:
   """Write K/V of tokens [B, P] (P a multiple of `chunk`) into slots 0..P-1, chunk by chunk."""
   b, p = tokens.shape
   anc = jnp.tril(jnp.ones((chunk, chunk), bool))
@@ -53,10 +53,11 @@ def _prefill_linear(params, cfg: ModelConfig, cache: KVCache, tokens: jax.Array,
     start = c * chunk
     toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
     pos = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
-    if sink_window is None:
+    if window_spec is None:
       spec = PrefixTree(jnp.full((b,), start, jnp.int32), anc)
     else:
-      spec = DenseMask(drafts.windowed_mask(*sink_window, pos, cache.num_slots))
+      mask = drafts.windowed_mask(window_spec.sink, window_spec.window, pos, cache.num_slots)
+      spec = drafts.window_attention(window_spec, mask, pos, window_spec.sink)
     _, cache = forward(params, cfg, toks, pos, cache, pos, spec, impl=impl, compute_logits=False)
     return cache, None
 
@@ -91,7 +92,7 @@ def prefill(target_params, draft_params, tokens: jax.Array, lengths: jax.Array, 
   if drafts.is_self(spec):
     return target, drafts.prefill_from_target(spec, ring, target, lengths)
   draft_linear = _prefill_linear(draft_params, dcfg, KVCache.zeros(dcfg, b, tokens.shape[1]), tokens,
-                                 chunk, sink_window=(spec.sink, spec.window))
+                                 chunk, window_spec=spec)
   return target, drafts.prefill_from_target(spec, ring, draft_linear, lengths)
 
 
@@ -107,8 +108,10 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   if spec is None:
     node_tokens = state.last[:, None]
   else:
-    node_tokens, q, ring = drafts.propose(spec, tree, sampling, target_params, cfg, draft_params, ring,
-                                          state.last, state.prev, state.lengths, draft_keys)
+    node_tokens, draft_logits, ring = drafts.propose(spec, tree, sampling, target_params, cfg,
+                                                     draft_params, ring, state.last, state.prev,
+                                                     state.lengths, draft_keys)
+    q = None if sampling.greedy else probabilities(draft_logits, sampling)
   n_nodes = tree.num_nodes
   positions = base[:, None] + jnp.asarray(tree.depths)[None, :]
   slots = base[:, None] + jnp.arange(n_nodes)[None, :]

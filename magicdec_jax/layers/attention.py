@@ -30,7 +30,12 @@ class PrefixTree:
 
 @flax.struct.dataclass
 class DenseMask:
-  mask: jax.Array  # [B, T, S] bool
+  """An explicit mask. With `alt_pos`, slots flagged in `alt_slots` are scored against the query rotated
+  at `alt_pos` instead of its true position: StreamingLLM's positions-within-the-cache, where sink keys
+  sit just before the window (keys are stored rotated at their absolute positions)."""
+  mask: jax.Array                    # [B, T, S] bool
+  alt_pos: jax.Array | None = None   # [B, T] int32
+  alt_slots: jax.Array | None = None  # [S] bool
 
 
 def prefix_tree_mask(base: jax.Array, anc: jax.Array, num_slots: int) -> jax.Array:
@@ -43,12 +48,17 @@ def prefix_tree_mask(base: jax.Array, anc: jax.Array, num_slots: int) -> jax.Arr
 
 
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-                     return_scores: bool = False):
+                     return_scores: bool = False, q_alt: jax.Array | None = None,
+                     alt_slots: jax.Array | None = None):
   """q [B,T,H,D], k/v [B,S,K,D], mask [B,T,S] -> out [B,T,H,D] (and [B,K,S] probability mass per KV head)."""
   b, t, h, d = q.shape
   kh = k.shape[2]
   qg = q.reshape(b, t, kh, h // kh, d)
   logits = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+  if q_alt is not None:
+    alt = jnp.einsum("BTKGD,BSKD->BKGTS", q_alt.reshape(qg.shape), k,
+                     preferred_element_type=jnp.float32) * (d ** -0.5)
+    logits = jnp.where(alt_slots[None, None, None, None, :], alt, logits)
   logits = jnp.where(mask[:, None, None, :, :], logits, NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1)
   out = jnp.einsum("BKGTS,BSKD->BTKGD", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
@@ -58,16 +68,14 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   return out
 
 
-def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False):
+def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=None):
   """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel."""
   if isinstance(spec, PrefixTree):
     if impl != "xla" and not return_scores:
       from magicdec_jax import pallas
       return pallas.tree_attention(q, k, v, spec.base, spec.anc, impl=impl)
-    mask = prefix_tree_mask(spec.base, spec.anc, k.shape[1])
-  else:
-    mask = spec.mask
-  return masked_attention(q, k, v, mask, return_scores)
+    return masked_attention(q, k, v, prefix_tree_mask(spec.base, spec.anc, k.shape[1]), return_scores)
+  return masked_attention(q, k, v, spec.mask, return_scores, q_alt, spec.alt_slots)
 
 
 class Attention(nn.Module):
@@ -85,12 +93,15 @@ class Attention(nn.Module):
     wv = self.param("v", init, (dm, kh, d), dt)
     wo = self.param("o", init, (h, d, dm), dt)
     inv_freq = rope_frequencies(cfg)
-    q = apply_rope(jnp.einsum("BTD,DNH->BTNH", x, wq), positions, inv_freq)
+    q_raw = jnp.einsum("BTD,DNH->BTNH", x, wq)
+    q = apply_rope(q_raw, positions, inv_freq)
+    alt_pos = getattr(spec, "alt_pos", None)
+    q_alt = None if alt_pos is None else apply_rope(q_raw, alt_pos, inv_freq)
     k = apply_rope(jnp.einsum("BTD,DNH->BTNH", x, wk), positions, inv_freq)
     v = jnp.einsum("BTD,DNH->BTNH", x, wv)
     rows = jnp.arange(x.shape[0])[:, None]
     cache_k = cache_k.at[layer, rows, write_slots].set(k.astype(cache_k.dtype), mode="drop")
     cache_v = cache_v.at[layer, rows, write_slots].set(v.astype(cache_v.dtype), mode="drop")
-    res = attend(q, cache_k[layer], cache_v[layer], spec, self.impl, return_scores)
+    res = attend(q, cache_k[layer], cache_v[layer], spec, self.impl, return_scores, q_alt)
     out, scores = res if return_scores else (res, None)
     return jnp.einsum("BTNH,NHD->BTD", out, wo), cache_k, cache_v, scores

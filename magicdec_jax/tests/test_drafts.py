@@ -1,0 +1,126 @@
+"""The draft's ring buffer is exact: at every draft step, across rollbacks, its logits equal a reference
+that recomputes the whole sequence on a plain linear cache with an explicit sink + window mask."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from magicdec_jax import ModelConfig, Model, init_params, drafts, loop
+from magicdec_jax.cache import KVCache
+from magicdec_jax.layers.attention import DenseMask
+from magicdec_jax.model import forward
+from magicdec_jax.sampling import Sampling
+from magicdec_jax.trees import Tree
+
+CFG = ModelConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                  num_kv_heads=2, head_dim=8, max_position_embeddings=256)
+REF_LEN = 64
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "sink", "window"))
+def reference_logits(params, cfg, tokens, exact_upto, sink, window):
+  """tokens [1, REF_LEN]; positions < exact_upto attend causally to everything (the target's exact K/V),
+  later positions attend to the sink tokens and the last `window` positions only."""
+  t = tokens.shape[1]
+  p = jnp.arange(t)[:, None]
+  s = jnp.arange(t)[None, :]
+  windowed = (s <= p) & ((s < sink) | (s > p - window))
+  mask = jnp.where(p < exact_upto, s <= p, windowed)[None]
+  pos = jnp.arange(t, dtype=jnp.int32)[None]
+  logits, _ = forward(params, cfg, tokens, pos, KVCache.zeros(cfg, 1, t), pos, DenseMask(mask))
+  return logits[0]
+
+
+def _models():
+  target = Model(CFG, init_params(CFG, jax.random.key(1), scale=0.35))
+  other = Model(CFG, init_params(CFG, jax.random.key(2), scale=0.35))
+  return target, other
+
+
+def _check_rounds(target, draft, tree, prompts, rounds=6):
+  spec = drafts.static_spec(draft)
+  draft_params = draft.model.params if isinstance(draft, drafts.ModelDraft) else None
+  ref_params = target.params if draft_params is None else draft_params
+  b = len(prompts)
+  p_len = 16
+  tokens = np.zeros((b, p_len), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, :len(p)] = p
+  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+  num_slots = p_len + 64 + tree.num_nodes
+  tgt, ring = loop.prefill(target.params, draft_params, jnp.asarray(tokens), lengths, cfg=CFG, spec=spec,
+                           tree=tree, num_slots=num_slots, chunk=16)
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(b))
+  state = loop.initial_state(jnp.asarray(tokens), lengths, jnp.full((b,), 40, jnp.int32),
+                             jnp.asarray([-1], jnp.int32), keys, tgt, ring, 40 + tree.num_nodes, tree)
+  greedy = Sampling()
+  propose = jax.jit(drafts.propose, static_argnums=(0, 1, 2, 4))
+  one_round = jax.jit(loop._round, static_argnums=(3, 4, 5, 6, 7))
+  exact = spec is None or drafts.is_self(spec)
+  worst, rejected = 0.0, 0
+  for _ in range(rounds):
+    node_tokens, dlogits, _ = propose(spec, tree, greedy, target.params, CFG, draft_params, state.ring,
+                                      state.last, state.prev, state.lengths, keys)
+    node_tokens, dlogits = np.asarray(node_tokens), np.asarray(dlogits)
+    out, n_out, lens = np.asarray(state.out), np.asarray(state.n_out), np.asarray(state.lengths)
+    for r in range(b):
+      committed = list(prompts[r]) + out[r, :n_out[r]].tolist()
+      assert len(committed) == lens[r]
+      for u in range(tree.num_nodes):
+        if tree.num_children[u] == 0:
+          continue
+        path, v = [], u
+        while v > 0:
+          path.append(int(node_tokens[r, v]))
+          v = tree.parents[v]
+        seq = committed + path[::-1]
+        padded = np.zeros((1, REF_LEN), np.int32)
+        padded[0, :len(seq)] = seq
+        upto = lens[r] - 1 if exact else 0
+        ref = np.asarray(reference_logits(ref_params, CFG, jnp.asarray(padded), upto, spec.sink, spec.window))
+        err = np.abs(ref[len(seq) - 1] - dlogits[r, u]).max()
+        worst = max(worst, err)
+    state = one_round(state, target.params, draft_params, CFG, spec, tree, greedy, "xla")
+    rejected += int(np.sum(np.asarray(state.rounds) * tree.max_depth - np.asarray(state.accepted)))
+  return worst, rejected
+
+
+PROMPTS = [[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2], [27, 18, 28, 1, 8]]
+
+
+@pytest.mark.parametrize("sink,window", [(2, 3), (0, 5), (4, 40)])
+def test_streaming_ring_equals_masked_full_attention(sink, window):
+  target, _ = _models()
+  worst, rejected = _check_rounds(target, drafts.StreamingDraft(sink, window), Tree.chain(3), PROMPTS)
+  assert worst < 1e-4, worst
+  if window > 30:   # the window covers the whole sequence: the draft is the target, nothing is rejected
+    assert rejected == 0
+  else:
+    assert rejected > 0, "the sweep should include rollbacks"
+
+
+def test_model_draft_ring_equals_masked_full_attention_tree():
+  target, other = _models()
+  tree = Tree((-1, 0, 0, 1, 1, 2, 3))
+  worst, rejected = _check_rounds(target, drafts.ModelDraft(other, sink=1, window=4), tree, PROMPTS)
+  assert worst < 1e-4, worst
+  assert rejected > 0
+
+
+def test_cache_positions_differ_from_absolute_beyond_the_window():
+  """StreamingLLM cache positions move the sink keys closer, so they matter once p >= sink + window."""
+  target, _ = _models()
+  tree = Tree.chain(2)
+  results = {}
+  for positions in ("absolute", "cache"):
+    d = drafts.StreamingDraft(2, 3, positions)
+    tgt, ring = loop.prefill(target.params, None, jnp.asarray([PROMPTS[0] + [0, 0, 0]]),
+                             jnp.asarray([len(PROMPTS[0])]), cfg=CFG, spec=d, tree=tree, num_slots=40,
+                             chunk=16)
+    last, prev = jnp.asarray([PROMPTS[0][-1]]), jnp.asarray([PROMPTS[0][-2]])
+    results[positions] = np.asarray(drafts.propose(d, tree, Sampling(), target.params, CFG, None, ring, last,
+                                                   prev, jnp.asarray([len(PROMPTS[0])]),
+                                                   jax.random.key(0)[None])[1])
+  assert np.abs(results["absolute"] - results["cache"]).max() > 1e-3
