@@ -83,7 +83,7 @@ def _resolve_draft(model: Model, draft, gamma, tree):
 
 def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id=None, draft=None, gamma: int = 4,
-             tree: Tree | None = None, attention_impl: str = "xla",
+             tree: Tree | None = None, attention_impl: str = "auto",
              stream_ids: Sequence[int] | None = None) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 

@@ -63,7 +63,8 @@ def accept(tree: Tree, greedy: bool, logits_or_p: jax.Array, q: jax.Array | None
     next_token = target[rows, cur]
   else:
     p = logits_or_p
-    p_res, q_res = p[:, 0], q[:, 0]
+    p_res = p[:, 0]
+    q_res = jnp.zeros_like(p_res) if q is None else q[:, 0]    # q is None: autoregressive (depth 0)
     for d in range(depth):
       ch = table[cur]
       chosen = -jnp.ones((b,), jnp.int32)

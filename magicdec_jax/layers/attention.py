@@ -18,6 +18,7 @@ import numpy as np
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.rope import apply_rope, rope_frequencies
+from magicdec_jax.pallas.xla_attention import visibility_mask
 
 NEG_INF = -1e30
 
@@ -38,15 +39,6 @@ class DenseMask:
   alt_slots: jax.Array | None = None  # [S] bool
 
 
-def prefix_tree_mask(base: jax.Array, anc: jax.Array, num_slots: int) -> jax.Array:
-  """[B] base, [T, T] anc -> [B, T, S] visibility of cache slots."""
-  t = anc.shape[0]
-  rel = jnp.arange(num_slots)[None, :] - base[:, None]                     # [B, S]
-  tree_vis = jnp.take(anc, jnp.clip(rel, 0, t - 1), axis=1)                 # [T, B, S]
-  tree_vis = jnp.transpose(tree_vis, (1, 0, 2)) & ((rel >= 0) & (rel < t))[:, None, :]
-  return (rel < 0)[:, None, :] | tree_vis
-
-
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                      return_scores: bool = False, q_alt: jax.Array | None = None,
                      alt_slots: jax.Array | None = None):
@@ -54,14 +46,17 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   b, t, h, d = q.shape
   kh = k.shape[2]
   qg = q.reshape(b, t, kh, h // kh, d)
-  logits = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+  prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None   # no TF32 on GPU for fp32
+  logits = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k, preferred_element_type=jnp.float32,
+                      precision=prec) * (d ** -0.5)
   if q_alt is not None:
     alt = jnp.einsum("BTKGD,BSKD->BKGTS", q_alt.reshape(qg.shape), k,
-                     preferred_element_type=jnp.float32) * (d ** -0.5)
+                     preferred_element_type=jnp.float32, precision=prec) * (d ** -0.5)
     logits = jnp.where(alt_slots[None, None, None, None, :], alt, logits)
   logits = jnp.where(mask[:, None, None, :, :], logits, NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1)
-  out = jnp.einsum("BKGTS,BSKD->BTKGD", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+  out = jnp.einsum("BKGTS,BSKD->BTKGD", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,
+                   precision=prec)
   out = out.reshape(b, t, h, d).astype(q.dtype)
   if return_scores:
     return out, probs.sum(axis=(2, 3))
@@ -71,10 +66,10 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=None):
   """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel."""
   if isinstance(spec, PrefixTree):
-    if impl != "xla" and not return_scores:
+    if impl not in ("xla",) and not return_scores:
       from magicdec_jax import pallas
       return pallas.tree_attention(q, k, v, spec.base, spec.anc, impl=impl)
-    return masked_attention(q, k, v, prefix_tree_mask(spec.base, spec.anc, k.shape[1]), return_scores)
+    return masked_attention(q, k, v, visibility_mask(spec.base, spec.anc, k.shape[1]), return_scores)
   return masked_attention(q, k, v, spec.mask, return_scores, q_alt, spec.alt_slots)
 
 

@@ -39,7 +39,7 @@ def _models():
   return target, other
 
 
-def _check_rounds(target, draft, tree, prompts, rounds=6):
+def _check_rounds(target, draft, tree, prompts, rounds=4):
   spec = drafts.static_spec(draft)
   draft_params = draft.model.params if isinstance(draft, drafts.ModelDraft) else None
   ref_params = target.params if draft_params is None else draft_params
@@ -123,4 +123,4 @@ def test_cache_positions_differ_from_absolute_beyond_the_window():
     results[positions] = np.asarray(drafts.propose(d, tree, Sampling(), target.params, CFG, None, ring, last,
                                                    prev, jnp.asarray([len(PROMPTS[0])]),
                                                    jax.random.key(0)[None])[1])
-  assert np.abs(results["absolute"] - results["cache"]).max() > 1e-3
+  assert np.abs(results["absolute"] - results["cache"]).max() > 1e-4   # fp32 noise is ~1e-7

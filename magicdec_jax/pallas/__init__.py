@@ -1,0 +1,98 @@
+"""Attention kernels for verification: prefix + tree attention over a linear KV cache.
+
+`tree_attention` dispatches between the XLA path (reference, CPU default) and the split-K Pallas
+kernel (Triton lowering on GPU, interpreter on CPU). A Mosaic GPU variant is not written: "auto"
+picks Triton on GPU when the installed jax can still lower it (checked once per shape signature by
+compiling the kernel alone) and XLA otherwise.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import jax
+
+from magicdec_jax.pallas.tree_attention import pallas_tree_attention
+from magicdec_jax.pallas.xla_attention import visibility_mask, xla_tree_attention
+
+IMPLS = ("auto", "xla", "pallas_interpret", "pallas_triton", "pallas_mosaic")
+_warned: set[str] = set()
+
+
+def _triton_params(num_warps: int | None, num_stages: int | None):
+  """Triton CompilerParams (forces the Triton lowering), or None if this jax has no Triton backend."""
+  try:
+    from jax.experimental.pallas import triton as pltriton
+  except ImportError:
+    return None
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def _kernel_kwargs(block_k, block_q, num_splits, num_warps, num_stages, impl):
+  kw = dict(block_k=block_k, block_q=block_q, num_splits=num_splits)
+  if impl == "pallas_interpret":
+    return dict(kw, interpret=True)
+  params = _triton_params(num_warps, num_stages)
+  if params is None:
+    raise NotImplementedError("this jax has no Pallas Triton backend; use impl='xla'")
+  return dict(kw, compiler_params=params)
+
+
+@functools.lru_cache(maxsize=256)
+def _triton_compiles(signature, scale, kw_items) -> bool:
+  """Lower and compile the Triton kernel alone for these abstract shapes; False on any failure."""
+  kw = dict(kw_items)
+  structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in signature]
+  fn = functools.partial(pallas_tree_attention, scale=scale,
+                         **_kernel_kwargs(impl="pallas_triton", **kw))
+  try:
+    jax.jit(fn).lower(*structs).compile()
+    return True
+  except Exception as e:  # noqa: BLE001 - any lowering/compile failure means "use XLA"
+    key = f"{type(e).__name__}"
+    if key not in _warned:
+      _warned.add(key)
+      warnings.warn(f"tree_attention: Pallas Triton kernel does not lower here ({e!r:.300}); "
+                    "falling back to XLA", RuntimeWarning, stacklevel=3)
+    return False
+
+
+def resolve_impl(q, k, v, base, anc, *, scale=None, block_k=None, block_q=None, num_splits=None,
+                 num_warps=None, num_stages=None) -> str:
+  """The concrete impl "auto" would use for these (possibly abstract) arrays."""
+  if jax.default_backend() != "gpu" or _triton_params(None, None) is None:
+    return "xla"
+  signature = tuple((tuple(x.shape), jax.numpy.dtype(x.dtype)) for x in (q, k, v, base, anc))
+  kw = (("block_k", block_k), ("block_q", block_q), ("num_splits", num_splits),
+        ("num_warps", num_warps), ("num_stages", num_stages))
+  return "pallas_triton" if _triton_compiles(signature, scale, kw) else "xla"
+
+
+def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, anc: jax.Array, *,
+                   scale: float | None = None, impl: str = "auto", block_k: int | None = None,
+                   block_q: int | None = None, num_splits: int | None = None,
+                   num_warps: int | None = None, num_stages: int | None = None) -> jax.Array:
+  """Prefix + tree attention. q [B,T,H,D], k/v [B,S,K,D], base [B] int32, anc [T,T] bool -> [B,T,H,D].
+
+  Query t of row b sees cache slots [0, base[b]) and tree slots base[b] + j with anc[t, j]; the
+  new tokens' K/V must already be written there. Math in float32, output in q.dtype.
+  impl: "auto" (Pallas Triton on GPU if it compiles, else XLA), "xla", "pallas_interpret" (CPU-able),
+  "pallas_triton", "pallas_mosaic" (not implemented). Kernel knobs are ignored by "xla".
+  """
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+  knobs = dict(block_k=block_k, block_q=block_q, num_splits=num_splits, num_warps=num_warps,
+               num_stages=num_stages)
+  if impl == "auto":
+    impl = resolve_impl(q, k, v, base, anc, scale=scale, **knobs)
+  if impl == "xla":
+    return xla_tree_attention(q, k, v, base, anc, scale=scale)
+  if impl == "pallas_mosaic":
+    raise NotImplementedError("no Mosaic GPU variant of tree_attention; use 'pallas_triton' or 'xla'")
+  return pallas_tree_attention(q, k, v, base, anc, scale=scale, **_kernel_kwargs(impl=impl, **knobs))
+
+
+__all__ = ["IMPLS", "tree_attention", "resolve_impl", "pallas_tree_attention", "xla_tree_attention",
+           "visibility_mask"]

@@ -1,0 +1,39 @@
+"""Shared tiny random models and helpers for the engine tests.
+
+`tiny_model(seed, attn_scale=...)`: init_params initializes attention at std 0.02, which makes a tiny model
+a near bigram model (attention contributes nothing, drafts with any window accept everything). Scaling
+the attention weights up (attn_scale ~ 10) makes context matter, so windowed and SnapKV drafts really
+disagree with the target and rejection paths run. Models are cached: one per argument tuple.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+
+from magicdec_jax import loop
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.model import Model, init_params
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_model(seed: int = 0, *, vocab: int = 64, layers: int = 2, scale: float = 0.5,
+               attn_scale: float = 1.0, max_pos: int = 512, hidden: int = 32, heads: int = 4,
+               kv_heads: int = 2) -> Model:
+  cfg = ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=layers,
+                    num_heads=heads, num_kv_heads=kv_heads, head_dim=8, max_position_embeddings=max_pos)
+  params = init_params(cfg, jax.random.key(seed), scale=scale)
+  if attn_scale != 1.0:
+    params["layers"]["attn"] = jax.tree.map(lambda a: a * attn_scale, params["layers"]["attn"])
+  return Model(cfg, params, name=f"tiny{seed}-v{vocab}-l{layers}-a{attn_scale}")
+
+
+def random_prompts(lengths, vocab: int, seed: int = 0) -> list[list[int]]:
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, vocab, size=n).tolist() for n in lengths]
+
+
+def compile_count() -> int:
+  """Executables in the jit caches of the engine's two compiled entry points."""
+  return loop.prefill._cache_size() + loop.decode._cache_size()
