@@ -1,5 +1,7 @@
 """KV caches as fixed-shape pytrees.
 
+Layout [L, B, K, S, D] (layer, batch, KV head, slot, head dim): each (row, KV head) reads one contiguous
+[S, D] block, which is what both the batched matmuls and a split-K attention kernel want.
 `KVCache` is the target's linear cache: slot s holds position s, per-row lengths live in the loop state.
 `RingCache` is a draft's StreamingLLM cache: `num_static` slots that never move (sink tokens, or SnapKV's
 selected tokens), a ring of `window` slots for recent committed positions (position j lives at slot
@@ -18,22 +20,22 @@ from magicdec_jax.config import ModelConfig
 
 @flax.struct.dataclass
 class KVCache:
-  k: jax.Array  # [L, B, S, K, D]
-  v: jax.Array  # [L, B, S, K, D]
+  k: jax.Array  # [L, B, K, S, D]
+  v: jax.Array  # [L, B, K, S, D]
 
   @classmethod
   def zeros(cls, cfg: ModelConfig, batch: int, num_slots: int) -> "KVCache":
-    shape = (cfg.num_layers, batch, num_slots, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, num_slots, cfg.head_dim)
     return cls(jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype))
 
   @property
   def num_slots(self) -> int:
-    return self.k.shape[2]
+    return self.k.shape[3]
 
 
 @flax.struct.dataclass
 class RingCache:
-  k: jax.Array    # [L, B, num_static + window + scratch, K, D]
+  k: jax.Array    # [L, B, K, num_static + window + scratch, D]
   v: jax.Array
   pos: jax.Array  # [B, num_static + window] int32 position held by each static/ring slot, -1 if empty
   sink: int = flax.struct.field(pytree_node=False)        # positions < sink live in static slot j
@@ -43,7 +45,7 @@ class RingCache:
   @classmethod
   def zeros(cls, cfg: ModelConfig, batch: int, sink: int, num_static: int, window: int,
             scratch: int) -> "RingCache":
-    shape = (cfg.num_layers, batch, num_static + window + scratch, cfg.num_kv_heads, cfg.head_dim)
+    shape = (cfg.num_layers, batch, cfg.num_kv_heads, num_static + window + scratch, cfg.head_dim)
     pos = jnp.full((batch, num_static + window), -1, jnp.int32)
     return cls(jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype), pos,
                sink=sink, num_static=num_static, window=window)
@@ -71,17 +73,22 @@ class RingCache:
 
   def write_committed(self, k: jax.Array, v: jax.Array, positions: jax.Array,
                       valid: jax.Array) -> "RingCache":
-    """Write K/V [L, B, M, K, D] of committed `positions` [B, M] where `valid` [B, M]."""
-    slots = jnp.where(valid, self.slot_of(positions), self.k.shape[2])  # out of range -> dropped
+    """Write K/V [L, B, K, M, D] of committed `positions` [B, M] where `valid` [B, M]."""
+    slots = jnp.where(valid, self.slot_of(positions), self.k.shape[3])  # out of range -> dropped
     rows = jnp.arange(positions.shape[0])[:, None]
-    new_k = self.k.at[:, rows, slots].set(k.astype(self.k.dtype), mode="drop")
-    new_v = self.v.at[:, rows, slots].set(v.astype(self.v.dtype), mode="drop")
     new_pos = self.pos.at[rows, slots].set(positions, mode="drop")
-    return self.replace(k=new_k, v=new_v, pos=new_pos)
+    return self.replace(k=put_slots(self.k, slots, k), v=put_slots(self.v, slots, v), pos=new_pos)
 
 
 def gather_slots(cache_k: jax.Array, cache_v: jax.Array, slots: jax.Array):
-  """Per-row gather of slots [B, M] from [L, B, S, K, D] caches -> two [L, B, M, K, D] arrays."""
-  rows = jnp.arange(slots.shape[0])[:, None]
-  safe = jnp.clip(slots, 0, cache_k.shape[2] - 1)
-  return cache_k[:, rows, safe], cache_v[:, rows, safe]
+  """Per-row gather of slots [B, M] from [L, B, K, S, D] caches -> two [L, B, K, M, D] arrays."""
+  safe = jnp.clip(slots, 0, cache_k.shape[3] - 1)
+  take = jax.vmap(lambda c, s: c[:, :, s], in_axes=(1, 0), out_axes=1)
+  return take(cache_k, safe), take(cache_v, safe)
+
+
+def put_slots(cache: jax.Array, slots: jax.Array, values: jax.Array) -> jax.Array:
+  """Per-row write of values [L, B, K, M, D] at slots [B, M] (out-of-range slots are dropped)."""
+  put = jax.vmap(lambda c, s, x: c.at[:, :, s].set(x.astype(c.dtype), mode="drop"), in_axes=(1, 0, 1),
+                 out_axes=1)
+  return put(cache, slots, values)

@@ -178,11 +178,10 @@ def snapkv_select(spec: SnapKVDraft, ring: RingCache, target_cache: KVCache, sco
   candidate = s[None, :] < (lengths - spec.window)[:, None]                      # [B, S]
   pooled = jnp.where(candidate[None, :, None, :], pooled, -jnp.inf)
   idx = jax.lax.top_k(pooled, spec.budget)[1]                                     # [L, B, K, budget]
-  idx = jnp.swapaxes(idx, 2, 3)                                                   # [L, B, budget, K]
-  k_sel = jnp.take_along_axis(target_cache.k, idx[..., None], axis=2)
-  v_sel = jnp.take_along_axis(target_cache.v, idx[..., None], axis=2)
-  new_k = ring.k.at[:, :, :spec.budget].set(k_sel.astype(ring.k.dtype))
-  new_v = ring.v.at[:, :, :spec.budget].set(v_sel.astype(ring.v.dtype))
+  k_sel = jnp.take_along_axis(target_cache.k, idx[..., None], axis=3)
+  v_sel = jnp.take_along_axis(target_cache.v, idx[..., None], axis=3)
+  new_k = ring.k.at[:, :, :, :spec.budget].set(k_sel.astype(ring.k.dtype))
+  new_v = ring.v.at[:, :, :, :spec.budget].set(v_sel.astype(ring.v.dtype))
   new_pos = ring.pos.at[:, :spec.budget].set(0)     # static slots: always visible
   return ring.replace(k=new_k, v=new_v, pos=new_pos)
 

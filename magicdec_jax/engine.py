@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import drafts, loop
+from magicdec_jax import autotune, drafts, loop
 from magicdec_jax.model import Model, full_forward
 from magicdec_jax.sampling import Sampling
 from magicdec_jax.trees import Tree
@@ -65,6 +65,7 @@ def resolve_eos(model: Model, eos_token_id) -> tuple[int, ...]:
 
 
 def _resolve_draft(model: Model, draft, gamma, tree):
+  """(static spec, draft params, tree or the string 'auto'), validated."""
   if draft is None:
     return None, None, AR_TREE
   if isinstance(draft, drafts.ModelDraft):
@@ -72,23 +73,24 @@ def _resolve_draft(model: Model, draft, gamma, tree):
   elif not isinstance(draft, (drafts.StreamingDraft, drafts.SnapKVDraft)):
     raise ValueError(f"draft must be StreamingDraft, SnapKVDraft, ModelDraft or None, got {draft!r}")
   if tree is None:
-    if not isinstance(gamma, (int, np.integer)) or gamma < 1:
-      raise ValueError(f"gamma must be an integer >= 1, got {gamma!r}")
-    tree = Tree.chain(int(gamma))
-  elif not isinstance(tree, Tree):
-    raise ValueError(f"tree must be a trees.Tree, got {tree!r}")
+    if gamma != "auto" and (not isinstance(gamma, (int, np.integer)) or gamma < 1):
+      raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {gamma!r}")
+    tree = "auto-chain" if gamma == "auto" else Tree.chain(int(gamma))
+  elif tree != "auto" and not isinstance(tree, Tree):
+    raise ValueError(f"tree must be a trees.Tree or 'auto', got {tree!r}")
   params = draft.model.params if isinstance(draft, drafts.ModelDraft) else None
   return drafts.static_spec(draft), params, tree
 
 
 def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id=None, draft=None, gamma: int = 4,
-             tree: Tree | None = None, attention_impl: str = "auto",
-             stream_ids: Sequence[int] | None = None) -> GenerateResult:
+             tree: Tree | str | None = None, attention_impl: str = "auto",
+             stream_ids: Sequence[int] | None = None, hardware=None) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 
-  draft: None (autoregressive), StreamingDraft, SnapKVDraft or ModelDraft; gamma: chain length; tree: a
-  trees.Tree to speculate instead of a chain. stream_ids: per-prompt random-stream ids (default 0..n-1);
+  draft: None (autoregressive), StreamingDraft, SnapKVDraft or ModelDraft; gamma: chain length, or "auto"
+  (cost model, see autotune.py; `hardware` names the device, default detected); tree: a trees.Tree to
+  speculate instead of a chain, or "auto" for the hardware-aware Sequoia tree. stream_ids: per-prompt random-stream ids (default 0..n-1);
   a row's samples depend only on (seed, stream id), never on the rest of the batch.
   """
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
@@ -109,6 +111,10 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
                        f"shortest prompt ({short} tokens; needs >= {need})")
   eos = resolve_eos(model, eos_token_id)
   n = len(ids)
+  plan = None
+  if isinstance(tree, str):
+    context = max(len(p) for p in ids) + max_new_tokens // 2
+    tree, plan = autotune.choose(cfg, spec, n, context, want_tree=(tree == "auto"), hardware=hardware)
   stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
@@ -143,7 +149,11 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
                       sampling=sampling, impl=attention_impl)
   out, n_out = np.asarray(state.out), np.asarray(state.n_out)
   t2 = time.perf_counter()
-  return _result(model, state, out, n_out, n, eos, tree, spec, t1 - t0, t2 - t1)
+  result = _result(model, state, out, n_out, n, eos, tree, spec, t1 - t0, t2 - t1)
+  if plan is not None:
+    result.stats["auto_plan"] = {k: v for k, v in plan.items() if isinstance(v, (int, float, str))}
+    result.stats["tree_depth"] = tree.max_depth
+  return result
 
 
 def _result(model, state, out, n_out, n, eos, tree, spec, prefill_s, decode_s) -> GenerateResult:

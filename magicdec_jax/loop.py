@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from magicdec_jax import drafts
-from magicdec_jax.cache import KVCache, RingCache, gather_slots
+from magicdec_jax.cache import KVCache, RingCache, gather_slots, put_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import forward
@@ -122,8 +122,7 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   if not tree.is_chain:   # move the accepted path's K/V to consecutive slots (a chain already is)
     k, v = gather_slots(target.k, target.v, base[:, None] + path)
     dst = base[:, None] + jnp.arange(path.shape[1])[None, :]
-    target = target.replace(k=target.k.at[:, rows[:, None], dst].set(k),
-                            v=target.v.at[:, rows[:, None], dst].set(v))
+    target = target.replace(k=put_slots(target.k, dst, k), v=put_slots(target.v, dst, v))
   if spec is not None:
     ring = drafts.commit(spec, ring, tree, target, path, n, state.lengths)
 

@@ -54,8 +54,8 @@ def init_params(cfg: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
   dt = cfg.jnp_dtype
   b, t, s = 1, 1, 1
   dummy = (jnp.zeros((b, t, cfg.hidden_size), dt), jnp.zeros((b, t), jnp.int32),
-           jnp.zeros((1, b, s, cfg.num_kv_heads, cfg.head_dim), dt),
-           jnp.zeros((1, b, s, cfg.num_kv_heads, cfg.head_dim), dt), 0, jnp.zeros((b, t), jnp.int32),
+           jnp.zeros((1, b, cfg.num_kv_heads, s, cfg.head_dim), dt),
+           jnp.zeros((1, b, cfg.num_kv_heads, s, cfg.head_dim), dt), 0, jnp.zeros((b, t), jnp.int32),
            PrefixTree(jnp.zeros((b,), jnp.int32), jnp.ones((t, t), bool)))
   init_one = lambda k: Block(cfg).init(k, *dummy)["params"]
   layers = jax.vmap(init_one)(jax.random.split(k_layers, cfg.num_layers))
@@ -74,7 +74,7 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
             return_scores: bool = False):
   """tokens/positions/write_slots [B, T] -> (logits float32 [B, T, V] or None, cache[, scores [L,B,K,S]]).
 
-  `cache` is any pytree with `.k`/`.v` of shape [L, B, S, K, D] (KVCache or RingCache); `spec` is a
+  `cache` is any pytree with `.k`/`.v` of shape [L, B, K, S, D] (KVCache or RingCache); `spec` is a
   PrefixTree or DenseMask visibility rule (see layers/attention.py). Slots out of range are not written.
   """
   x = jnp.take(params["embed"], tokens, axis=0)

@@ -18,7 +18,7 @@ import numpy as np
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.rope import apply_rope, rope_frequencies
-from magicdec_jax.pallas.xla_attention import visibility_mask
+from magicdec_jax.pallas.xla_attention import dot_operands, visibility_mask
 
 NEG_INF = -1e30
 
@@ -42,22 +42,25 @@ class DenseMask:
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                      return_scores: bool = False, q_alt: jax.Array | None = None,
                      alt_slots: jax.Array | None = None):
-  """q [B,T,H,D], k/v [B,S,K,D], mask [B,T,S] -> out [B,T,H,D] (and [B,K,S] probability mass per KV head)."""
+  """q [B,T,H,D], k/v [B,K,S,D], mask [B,T,S] -> out [B,T,H,D] (and [B,K,S] probability mass per KV head)."""
   b, t, h, d = q.shape
-  kh = k.shape[2]
+  kh = k.shape[1]
+  out_dtype = q.dtype
+  q, k, v, q_alt = dot_operands(q, k, v, q if q_alt is None else q_alt)
+  q_alt = None if alt_slots is None else q_alt
   qg = q.reshape(b, t, kh, h // kh, d)
   prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None   # no TF32 on GPU for fp32
-  logits = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k, preferred_element_type=jnp.float32,
+  logits = jnp.einsum("BTKGD,BKSD->BKGTS", qg, k, preferred_element_type=jnp.float32,
                       precision=prec) * (d ** -0.5)
   if q_alt is not None:
-    alt = jnp.einsum("BTKGD,BSKD->BKGTS", q_alt.reshape(qg.shape), k,
+    alt = jnp.einsum("BTKGD,BKSD->BKGTS", q_alt.reshape(qg.shape), k,
                      preferred_element_type=jnp.float32, precision=prec) * (d ** -0.5)
     logits = jnp.where(alt_slots[None, None, None, None, :], alt, logits)
   logits = jnp.where(mask[:, None, None, :, :], logits, NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1)
-  out = jnp.einsum("BKGTS,BSKD->BTKGD", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,
+  out = jnp.einsum("BKGTS,BKSD->BTKGD", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,
                    precision=prec)
-  out = out.reshape(b, t, h, d).astype(q.dtype)
+  out = out.reshape(b, t, h, d).astype(out_dtype)
   if return_scores:
     return out, probs.sum(axis=(2, 3))
   return out
@@ -66,10 +69,12 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=None):
   """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel."""
   if isinstance(spec, PrefixTree):
-    if impl not in ("xla",) and not return_scores:
-      from magicdec_jax import pallas
+    from magicdec_jax import pallas
+    if impl == "auto":
+      impl = pallas.resolve_impl(q, k, v, spec.base, spec.anc)
+    if impl != "xla" and not return_scores:
       return pallas.tree_attention(q, k, v, spec.base, spec.anc, impl=impl)
-    return masked_attention(q, k, v, visibility_mask(spec.base, spec.anc, k.shape[1]), return_scores)
+    return masked_attention(q, k, v, visibility_mask(spec.base, spec.anc, k.shape[2]), return_scores)
   return masked_attention(q, k, v, spec.mask, return_scores, q_alt, spec.alt_slots)
 
 
@@ -94,9 +99,13 @@ class Attention(nn.Module):
     q_alt = None if alt_pos is None else apply_rope(q_raw, alt_pos, inv_freq)
     k = apply_rope(jnp.einsum("BTD,DNH->BTNH", x, wk), positions, inv_freq)
     v = jnp.einsum("BTD,DNH->BTNH", x, wv)
-    rows = jnp.arange(x.shape[0])[:, None]
-    cache_k = cache_k.at[layer, rows, write_slots].set(k.astype(cache_k.dtype), mode="drop")
-    cache_v = cache_v.at[layer, rows, write_slots].set(v.astype(cache_v.dtype), mode="drop")
+    rows = jnp.arange(x.shape[0])[:, None, None]
+    heads = jnp.arange(kh)[None, :, None]
+    slots = write_slots[:, None, :]                                                # [B, 1, T]
+    k_new = jnp.swapaxes(k, 1, 2).astype(cache_k.dtype)                           # [B, K, T, D]
+    v_new = jnp.swapaxes(v, 1, 2).astype(cache_v.dtype)
+    cache_k = cache_k.at[layer, rows, heads, slots].set(k_new, mode="drop")
+    cache_v = cache_v.at[layer, rows, heads, slots].set(v_new, mode="drop")
     res = attend(q, cache_k[layer], cache_v[layer], spec, self.impl, return_scores, q_alt)
     out, scores = res if return_scores else (res, None)
     return jnp.einsum("BTNH,NHD->BTD", out, wo), cache_k, cache_v, scores

@@ -74,7 +74,7 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, an
                    scale: float | None = None, impl: str = "auto", block_k: int | None = None,
                    block_q: int | None = None, num_splits: int | None = None,
                    num_warps: int | None = None, num_stages: int | None = None) -> jax.Array:
-  """Prefix + tree attention. q [B,T,H,D], k/v [B,S,K,D], base [B] int32, anc [T,T] bool -> [B,T,H,D].
+  """Prefix + tree attention. q [B,T,H,D], k/v [B,K,S,D], base [B] int32, anc [T,T] bool -> [B,T,H,D].
 
   Query t of row b sees cache slots [0, base[b]) and tree slots base[b] + j with anc[t, j]; the
   new tokens' K/V must already be written there. Math in float32, output in q.dtype.

@@ -115,7 +115,7 @@ def pallas_tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Ar
                           *, scale: float | None = None, block_k: int | None = None,
                           block_q: int | None = None, num_splits: int | None = None,
                           interpret: bool = False, compiler_params=None) -> jax.Array:
-  """q [B,T,H,D], k/v [B,S,K,D], base [B] int32, anc [T,T] bool -> out [B,T,H,D] in q.dtype.
+  """q [B,T,H,D], k/v [B,K,S,D], base [B] int32, anc [T,T] bool -> out [B,T,H,D] in q.dtype.
 
   block_q: query rows (T*G pairs) per program, a power of two >= 16 (default min(rows, 64)).
   block_k: KV slots per inner step, a power of two >= 16 (default by block_q, capped by S).
@@ -123,7 +123,7 @@ def pallas_tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Ar
   compiler_params: e.g. pltriton.CompilerParams(num_warps=4, num_stages=2) to force Triton.
   """
   b, t, h, d = q.shape
-  s, kh = k.shape[1], k.shape[2]
+  kh, s = k.shape[1], k.shape[2]
   if h % kh or anc.shape != (t, t) or v.shape != k.shape or k.shape[0] != b or k.shape[3] != d:
     raise ValueError(f"bad shapes q={q.shape} k={k.shape} v={v.shape} anc={anc.shape}")
   g = h // kh
@@ -136,7 +136,7 @@ def pallas_tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Ar
     if n < 16 or n & (n - 1):
       raise ValueError(f"{name}={n} must be a power of two >= 16")
   if s < 16:  # tiny caches only (tests): pad so one 16-slot block fits
-    pad = ((0, 0), (0, 16 - s), (0, 0), (0, 0))
+    pad = ((0, 0), (0, 0), (0, 16 - s), (0, 0))
     k, v = jnp.pad(k, pad), jnp.pad(v, pad)
     s = 16
   block_k = min(block_k, _prev_pow2(s))
@@ -154,7 +154,7 @@ def pallas_tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Ar
       _kernel, num_tokens=t, num_slots=s, block_k=block_k, num_splits=num_splits, scale=scale,
       precision=lax.Precision.HIGHEST if q.dtype == jnp.float32 else None)
   grid = (b, kh, q_blocks, num_splits)
-  kv_spec = pl.BlockSpec((None, s, None, d), lambda i, j, r, n: (i, 0, j, 0))
+  kv_spec = pl.BlockSpec((None, None, s, d), lambda i, j, r, n: (i, j, 0, 0))
   o, m, l = pl.pallas_call(
       kernel,
       grid=grid,

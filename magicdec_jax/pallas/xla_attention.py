@@ -29,27 +29,36 @@ def visibility_mask(base: jax.Array, anc: jax.Array, num_slots: int) -> jax.Arra
 
 def xla_tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, anc: jax.Array,
                        *, scale: float | None = None) -> jax.Array:
-  """q [B,T,H,D], k/v [B,S,K,D], base [B], anc [T,T] -> out [B,T,H,D] in q.dtype.
+  """q [B,T,H,D], k/v [B,K,S,D], base [B], anc [T,T] -> out [B,T,H,D] in q.dtype.
 
   Invisible logits are replaced (not added to), so garbage keys (even NaN) in invisible slots cannot
   leak; garbage *values* must be finite (a 0 probability times NaN is NaN in the second einsum).
   """
   b, t, h, d = q.shape
-  s, kh = k.shape[1], k.shape[2]
+  kh, s = k.shape[1], k.shape[2]
   g = h // kh
   scale = d ** -0.5 if scale is None else scale
   mask = visibility_mask(base, anc, s)                                              # [B, T, S]
+  out_dtype = q.dtype
+  q, k, v = dot_operands(q, k, v)
   qg = q.reshape(b, t, kh, g, d)
-  logits = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k, preferred_element_type=jnp.float32,
+  logits = jnp.einsum("BTKGD,BKSD->BKGTS", qg, k, preferred_element_type=jnp.float32,
                       precision=_precision(q.dtype))
   logits = jnp.where(mask[:, None, None, :, :], logits * scale, NEG_BIG)             # [B, K, G, T, S]
   m = jnp.max(logits, axis=-1, keepdims=True)                                        # [B, K, G, T, 1]
   p = jnp.exp(logits - m)
   l = jnp.sum(p, axis=-1)                                                            # [B, K, G, T]
-  o = jnp.einsum("BKGTS,BSKD->BTKGD", p.astype(v.dtype), v, preferred_element_type=jnp.float32,
+  o = jnp.einsum("BKGTS,BKSD->BTKGD", p.astype(v.dtype), v, preferred_element_type=jnp.float32,
                  precision=_precision(v.dtype))                                      # [B, T, K, G, D]
   o = o / jnp.transpose(l, (0, 3, 1, 2))[..., None]
-  return o.reshape(b, t, h, d).astype(q.dtype)
+  return o.reshape(b, t, h, d).astype(out_dtype)
+
+
+def dot_operands(*xs):
+  """XLA:CPU has no bf16 x bf16 -> f32 dot kernel: upcast there (GPUs keep bf16 operands)."""
+  if jax.default_backend() == "cpu":
+    return tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in xs)
+  return xs
 
 
 def _precision(dtype):

@@ -42,7 +42,7 @@ def reference(q, k, v, base, anc, scale):
   """float64 numpy: explicit per-row visibility, plain softmax."""
   q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
   b, t, h, d = q.shape
-  s, kh = k.shape[1], k.shape[2]
+  kh, s = k.shape[1], k.shape[2]
   g = h // kh
   out = np.zeros((b, t, h, d))
   for r in range(b):
@@ -50,7 +50,7 @@ def reference(q, k, v, base, anc, scale):
     vis[:, :base[r]] = True
     vis[:, base[r]:base[r] + t] = anc
     for head in range(h):
-      kk, vv = k[r, :, head // g], v[r, :, head // g]
+      kk, vv = k[r, head // g], v[r, head // g]
       logits = q[r, :, head] @ kk[vis.any(0)].T * scale              # only touch visible slots
       sub = vis[:, vis.any(0)]
       logits = np.where(sub, logits, -np.inf)
@@ -65,14 +65,14 @@ def make_case(seed, *, b, t, kh, g, d, s, base, kind, dtype=jnp.float32, poison_
   base = np.asarray(base, np.int32)
   assert base.shape == (b,) and (base + t <= s).all()
   q = rng.standard_normal((b, t, kh * g, d)).astype(np.float32)
-  k = rng.standard_normal((b, s, kh, d)).astype(np.float32)
-  v = rng.standard_normal((b, s, kh, d)).astype(np.float32)
+  k = rng.standard_normal((b, kh, s, d)).astype(np.float32)   # cache layout [B, K, S, D]
+  v = rng.standard_normal((b, kh, s, d)).astype(np.float32)
   q, k, v = (np.array(jnp.asarray(x, dtype).astype(jnp.float32)) for x in (q, k, v))
   anc = make_anc(rng, kind, t)
   ref = reference(q, k, v, base, anc, d ** -0.5)
   for r in range(b):  # poison never-visible slots after computing the reference
-    k[r, base[r] + t:] = np.nan
-    v[r, base[r] + t:] = poison_v
+    k[r, :, base[r] + t:] = np.nan
+    v[r, :, base[r] + t:] = poison_v
   args = tuple(jnp.asarray(x, dtype) for x in (q, k, v)) + (jnp.asarray(base), jnp.asarray(anc))
   return args, ref
 

@@ -1,0 +1,93 @@
+"""`gamma="auto"` / `tree="auto"`: pick the speculation size for (batch, context) from the cost model.
+
+The hardware is named ("h100", "a100", "h200", "cpu") or detected from the first JAX device; a calibrated
+`costmodel.Hardware` can be passed instead. The acceptance rate (chain) or acceptance vector (tree)
+defaults to the paper's measured self-speculation figure and the shipped Sequoia vector; measure your own
+with `run.py --mode=profile_acceptance`.
+"""
+from __future__ import annotations
+
+import jax
+
+from magicdec_jax import costmodel, drafts, trees
+from magicdec_jax.config import ModelConfig
+
+DEFAULT_ALPHA = 0.8
+# A 2-core x86 CPU running float32, fitted with costmodel.calibrate on SmolLM2-135M decode steps
+# (benchmarks/results/cpu_calibration.json); effective, not peak, figures.
+CPU = costmodel.Hardware("cpu", hbm_bytes_per_s=8e9, flops_per_s=4e10, memory_bytes=24 * 2**30,
+                         step_overhead_s=2e-3, combine="sum")
+
+
+def detect_hardware(name: str | costmodel.Hardware | None = None) -> costmodel.Hardware:
+  if isinstance(name, costmodel.Hardware):
+    return name
+  if name is None:
+    kind = jax.devices()[0].device_kind.lower()
+    name = next((k for k in ("h200", "h100", "a100") if k in kind), "cpu")
+  if name == "cpu":
+    return CPU
+  if name not in costmodel.HARDWARE:
+    raise ValueError(f"unknown hardware {name!r}; known: cpu, {', '.join(costmodel.HARDWARE)}")
+  return costmodel.HARDWARE[name]
+
+
+def cost_draft(spec) -> costmodel.Draft:
+  """The cost model's view of a draft's static spec."""
+  if isinstance(spec, drafts.SnapKVDraft):
+    return costmodel.Draft("snapkv", budget=spec.budget, window=spec.window, sink=0)
+  if isinstance(spec, drafts.ModelSpec):
+    return costmodel.Draft("model", draft_cfg=spec.config, sink=spec.sink, window=spec.window)
+  return costmodel.Draft("self", sink=spec.sink, window=spec.window)
+
+
+def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool, hardware=None,
+           alpha: float | None = None, acceptance_vector=None, max_gamma: int = 8) -> tuple[trees.Tree, dict]:
+  """The chain or tree the cost model predicts fastest; info holds the predicted speedup."""
+  hw = detect_hardware(hardware)
+  draft = cost_draft(spec)
+  if want_tree:
+    vec = acceptance_vector or trees.DEFAULT_ACCEPTANCE_VECTOR
+    tree, info = costmodel.choose_tree(cfg, hw, draft, batch, context, vec, dtype=cfg.dtype)
+    return tree, dict(info, hardware=hw.name)
+  a = DEFAULT_ALPHA if alpha is None else alpha
+  gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, a, max_gamma, dtype=cfg.dtype)
+  return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": a, "hardware": hw.name}
+
+
+def measure_step(params, cfg: ModelConfig, batch: int, context: int, new_tokens: int = 1,
+                 repeats: int = 5) -> float:
+  """Median seconds of one target forward over `new_tokens` tokens per row against `context` cached ones."""
+  import time
+  import jax.numpy as jnp
+  import numpy as np
+  from magicdec_jax.cache import KVCache
+  from magicdec_jax.layers.attention import PrefixTree
+  from magicdec_jax.model import forward
+
+  @jax.jit
+  def step(params, cache, tokens):
+    base = jnp.full((batch,), context, jnp.int32)
+    pos = base[:, None] + jnp.arange(new_tokens)[None, :]
+    spec = PrefixTree(base, jnp.tril(jnp.ones((new_tokens, new_tokens), bool)))
+    logits, cache = forward(params, cfg, tokens, pos, cache, pos, spec)
+    return logits, cache
+
+  cache = KVCache.zeros(cfg, batch, context + new_tokens)
+  tokens = jnp.zeros((batch, new_tokens), jnp.int32)
+  jax.block_until_ready(step(params, cache, tokens))
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(step(params, cache, tokens))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def calibrate_here(params, cfg: ModelConfig, shapes=((1, 512, 1), (8, 512, 1), (1, 2048, 1), (8, 2048, 1),
+                                                     (8, 2048, 5), (4, 1024, 17))) -> tuple[costmodel.Hardware, list]:
+  """Fit this device's effective bandwidth / flop rate / step overhead from measured step times."""
+  name = jax.devices()[0].device_kind
+  meas = [(costmodel.StepShape(cfg, b, n, t, dtype=cfg.dtype), measure_step(params, cfg, b, n, t))
+          for b, n, t in shapes]
+  return costmodel.calibrate(name, meas, combine="sum"), meas
