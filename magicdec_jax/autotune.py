@@ -13,8 +13,8 @@ from magicdec_jax import costmodel, drafts, trees
 from magicdec_jax.config import ModelConfig
 
 DEFAULT_ALPHA = 0.8
-# A 2-core x86 CPU running float32, fitted with costmodel.calibrate on SmolLM2-135M decode steps
-# (benchmarks/results/cpu_calibration.json); effective, not peak, figures.
+# Nominal effective figures for a 2-core x86 CPU in float32 (an assumption, not a fit): fit your own with
+# `python benchmarks/calibrate_cpu.py` and pass the result as `hardware=`.
 CPU = costmodel.Hardware("cpu", hbm_bytes_per_s=8e9, flops_per_s=4e10, memory_bytes=24 * 2**30,
                          step_overhead_s=2e-3, combine="sum")
 

@@ -126,3 +126,77 @@ def config_from_hf(d: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
 def load_hf_config(path: str, dtype: str = "float32") -> ModelConfig:
   with open(os.path.join(path, "config.json")) as f:
     return config_from_hf(json.load(f), dtype=dtype)
+
+
+def _llama3_factors(s: RopeScaling, head_dim: int, theta: float):
+  """The per-frequency divisors llama.cpp stores in a `rope_freqs` tensor for llama3 scaling."""
+  import numpy as np
+  inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+  wavelen = 2 * np.pi / inv
+  orig = s.original_max_position_embeddings
+  smooth = (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+  out = np.where(wavelen < orig / s.high_freq_factor, 1.0, 1.0 / ((1 - smooth) / s.factor + smooth))
+  return np.where(wavelen > orig / s.low_freq_factor, s.factor, out)
+
+
+def config_from_gguf(reader, dtype: str = "float32") -> ModelConfig:
+  """Build a ModelConfig from a `gguf.GGUFReader`'s `llama.*` / `tokenizer.ggml.*` metadata."""
+  import numpy as np
+
+  def get(key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+  arch = get("general.architecture")
+  if arch != "llama":
+    raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: llama")
+
+  def need(key):
+    v = get(key)
+    if v is None:
+      raise ValueError(f"GGUF file lacks required metadata {key!r}")
+    return v
+
+  hidden = int(need("llama.embedding_length"))
+  n_heads = int(need("llama.attention.head_count"))
+  head_dim = int(get("llama.attention.key_length", hidden // n_heads))
+  rot = get("llama.rope.dimension_count")
+  if rot is not None and int(rot) != head_dim:
+    raise ValueError(f"partial rotary embeddings (rope.dimension_count={rot}, head_dim={head_dim}) are unsupported")
+  theta = float(get("llama.rope.freq_base", 10000.0))
+  tensors = {t.name: t for t in reader.tensors}
+  tokens = get("tokenizer.ggml.tokens")
+  vocab = get("llama.vocab_size") or (len(tokens) if tokens else int(tensors["token_embd.weight"].shape[-1]))
+  ctx = int(get("llama.context_length", 4096))
+
+  scaling = None
+  kind = get("llama.rope.scaling.type", "none")
+  if kind == "linear":
+    scaling = RopeScaling(kind="linear", factor=float(need("llama.rope.scaling.factor")))
+  elif kind not in ("none", None):
+    raise ValueError(f"unsupported GGUF rope scaling type {kind!r} (supported: none, linear, llama3 rope_freqs)")
+  if "rope_freqs.weight" in tensors:  # llama3 scaling is stored as per-frequency divisors, not metadata
+    freqs = np.asarray(tensors["rope_freqs.weight"].data, np.float64).reshape(-1)
+    factor = float(freqs.max())
+    for orig in (8192, 4096, 2048, 16384, 32768):
+      for lo, hi in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0)):
+        cand = RopeScaling("llama3", factor, lo, hi, orig)
+        if np.allclose(_llama3_factors(cand, head_dim, theta), freqs, rtol=1e-4):
+          scaling = cand
+          break
+      if scaling is not None:
+        break
+    if scaling is None:
+      raise ValueError("GGUF rope_freqs tensor does not match any llama3 scaling parameters")
+
+  eos = [get("tokenizer.ggml.eos_token_id"), get("tokenizer.ggml.eot_token_id")]
+  eos_ids = tuple(dict.fromkeys(int(e) for e in eos if e is not None))
+  bos = get("tokenizer.ggml.bos_token_id")
+  return ModelConfig(
+      vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(need("llama.feed_forward_length")),
+      num_layers=int(need("llama.block_count")), num_heads=n_heads,
+      num_kv_heads=int(get("llama.attention.head_count_kv", n_heads)), head_dim=head_dim,
+      rope_theta=theta, rope_scaling=scaling,
+      rms_norm_eps=float(get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+      tie_embeddings="output.weight" not in tensors, max_position_embeddings=ctx,
+      bos_token_id=None if bos is None else int(bos), eos_token_ids=eos_ids, dtype=dtype)

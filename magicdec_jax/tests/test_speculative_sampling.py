@@ -11,7 +11,8 @@ Any draw of a zero-probability sequence (a token outside top-k / top-p) fails ou
 
 The draft is a different random model (q far from p, acceptance well below 1) or a narrow streaming
 window, so the rejection / residual paths carry real probability mass. The last test swaps the residual
-max(p - q, 0) for p (a classic bug) and checks that the same statistic rejects it with p-value < 1e-6.
+max(p - q, 0) for p (a classic bug) and checks that the same statistic rejects it with p-value < 1e-6
+(measured: chi2 ~ 42000 on 63 df with 10^5 draws, TV 0.25; the correct engine: TV ~ 0.01-0.02).
 """
 from __future__ import annotations
 
@@ -40,11 +41,11 @@ PROMPT = [1, 5, 2, 7, 3, 0]
 
 
 def _target():
-  return tiny_model(0, vocab=V, scale=1.0, attn_scale=10.0, hidden=16, heads=2, kv_heads=1)
+  return tiny_model(0, vocab=V, scale=0.3, attn_scale=10.0, hidden=16, heads=2, kv_heads=1)
 
 
 def _other_draft():
-  return ModelDraft(tiny_model(1, vocab=V, scale=1.0, attn_scale=10.0, hidden=16, heads=2, kv_heads=1,
+  return ModelDraft(tiny_model(1, vocab=V, scale=0.3, attn_scale=10.0, hidden=16, heads=2, kv_heads=1,
                                layers=1), sink=1, window=2)
 
 
@@ -81,10 +82,10 @@ def exact_joint(model, temperature, top_k, top_p) -> np.ndarray:
   return p1[:, None, None] * p2[:, :, None] * p3
 
 
-def sampled_counts(model, **kw) -> tuple[np.ndarray, list[float]]:
+def sampled_counts(model, calls=CALLS, **kw) -> tuple[np.ndarray, list[float]]:
   counts = np.zeros(V ** NEW, np.int64)
   acceptance = []
-  for seed in range(CALLS):
+  for seed in range(calls):
     res = generate(model, [PROMPT] * BATCH, max_new_tokens=NEW, seed=seed, **kw)
     toks = np.asarray(res.tokens)
     assert toks.shape == (BATCH, NEW)
@@ -139,6 +140,7 @@ def test_speculative_sampling_matches_target_distribution(case):
   # the rejection / residual paths must carry real mass
   assert 0.02 < np.mean(acceptance) < 0.95, acceptance
   stat, pval, df, tv = chi_square(counts, probs)
+  print(f"{case}: chi2={stat:.1f} df={df} p={pval:.2e} TV={tv:.4f} acc={np.mean(acceptance):.3f}")
   assert pval > ALPHA, f"{case}: chi2={stat:.1f} df={df} p={pval:.2e} TV={tv:.4f}"
 
 
@@ -152,9 +154,10 @@ def test_broken_residual_is_rejected(monkeypatch):
   monkeypatch.setattr(verify, "_normalize", lambda x, fallback: fallback)   # residual -> p itself
   loop.decode.clear_cache()          # the patched function is only seen by a fresh trace
   try:
-    counts, _ = sampled_counts(model, **kw)
+    counts, _ = sampled_counts(model, calls=2, **kw)     # 16k draws: the bias is huge (TV ~ 0.25)
   finally:
     monkeypatch.undo()
     loop.decode.clear_cache()
   stat, pval, df, tv = chi_square(counts, probs)
+  print(f"broken: chi2={stat:.1f} df={df} p={pval:.2e} TV={tv:.4f}")
   assert pval < BROKEN_ALPHA, f"broken residual not detected: chi2={stat:.1f} df={df} p={pval:.2e} TV={tv:.4f}"
