@@ -20,6 +20,18 @@ from magicdec_jax.trees import Tree
 
 AR_TREE = Tree((-1,))
 MAX_CHUNK = 256
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+_compile_seconds = [0.0]
+
+
+def _on_duration(event: str, seconds: float, **_):
+  if event in _COMPILE_EVENTS:
+    _compile_seconds[0] += seconds
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 
 @dataclasses.dataclass
@@ -137,19 +149,24 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   keys = jax.vmap(lambda s: jax.random.fold_in(base_key, s))(
       jnp.asarray(stream_ids + [2**31 - 1 - i for i in range(b - n)], jnp.uint32))
 
+  c0 = _compile_seconds[0]
   t0 = time.perf_counter()
   tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
   target, ring = loop.prefill(model.params, draft_params, tokens_j, lengths_j, cfg=cfg, spec=spec,
                               tree=tree, num_slots=num_slots, chunk=chunk, impl=attention_impl)
   jax.block_until_ready(target)
   t1 = time.perf_counter()
+  c1 = _compile_seconds[0]
   state = loop.initial_state(tokens_j, lengths_j, jnp.asarray(max_new), jnp.asarray(eos_arr), keys,
                              target, ring, new_bucket + tree.num_nodes, tree)
   state = loop.decode(model.params, draft_params, state, cfg=cfg, spec=spec, tree=tree,
                       sampling=sampling, impl=attention_impl)
   out, n_out = np.asarray(state.out), np.asarray(state.n_out)
   t2 = time.perf_counter()
-  result = _result(model, state, out, n_out, n, eos, tree, spec, t1 - t0, t2 - t1)
+  c2 = _compile_seconds[0]
+  # compilation (first call of a bucket) is reported apart from the prefill / decode times
+  result = _result(model, state, out, n_out, n, eos, tree, spec, t1 - t0 - (c1 - c0), t2 - t1 - (c2 - c1))
+  result.stats["compile_s"] = c2 - c0
   if plan is not None:
     result.stats["auto_plan"] = {k: v for k, v in plan.items() if isinstance(v, (int, float, str))}
     result.stats["tree_depth"] = tree.max_depth
@@ -172,7 +189,7 @@ def _result(model, state, out, n_out, n, eos, tree, spec, prefill_s, decode_s) -
   total_new = sum(len(t) for t in toks)
   total_rounds = int(rounds.sum())
   stats = {
-      "prefill_s": prefill_s, "decode_s": decode_s, "new_tokens": total_new,
+      "prefill_s": max(prefill_s, 0.0), "decode_s": max(decode_s, 0.0), "new_tokens": total_new,
       "tokens_per_s": total_new / decode_s if decode_s > 0 else None, "verify_steps": total_rounds,
       "draft": None if spec is None else type(spec).__name__, "tree_nodes": tree.num_nodes,
       "acceptance_rate": float(accepted.sum()) / (total_rounds * depth) if depth and total_rounds else None,
