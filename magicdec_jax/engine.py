@@ -43,7 +43,8 @@ class GenerateResult:
   row_stats: list[dict[str, Any]]    # per-prompt figures
 
 
-def _bucket(n: int, minimum: int = 16) -> int:
+def bucket(n: int, minimum: int = 16) -> int:
+  """The padded size for n: the next power of two, at least `minimum` (one compilation per bucket)."""
   return max(minimum, 1 << max(0, int(n - 1).bit_length()))
 
 
@@ -131,9 +132,9 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
 
-  b = _bucket(n, 1)
-  p_bucket = _bucket(max(len(p) for p in ids))
-  new_bucket = _bucket(max_new_tokens)
+  b = bucket(n, 1)
+  p_bucket = bucket(max(len(p) for p in ids))
+  new_bucket = bucket(max_new_tokens)
   chunk = min(p_bucket, MAX_CHUNK)
   num_slots = p_bucket + new_bucket + tree.num_nodes + 1
   tokens = np.zeros((b, p_bucket), np.int32)

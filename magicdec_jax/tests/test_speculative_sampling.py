@@ -24,10 +24,10 @@ import pytest
 from scipy import stats
 
 from magicdec_jax import verify
-from magicdec_jax.drafts import ModelDraft, StreamingDraft
+from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft
 from magicdec_jax.engine import generate
 from magicdec_jax.model import full_forward
-from magicdec_jax.trees import Tree
+from magicdec_jax.trees import Tree, default_tree
 
 from conftest import tiny_model
 
@@ -40,8 +40,8 @@ BROKEN_ALPHA = 1e-6           # the broken residual must be rejected far beyond 
 PROMPT = [1, 5, 2, 7, 3, 0]
 
 
-def _target():
-  return tiny_model(0, vocab=V, scale=0.3, attn_scale=10.0, hidden=16, heads=2, kv_heads=1)
+def _target():   # one layer: the draws are the cost (prefill pads prompts to 16 tokens)
+  return tiny_model(0, vocab=V, scale=0.3, attn_scale=10.0, hidden=16, heads=2, kv_heads=1, layers=1)
 
 
 def _other_draft():
@@ -122,14 +122,24 @@ CASES = {
 }
 
 
+SLOW_CASES = {
+    "autoregressive-t0.8-topk5-topp0.9": dict(draft=None, temperature=0.8, top_k=5, top_p=0.9),
+    "chain3-snapkv-t1": dict(draft=SnapKVDraft(budget=2, window=2, observation_window=4, pool_kernel=3),
+                             gamma=3, temperature=1.0),
+    "sequoia16-streaming-t0.7-topp0.95": dict(draft=StreamingDraft(sink=1, window=2),
+                                              tree=default_tree("sequoia16"), temperature=0.7, top_p=0.95),
+    "tree-model-t1.2-topk6": dict(draft="other", tree=Tree.kary([3, 2]), temperature=1.2, top_k=6),
+}
+
+
 def _kwargs(case):
-  kw = dict(CASES[case])
+  kw = dict(CASES.get(case) or SLOW_CASES[case])
   if kw["draft"] == "other":
     kw["draft"] = _other_draft()
   return kw
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", list(CASES) + [pytest.param(c, marks=pytest.mark.slow) for c in SLOW_CASES])
 def test_speculative_sampling_matches_target_distribution(case):
   kw = _kwargs(case)
   model = _target()
@@ -137,10 +147,10 @@ def test_speculative_sampling_matches_target_distribution(case):
   # the test is only meaningful if the distribution is spread out
   assert (probs.reshape(-1) > 1e-3).sum() >= 20
   counts, acceptance = sampled_counts(model, **kw)
-  # the rejection / residual paths must carry real mass
-  assert 0.02 < np.mean(acceptance) < 0.95, acceptance
+  if kw["draft"] is not None:     # the rejection / residual paths must carry real mass
+    assert 0.02 < np.mean(acceptance) < 0.95, acceptance
   stat, pval, df, tv = chi_square(counts, probs)
-  print(f"{case}: chi2={stat:.1f} df={df} p={pval:.2e} TV={tv:.4f} acc={np.mean(acceptance):.3f}")
+  print(f"{case}: chi2={stat:.1f} df={df} p={pval:.2e} TV={tv:.4f} acc={acceptance[0]}")
   assert pval > ALPHA, f"{case}: chi2={stat:.1f} df={df} p={pval:.2e} TV={tv:.4f}"
 
 

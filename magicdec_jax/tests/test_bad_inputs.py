@@ -1,0 +1,139 @@
+"""Bad arguments to `generate` raise a ValueError naming the offending value, before anything compiles.
+
+`loop.prefill` / `loop.decode` are replaced by functions that fail the test if called, and the jit caches
+must not grow: validation happens on the host, ahead of tracing.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from magicdec_jax import loop
+from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft
+from magicdec_jax.engine import generate
+
+from conftest import compile_count, tiny_model
+
+PROMPT = list(range(10))
+
+
+@pytest.fixture
+def model():
+  return tiny_model(0)
+
+
+@pytest.fixture(autouse=True)
+def no_compile(monkeypatch):
+  def boom(*a, **k):
+    raise AssertionError("the engine reached compiled code with invalid inputs")
+  before = compile_count()
+  monkeypatch.setattr(loop, "prefill", boom)
+  monkeypatch.setattr(loop, "decode", boom)
+  yield
+  monkeypatch.undo()
+  assert compile_count() == before
+
+
+def raises(*fragments):
+  """pytest.raises(ValueError) whose message contains every fragment (e.g. the bad value itself)."""
+  return pytest.raises(ValueError, match="".join(f"(?=.*{re.escape(str(f))})" for f in fragments))
+
+
+def test_empty_prompt(model):
+  with raises("prompt 1", "empty"):
+    generate(model, [PROMPT, []], max_new_tokens=4)
+
+
+@pytest.mark.parametrize("prompts", [[], (), "", None])
+def test_empty_or_malformed_prompt_list(model, prompts):
+  with raises("non-empty"):
+    generate(model, prompts, max_new_tokens=4)
+
+
+def test_prompt_plus_new_tokens_over_context(model):
+  ctx = model.config.max_position_embeddings
+  with raises(ctx - 5, "max_new_tokens=6", ctx):
+    generate(model, [PROMPT, [7] * (ctx - 5)], max_new_tokens=6)
+
+
+@pytest.mark.parametrize("bad", [-1, 64, 10**6])
+def test_token_outside_vocabulary(model, bad):
+  with raises(bad, "[0, 64)"):
+    generate(model, [PROMPT, [1, bad, 2]], max_new_tokens=4)
+
+
+@pytest.mark.parametrize("temperature", [-0.5, float("nan")])
+def test_bad_temperature(model, temperature):
+  with raises("temperature", temperature):
+    generate(model, [PROMPT], max_new_tokens=4, temperature=temperature)
+
+
+@pytest.mark.parametrize("top_p", [0.0, -0.1, 1.5])
+def test_bad_top_p(model, top_p):
+  with raises("top_p", top_p):
+    generate(model, [PROMPT], max_new_tokens=4, temperature=1.0, top_p=top_p)
+
+
+def test_bad_top_k(model):
+  with raises("top_k", -1):
+    generate(model, [PROMPT], max_new_tokens=4, temperature=1.0, top_k=-1)
+
+
+@pytest.mark.parametrize("gamma", [0, -2])
+def test_bad_gamma(model, gamma):
+  with raises("gamma", gamma):
+    generate(model, [PROMPT], max_new_tokens=4, draft=StreamingDraft(1, 4), gamma=gamma)
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: StreamingDraft(sink=1, window=0),
+    lambda m: SnapKVDraft(budget=2, window=0),
+    lambda m: ModelDraft(m, sink=1, window=0),
+], ids=["streaming", "snapkv", "model"])
+def test_bad_window(model, make):
+  with raises("window", 0):
+    generate(model, [PROMPT], max_new_tokens=4, draft=make(model))
+
+
+@pytest.mark.parametrize("make", [
+    lambda m: StreamingDraft(sink=-1, window=4),
+    lambda m: ModelDraft(m, sink=-1, window=4),
+], ids=["streaming", "model"])
+def test_bad_sink(model, make):
+  with raises("sink", -1):
+    generate(model, [PROMPT], max_new_tokens=4, draft=make(model))
+
+
+def test_draft_vocabulary_mismatch(model):
+  other = tiny_model(1, vocab=32)
+  with raises("vocabulary", 32, 64):
+    generate(model, [PROMPT], max_new_tokens=4, draft=ModelDraft(other, sink=1, window=4))
+
+
+def test_snapkv_budget_larger_than_prompt(model):
+  with raises("budget=16", "10 tokens"):
+    generate(model, [PROMPT + PROMPT, PROMPT], max_new_tokens=4, draft=SnapKVDraft(budget=16, window=4))
+
+
+def test_text_prompt_without_tokenizer(model):
+  with raises("tokenizer", "prompt 0"):
+    generate(model, ["hello world"], max_new_tokens=4)
+
+
+@pytest.mark.parametrize("max_new", [0, -3, 2.5])
+def test_bad_max_new_tokens(model, max_new):
+  with raises("max_new_tokens", max_new):
+    generate(model, [PROMPT], max_new_tokens=max_new)
+
+
+def test_stream_ids_length_mismatch(model):
+  with raises("stream_ids", "3 entries", "2 prompts"):
+    generate(model, [PROMPT, PROMPT], max_new_tokens=4, stream_ids=[0, 1, 2])
+
+
+def test_unknown_draft_and_tree(model):
+  with raises("draft", "object"):
+    generate(model, [PROMPT], max_new_tokens=4, draft=object())
+  with raises("tree", "(3, 2)"):
+    generate(model, [PROMPT], max_new_tokens=4, draft=StreamingDraft(1, 4), tree=(3, 2))
