@@ -1,0 +1,282 @@
+"""Resumable, crash-safe offline generation: JSONL prompts in, one JSONL record per (id, sample) out.
+
+Why this shape: long offline jobs get killed. Every batch's records are written whole, flushed and fsynced
+before the next batch starts; on start a torn tail (a SIGKILL mid-write) is truncated away and every
+(id, sample) already in the output is skipped, so a resumed run ends with each exactly once. A sample's
+random stream depends only on (seed, id, sample index) (`stream_id`), and every batch is padded to the same
+shape, so what a record holds never depends on which run or batch produced it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+from magicdec_jax import engine
+from magicdec_jax.model import Model
+
+CONFIG_KEYS = ("model", "draft", "gamma", "tree", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
+               "chat", "truncate", "num_samples_per_prompt")
+
+
+class DatagenError(ValueError):
+  """Bad input, output or settings; the message says which and where."""
+
+
+@dataclasses.dataclass
+class Item:
+  line: int          # 1-based input line
+  id: Any            # the record's id (str or int)
+  key: str           # json.dumps(id): distinguishes 1 from "1"
+  ids: list[int]     # prompt token ids (after chat rendering and truncation)
+  truncated: int     # tokens dropped from the left
+
+
+def stream_id(record_id, sample: int) -> int:
+  """A stable 31-bit random-stream id for (id, sample), independent of Python's hash seed."""
+  digest = hashlib.sha256(f"{json.dumps(record_id)}\x00{sample}".encode()).digest()
+  return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def _prompt_text(model: Model, rec: dict, chat: bool, render_chat) -> str:
+  if "messages" in rec:
+    msgs = rec["messages"]
+    if not isinstance(msgs, list) or not msgs or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in msgs):
+      raise DatagenError("'messages' must be a non-empty list of {\"role\": str, \"content\": str}")
+    if not any(m["content"].strip() for m in msgs):
+      raise DatagenError("empty prompt (every message is empty)")
+    return render_chat(model, msgs)
+  p = rec["prompt"]
+  if not isinstance(p, str):
+    raise DatagenError(f"'prompt' must be a string, got {type(p).__name__}")
+  if not p.strip():
+    raise DatagenError("empty prompt")
+  return render_chat(model, [{"role": "user", "content": p}]) if chat else p
+
+
+def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str = "none", chat: bool = False,
+                render_chat=None) -> tuple[list[Item], list[dict]]:
+  """Read and validate every line -> (items, errors). Errors are {'line', 'id', 'reason', 'text'}."""
+  if render_chat is None:
+    from magicdec_jax.cli_flags import render_chat
+  if model.tokenizer is None:
+    raise DatagenError(f"model {model.name!r} has no tokenizer; datagen needs text prompts tokenized")
+  try:
+    with open(path, "rb") as f:
+      raw_lines = f.read().split(b"\n")
+  except OSError as e:
+    raise DatagenError(f"cannot read input {path}: {e.strerror or e}") from None
+  limit = model.config.max_position_embeddings - max_new_tokens
+  if limit < 1:
+    raise DatagenError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context "
+                       f"of {model.config.max_position_embeddings}")
+  items, errors, seen = [], [], {}
+  for n, raw in enumerate(raw_lines, 1):
+    if not raw.strip():
+      continue
+    rid = None
+    try:
+      try:
+        text = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise DatagenError(f"invalid UTF-8 at byte {e.start}") from None
+      try:
+        rec = json.loads(text)
+      except json.JSONDecodeError as e:
+        raise DatagenError(f"malformed JSON ({e.msg} at column {e.colno})") from None
+      if not isinstance(rec, dict):
+        raise DatagenError(f"expected a JSON object, got {type(rec).__name__}")
+      if "id" not in rec:
+        raise DatagenError("missing 'id'")
+      rid = rec["id"]
+      if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise DatagenError(f"'id' must be a non-empty string or an integer, got {json.dumps(rid)}")
+      key = json.dumps(rid)
+      if key in seen:
+        raise DatagenError(f"duplicate id {key} (first on line {seen[key]})")
+      if ("prompt" in rec) == ("messages" in rec):
+        raise DatagenError("needs exactly one of 'prompt' or 'messages'")
+      seen[key] = n
+      ids = list(model.tokenizer.encode(_prompt_text(model, rec, chat, render_chat)).ids)
+      if not ids:
+        raise DatagenError("empty prompt (no tokens)")
+      cut = 0
+      if len(ids) > limit:
+        if truncate != "left":
+          raise DatagenError(f"prompt has {len(ids)} tokens; with max_new_tokens={max_new_tokens} the "
+                             f"model's context of {model.config.max_position_embeddings} allows {limit} "
+                             "(use --truncate=left)")
+        cut = len(ids) - limit
+        ids = ids[cut:]
+      items.append(Item(n, rid, key, ids, cut))
+    except DatagenError as e:
+      errors.append({"line": n, "id": rid, "reason": str(e),
+                     "text": raw[:200].decode("utf-8", errors="replace")})
+  return items, errors
+
+
+def repair_output(path: str) -> tuple[set[tuple[str, int]], int]:
+  """Truncate `path` to its longest prefix of complete valid records -> (done (key, sample) set, bytes cut)."""
+  if not os.path.exists(path):
+    return set(), 0
+  with open(path, "rb") as f:
+    data = f.read()
+  done, good_end, pos = set(), 0, 0
+  while True:
+    nl = data.find(b"\n", pos)
+    if nl < 0:
+      break
+    try:
+      rec = json.loads(data[pos:nl].decode("utf-8"))
+      k = (json.dumps(rec["id"]), int(rec["sample"]))
+      if not isinstance(rec.get("token_ids"), list) or k in done:
+        raise ValueError
+    except (ValueError, KeyError, TypeError):
+      break
+    done.add(k)
+    good_end = pos = nl + 1
+  cut = len(data) - good_end
+  if cut:
+    with open(path, "r+b") as f:
+      f.truncate(good_end)
+      f.flush()
+      os.fsync(f.fileno())
+  return done, cut
+
+
+def _atomic_write(path: str, text: str):
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def _check_config(path: str, config: dict):
+  """Refuse to resume an output produced with different generation settings."""
+  cpath = path + ".config.json"
+  if os.path.exists(cpath) and os.path.exists(path) and os.path.getsize(path) > 0:
+    with open(cpath) as f:
+      old = json.load(f)
+    diff = [k for k in CONFIG_KEYS if old.get(k) != config.get(k)]
+    if diff:
+      changes = ", ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
+      raise DatagenError(f"{path} was produced with different settings ({changes}); use another --output "
+                         "or delete it")
+  _atomic_write(cpath, json.dumps(config, indent=1) + "\n")
+
+
+def _open_output(path: str):
+  try:
+    return open(path, "ab")
+  except OSError as e:
+    raise DatagenError(f"cannot write output {path}: {e.strerror or e}") from None
+
+
+def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int, batch_size: int = 4,
+        num_samples: int = 1, on_error: str = "fail", truncate: str = "none", chat: bool = False,
+        progress: bool = True, config: dict | None = None, **gen) -> dict:
+  """Generate every missing (id, sample) of `input_path` into `output_path`; returns the summary dict.
+
+  gen: generate() keyword arguments (draft, gamma, tree, temperature, top_k, top_p, seed, attention_impl).
+  """
+  if on_error not in ("fail", "skip") or truncate not in ("none", "left"):
+    raise DatagenError(f"on_error must be fail|skip and truncate none|left, got {on_error!r}, {truncate!r}")
+  if os.path.abspath(input_path) == os.path.abspath(output_path):
+    raise DatagenError("input and output are the same file")
+  t_start = time.perf_counter()
+  out_f = _open_output(output_path)   # fail early on an unwritable path
+  try:
+    items, errors = parse_input(input_path, model, max_new_tokens=max_new_tokens, truncate=truncate, chat=chat)
+    err_path = output_path + ".errors.jsonl"
+    if errors and on_error == "fail":
+      shown = "; ".join(f"line {e['line']}: {e['reason']}" for e in errors[:5])
+      more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+      raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
+    if on_error == "skip":
+      _atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
+    cfg = dict(config or {}, max_new_tokens=max_new_tokens, chat=chat, truncate=truncate,
+               num_samples_per_prompt=num_samples)
+    _check_config(output_path, cfg)
+    out_f.close()
+    done, cut = repair_output(output_path)
+    out_f = _open_output(output_path)
+    jobs = [(it, s) for it in items for s in range(num_samples) if (it.key, s) not in done]
+    jobs.sort(key=lambda j: (engine.bucket(len(j[0].ids)), j[0].line, j[1]))
+    stats = _generate_jobs(model, jobs, out_f, batch_size, max_new_tokens, progress, len(done), gen)
+  finally:
+    out_f.close()
+  wall = time.perf_counter() - t_start
+  depth_steps = stats["drafted"]
+  summary = {
+      "input": input_path, "output": output_path, "records_total": len(done) + stats["records"],
+      "records_written": stats["records"], "records_skipped_existing": len(done),
+      "bad_lines": len(errors), "torn_bytes_repaired": cut, "new_tokens": stats["tokens"],
+      "wall_s": wall, "generate_s": stats["gen_s"],
+      "tokens_per_s": stats["tokens"] / stats["gen_s"] if stats["gen_s"] > 0 else None,
+      "verify_steps": stats["steps"], "accepted_tokens": stats["accepted"],
+      "acceptance_rate": stats["accepted"] / depth_steps if depth_steps else None,
+      "mean_accepted_length": (stats["accepted"] + stats["steps"]) / stats["steps"] if stats["steps"] else None,
+  }
+  _atomic_write(output_path + ".summary.json", json.dumps(summary, indent=1) + "\n")
+  return summary
+
+
+def _generate_jobs(model, jobs, out_f, batch_size, max_new_tokens, progress, already, gen) -> dict:
+  """Run jobs in same-bucket batches padded to batch_size rows; one write + fsync per batch."""
+  from tqdm import tqdm
+  tot = dict(records=0, tokens=0, steps=0, accepted=0, drafted=0, gen_s=0.0)
+  bar = tqdm(total=len(jobs) + already, initial=already, unit="rec", disable=not progress, dynamic_ncols=True)
+  i = 0
+  while i < len(jobs):
+    bucket = engine.bucket(len(jobs[i][0].ids))
+    batch = [jobs[i]]
+    while len(batch) < batch_size and i + len(batch) < len(jobs) and \
+        engine.bucket(len(jobs[i + len(batch)][0].ids)) == bucket:
+      batch.append(jobs[i + len(batch)])
+    i += len(batch)
+    rows = batch + [batch[0]] * (batch_size - len(batch))   # pad: same shape every call
+    res = engine.generate(model, [it.ids for it, _ in rows], max_new_tokens=max_new_tokens,
+                          stream_ids=[stream_id(it.id, s) for it, s in rows], **gen)
+    lines = []
+    depth = _depth(res.stats, gen)
+    for r, (it, s) in enumerate(batch):
+      toks, reason, rs = res.tokens[r], res.finish_reasons[r], res.row_stats[r]
+      body = toks[:-1] if reason == "eos" else toks
+      lines.append(json.dumps({
+          "id": it.id, "sample": s, "completion": model.tokenizer.decode(body, skip_special_tokens=False),
+          "token_ids": toks, "finish_reason": reason, "prompt_tokens": len(it.ids),
+          "truncated_tokens": it.truncated,
+          "stats": {"new_tokens": rs["new_tokens"], "verify_steps": rs["verify_steps"],
+                    "accepted_tokens": rs["accepted_tokens"]}}, ensure_ascii=False) + "\n")
+      tot["tokens"] += len(toks)
+      tot["steps"] += rs["verify_steps"]
+      tot["accepted"] += rs["accepted_tokens"]
+      tot["drafted"] += rs["verify_steps"] * depth
+    out_f.write("".join(lines).encode("utf-8"))
+    out_f.flush()
+    os.fsync(out_f.fileno())
+    tot["records"] += len(batch)
+    tot["gen_s"] += res.stats["prefill_s"] + res.stats["decode_s"]
+    acc = tot["accepted"] / tot["drafted"] if tot["drafted"] else None
+    bar.update(len(batch))
+    bar.set_postfix(tok_s=f"{tot['tokens'] / max(tot['gen_s'], 1e-9):.1f}",
+                    acc="-" if acc is None else f"{acc:.2f}")
+  bar.close()
+  return tot
+
+
+def _depth(stats: dict, gen: dict) -> int:
+  """Drafted tokens per verify step (the tree depth; 0 for autoregressive)."""
+  if gen.get("draft") is None:
+    return 0
+  if stats.get("tree_depth"):
+    return int(stats["tree_depth"])
+  tree = gen.get("tree")
+  return tree.max_depth if hasattr(tree, "max_depth") else int(gen.get("gamma", 4))

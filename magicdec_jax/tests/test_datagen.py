@@ -1,0 +1,180 @@
+"""datagen: bad input, resume after a torn write, exactly-once after SIGKILL, and SmolLM2 output == generate.
+
+References are independent of datagen: plain `engine.generate` (autoregressive) for content, an
+uninterrupted run for the kill test, and hand-written expectations for every bad-input message.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from magicdec_jax import cli_flags, datagen, engine
+from magicdec_jax.drafts import StreamingDraft
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GEN = dict(max_new_tokens=8, draft=StreamingDraft(sink=2, window=8), gamma=2, temperature=1.0, seed=3)
+
+
+@functools.lru_cache(maxsize=None)
+def tiny():
+  return cli_flags.random_tiny_model(0)     # what run.py --model=random-tiny loads
+
+
+def write(path, lines):
+  with open(path, "wb") as f:
+    for line in lines:
+      f.write(line if isinstance(line, bytes) else (json.dumps(line) if not isinstance(line, str) else line)
+              .encode("utf-8"))
+      f.write(b"\n")
+  return str(path)
+
+
+def read_records(path):
+  with open(path) as f:
+    return [json.loads(l) for l in f]
+
+
+def as_set(records):
+  return {json.dumps({k: r[k] for k in ("id", "sample", "token_ids", "completion", "finish_reason")},
+                     sort_keys=True) for r in records}
+
+
+GOOD = [{"id": f"r{i}", "prompt": f"Line {i}: to be or not to be"} for i in range(5)]
+
+BAD_CASES = [
+    # (name, lines, expected fragment of the error, on the line number)
+    ("malformed_json", [GOOD[0], '{"id": "x", "prompt": "oops"'], "malformed JSON", 2),
+    ("invalid_utf8", [GOOD[0], GOOD[1], b'{"id": "u", "prompt": "caf\xe9"}'], "invalid UTF-8", 3),
+    ("missing_id", [{"prompt": "no id here"}], "missing 'id'", 1),
+    ("duplicate_id", [GOOD[0], GOOD[1], {"id": "r0", "prompt": "again"}], "duplicate id \"r0\" (first on line 1)", 3),
+    ("empty_prompt", [GOOD[0], {"id": "e", "prompt": "   "}], "empty prompt", 2),
+    ("empty_messages", [{"id": "m", "messages": [{"role": "user", "content": ""}]}], "empty prompt", 1),
+    ("bad_messages", [{"id": "m", "messages": "hi"}], "'messages' must be", 1),
+    ("not_object", [GOOD[0], "[1, 2]"], "expected a JSON object", 2),
+    ("both_fields", [{"id": "b", "prompt": "a", "messages": []}], "exactly one of 'prompt' or 'messages'", 1),
+    ("bad_id_type", [{"id": None, "prompt": "a"}], "'id' must be", 1),
+    ("too_long", [GOOD[0], {"id": "long", "prompt": "x" * 5000}], "(use --truncate=left)", 2),
+]
+
+
+@pytest.mark.parametrize("name,lines,fragment,line", BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_bad_input_fails_before_generating(tmp_path, name, lines, fragment, line):
+  inp = write(tmp_path / "in.jsonl", lines)
+  out = str(tmp_path / "out.jsonl")
+  with pytest.raises(datagen.DatagenError) as e:
+    datagen.run(tiny(), inp, out, **GEN)
+  assert fragment in str(e.value) and f"line {line}:" in str(e.value), str(e.value)
+  assert not os.path.exists(out) or os.path.getsize(out) == 0      # no partial record
+
+
+@pytest.mark.parametrize("out_name,fragment", [("missing_dir/out.jsonl", "cannot write output"),
+                                               (".", "cannot write output")])
+def test_unwritable_output(tmp_path, out_name, fragment):
+  inp = write(tmp_path / "in.jsonl", GOOD[:1])
+  with pytest.raises(datagen.DatagenError, match=fragment):
+    datagen.run(tiny(), inp, str(tmp_path / out_name), **GEN)
+
+
+def test_skip_mode_resume_and_torn_tail(tmp_path):
+  bad = ['{"id": "x", "prompt": ', {"id": "r1", "prompt": "dup"}, {"id": "long", "prompt": "y" * 5000},
+         {"id": "cut", "prompt": "z" * 5000}]
+  inp = write(tmp_path / "in.jsonl", GOOD[:3] + bad[:3] + GOOD[3:])
+  ref_out = str(tmp_path / "ref.jsonl")
+  kw = dict(GEN, max_new_tokens=8, batch_size=2, num_samples=2, on_error="skip", progress=False)
+  s = datagen.run(tiny(), inp, ref_out, **kw)
+  ref = read_records(ref_out)
+  assert s["records_written"] == 10 and s["bad_lines"] == 3 and len(ref) == 10
+  errs = read_records(ref_out + ".errors.jsonl")
+  assert [(e["line"], e["reason"].split(" (")[0]) for e in errs] == [
+      (4, "malformed JSON"), (5, "duplicate id \"r1\""), (6, "prompt has 5000 tokens; with max_new_tokens=8 "
+                                                           "the model's context of 4096 allows 4088")]
+  assert {(r["id"], r["sample"]) for r in ref} == {(f"r{i}", s) for i in range(5) for s in range(2)}
+  assert json.load(open(ref_out + ".summary.json"))["records_total"] == 10
+
+  # Same run, interrupted: keep 3 whole records plus a torn fourth, then resume.
+  out = str(tmp_path / "out.jsonl")
+  with open(ref_out, "rb") as f:
+    lines = f.read().split(b"\n")
+  with open(out, "wb") as f:
+    f.write(b"\n".join(lines[:3]) + b"\n" + lines[3][:17])
+  with open(ref_out + ".config.json") as src, open(out + ".config.json", "w") as dst:
+    dst.write(src.read())
+  s2 = datagen.run(tiny(), inp, out, **kw)
+  assert s2["torn_bytes_repaired"] == 17 and s2["records_skipped_existing"] == 3 and s2["records_written"] == 7
+  got = read_records(out)
+  assert len(got) == 10 and as_set(got) == as_set(ref)
+  # A rerun with the same arguments does nothing; different settings are refused.
+  assert datagen.run(tiny(), inp, out, **kw)["records_written"] == 0
+  with pytest.raises(datagen.DatagenError, match="different settings"):
+    datagen.run(tiny(), inp, out, **dict(kw, config={"seed": 99}))
+
+
+def test_truncate_left_keeps_last_tokens(tmp_path):
+  inp = write(tmp_path / "in.jsonl", [{"id": 1, "prompt": "abc" * 10}])
+  items, errors = datagen.parse_input(inp, tiny(), max_new_tokens=4096 - 12, truncate="left")
+  assert not errors and items[0].truncated == 18 and items[0].ids == tiny().tokenizer.encode("abc" * 4).ids
+
+
+def test_stream_id_stable():
+  assert datagen.stream_id("a", 0) == datagen.stream_id("a", 0) != datagen.stream_id("a", 1)
+  assert datagen.stream_id(1, 0) != datagen.stream_id("1", 0)
+  assert all(0 <= datagen.stream_id(i, s) < 2**31 for i in range(50) for s in range(3))
+
+
+def test_kill9_then_resume_exactly_once(tmp_path):
+  n = 64
+  inp = write(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Record {i} says hello"} for i in range(n)])
+  out = str(tmp_path / "out.jsonl")
+  args = [sys.executable, os.path.join(ROOT, "run.py"), "--mode=datagen", "--model=random-tiny",
+          f"--input={inp}", f"--output={out}", "--batch_size=2", "--max_new_tokens=8", "--gamma=2", "--sink=2",
+          "--window=8", "--temperature=1", "--seed=3", "--noprogress"]
+  proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(out) and os.path.getsize(out) > 0 and open(out, "rb").read().count(b"\n") >= 2:
+      break
+    time.sleep(0.05)
+  assert proc.poll() is None, f"datagen finished before it could be killed: {proc.stderr.read()[-2000:]}"
+  os.kill(proc.pid, signal.SIGKILL)
+  proc.wait()
+  partial = open(out, "rb").read()
+  assert 0 < partial.count(b"\n") < n
+  resumed = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=240)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  got = read_records(out)
+  # The reference: an uninterrupted run in this process (same random-tiny weights, same settings).
+  ref_out = str(tmp_path / "ref.jsonl")
+  datagen.run(tiny(), inp, ref_out, batch_size=2, progress=False, **GEN)
+  ref = read_records(ref_out)
+  assert len(got) == n and len({(r["id"], r["sample"]) for r in got}) == n
+  assert as_set(got) == as_set(ref)
+
+
+def test_smollm2_datagen_equals_generate(tmp_path):
+  from magicdec_jax import checkpoints
+  try:
+    checkpoints.known_model_path("smollm2-135m")
+  except ValueError as e:
+    pytest.skip(str(e))
+  model = checkpoints.load_model("smollm2-135m")
+  recs = [{"id": "p0", "prompt": "The quick brown fox"},
+          {"id": "p1", "messages": [{"role": "user", "content": "Name a colour."}]},
+          {"id": "p2", "prompt": "Once upon a time, in a land far away,"}]
+  inp = write(tmp_path / "in.jsonl", recs)
+  out = str(tmp_path / "out.jsonl")
+  datagen.run(model, inp, out, max_new_tokens=8, batch_size=4, progress=False,
+              draft=StreamingDraft(sink=4, window=16), gamma=3)
+  got = {r["id"]: r for r in read_records(out)}
+  texts = [recs[0]["prompt"], cli_flags.render_chat(model, recs[1]["messages"]), recs[2]["prompt"]]
+  ref = engine.generate(model, texts, max_new_tokens=8)            # plain autoregressive, greedy
+  for r, toks, reason in zip(recs, ref.tokens, ref.finish_reasons):
+    assert got[r["id"]]["token_ids"] == toks and got[r["id"]]["finish_reason"] == reason
+    body = toks[:-1] if reason == "eos" else toks
+    assert got[r["id"]]["completion"] == model.tokenizer.decode(body, skip_special_tokens=False)

@@ -1,0 +1,192 @@
+"""run.py's flag validation (as functions, on a fresh FlagValues), bench output, acceptance profiling.
+
+Expected messages are written by hand; bench output is checked for structure (valid JSON, real PNGs);
+acceptance profiling is checked against cases with a known answer (draft == target -> rank 0 always)
+and the windowed draft against a plain full forward when the window covers everything.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from absl import app, flags
+
+from magicdec_jax import acceptance, cli_bench, cli_flags
+from magicdec_jax.drafts import ModelDraft, StreamingDraft
+from magicdec_jax.model import full_forward
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@functools.lru_cache(maxsize=None)
+def tiny():
+  return cli_flags.random_tiny_model(0)
+
+
+def parse(argv):
+  fv = cli_flags.define_flags(flags.FlagValues())
+  fv(["run.py"] + argv)
+  return fv
+
+
+def check(argv):
+  cli_flags.validate(parse(argv))
+
+
+PARSE_ERRORS = [  # single-flag ranges: absl rejects them while parsing, naming the flag and the range
+    (["--gamma=0"], "flag --gamma=0: 0 is not an integer in the range [1, 64]"),
+    (["--top_p=1.5"], "--top_p=1.5: 1.5 is not a number in the range"),
+    (["--temperature=-1"], "--temperature=-1"),
+    (["--window=0"], "--window=0"),
+    (["--sink=-1"], "--sink=-1"),
+    (["--max_new_tokens=0"], "--max_new_tokens=0"),
+    (["--batch_size=0"], "--batch_size=0"),
+    (["--num_samples_per_prompt=0"], "--num_samples_per_prompt=0"),
+    (["--mode=train"], "--mode=train: value should be one of"),
+    (["--draft=eagle"], "--draft=eagle: value should be one of"),
+    (["--on_error=ignore"], "--on_error=ignore"),
+    (["--truncate=right"], "--truncate=right"),
+    (["--alpha=2"], "--alpha=2"),
+    (["--seed=x"], "--seed=x"),
+]
+
+
+@pytest.mark.parametrize("argv,fragment", PARSE_ERRORS, ids=[a[0] for a, _ in PARSE_ERRORS])
+def test_parse_errors_name_flag_and_range(argv, fragment):
+  with pytest.raises(flags.IllegalFlagValueError) as e:
+    parse(argv)
+  assert fragment in str(e.value)
+
+
+def usage_cases(tmp_path):
+  good = tmp_path / "in.jsonl"
+  good.write_text('{"id": 1, "prompt": "hi"}\n')
+  bad_tree = tmp_path / "tree.json"
+  bad_tree.write_text("{not json")
+  return [
+      (["--mode=generate"], "exactly one of --prompt"),
+      (["--mode=generate", "--prompt=a", f"--prompts_file={good}"], "exactly one of --prompt"),
+      (["--mode=generate", "--prompts_file=/nonexistent/p.txt"], "--prompts_file=/nonexistent/p.txt: no such file"),
+      (["--mode=generate", "--prompt= "], "--prompt: empty prompt"),
+      (["--mode=datagen", f"--output={tmp_path}/o.jsonl"], "--mode=datagen needs --input"),
+      (["--mode=datagen", f"--input={good}"], "--mode=datagen needs --output"),
+      (["--mode=datagen", "--input=/nonexistent.jsonl", f"--output={tmp_path}/o.jsonl"], "no such file"),
+      (["--mode=datagen", f"--input={good}", "--output=/nonexistent/dir/o.jsonl"], "does not exist"),
+      (["--mode=datagen", f"--input={good}", f"--output={tmp_path}"], "is a directory"),
+      (["--mode=datagen", f"--input={good}", f"--output={good}"], "same file"),
+      (["--mode=bench", "--batches=1,x"], "--batches=1,x: expected comma-separated integers"),
+      (["--mode=bench", "--contexts=8"], "--contexts=8: each value must be an integer >= 16"),
+      (["--mode=bench", "--gammas=0"], "--gammas=0: each value must be an integer >= 1"),
+      (["--mode=bench", "--draft=none"], "--draft=none is not allowed"),
+      (["--draft=none"], "--mode=demo compares against a draft"),
+      (["--mode=convert", "--src=a"], "--mode=convert needs --dst"),
+      (["--mode=plan", "--draft=model"], "--draft=model needs --draft_model"),
+      (["--mode=plan", "--draft=model", "--draft_layers=2"], None),
+      (["--mode=plan", "--acceptance_file=/nonexistent.json"], "no such file"),
+      (["--mode=profile_acceptance"], "--mode=profile_acceptance needs --output"),
+      (["--mode=profile_acceptance", f"--output={tmp_path}/a.json", "--draft=snapkv"], "--draft=streaming or"),
+      (["--draft_layers=2"], "only apply to --draft=model"),
+      (["--tree=sequoia99"], "--tree=sequoia99: not 'auto', a shipped tree"),
+      ([f"--tree={bad_tree}"], "not a valid tree JSON file"),
+      (["--tree=chain4", "--draft=none"], "--tree needs a draft"),
+      (["--tree=sequoia16"], None),
+      ([], None),
+  ]
+
+
+def test_usage_errors(tmp_path):
+  for argv, fragment in usage_cases(tmp_path):
+    if fragment is None:
+      check(argv)
+      continue
+    with pytest.raises(app.UsageError) as e:
+      check(argv)
+    assert fragment in str(e.value), (argv, str(e.value))
+
+
+def test_draft_layers_range_checked_against_model():
+  fv = parse(["--draft=model", "--draft_layers=3"])
+  with pytest.raises(app.UsageError, match=r"--draft_layers=3: the draft model has only 2 layers \(allowed: 1..2\)"):
+    cli_flags.build_draft(fv, tiny())
+  d = cli_flags.build_draft(parse(["--draft=model", "--draft_layers=1", "--sink=2", "--window=8"]), tiny())
+  assert isinstance(d, ModelDraft) and d.model.config.num_layers == 1 and d.spec.window == 8
+
+
+def test_cli_help_and_bad_flag_subprocess():
+  r = subprocess.run([sys.executable, "run.py", "--helpshort"], capture_output=True, text=True, cwd=ROOT,
+                     timeout=120)
+  assert r.returncode in (0, 1)                          # absl exits 1 after --help
+  for name in ("--mode", "--draft", "--gamma", "--num_samples_per_prompt", "--on_error", "--truncate",
+               "--batches", "--model_shape", "--width", "--mesh", "--[no]chat", "--tree"):
+    assert name in r.stdout, name
+  r = subprocess.run([sys.executable, "run.py", "--mode=datagen", "--input=/nope.jsonl", "--output=/tmp/x.jsonl"],
+                     capture_output=True, text=True, cwd=ROOT, timeout=120)
+  assert r.returncode != 0 and "--input=/nope.jsonl: no such file" in r.stderr
+  assert "loading" not in r.stderr                      # rejected before any model load
+
+
+def test_bench_writes_json_and_pngs(tmp_path):
+  out = cli_bench.run_bench(tiny(), StreamingDraft(sink=2, window=8), batches=[2], contexts=[20, 32],
+                            gammas=[2], output_dir=str(tmp_path), warmup=False, log=lambda m: None,
+                            gen=dict(max_new_tokens=8))
+  with open(out["json"]) as f:
+    res = json.load(f)
+  assert [(r["batch"], r["context"], r["gamma"]) for r in res["rows"]] == [(2, 20, 2), (2, 32, 2)]
+  for r in res["rows"]:
+    assert r["speculative"]["new_tokens"] == 8 * r["batch"] == r["autoregressive"]["new_tokens"]
+    assert r["decode_speedup"] > 0 and 0 <= r["speculative"]["acceptance_rate"] <= 1
+  assert "not measured" in res["notes"]
+  assert sorted(os.path.basename(p) for p in out["plots"]) == ["acceptance_vs_context.png",
+                                                               "speedup_vs_context.png", "time_split.png"]
+  for p in out["plots"]:
+    with open(p, "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_windowed_logits_full_window_equals_full_forward():
+  m = tiny()
+  toks = np.random.default_rng(0).integers(0, 256, (1, 48))
+  ref = np.asarray(full_forward(m.params, m.config, toks))
+  got = np.asarray(acceptance.windowed_logits(m.params, m.config, toks, 0, 48))
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+  cut = np.asarray(acceptance.windowed_logits(m.params, m.config, toks, 2, 8))
+  np.testing.assert_allclose(cut[0, :8], ref[0, :8], rtol=1e-5, atol=1e-5)   # window not yet cutting
+  assert np.abs(cut[0, 20:] - ref[0, 20:]).max() > 1e-3                       # window cuts later
+
+
+def test_acceptance_ranks_known_answers():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(40, 16))
+  # greedy: draft ranks a token list by hand; the target's argmax is placed at known ranks.
+  target = np.zeros((4, 16))
+  target[np.arange(4), [15, 14, 0, 3]] = 1.0
+  draft = np.tile(np.arange(16.0), (4, 1))         # draft top order: 15, 14, 13, ...
+  assert acceptance.greedy_ranks(target, draft, 4).tolist() == [0, 1, -1, -1]
+  assert acceptance.greedy_ranks(target, draft, 16).tolist() == [0, 1, 15, 12]
+  p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+  assert (acceptance.sampled_ranks(p, p, 4, rng) == 0).all()          # q == p: the first child always
+  disjoint_q = np.roll(np.eye(16), 1, axis=1)[:4] * 0.5 + np.roll(np.eye(16), 2, axis=1)[:4] * 0.5
+  one_hot_p = np.eye(16)[:4]
+  assert (acceptance.sampled_ranks(one_hot_p, disjoint_q, 4, rng) == -1).all()   # no overlap: never
+  m = tiny()
+  windows = [rng.integers(0, 256, 48).tolist()]
+  full = acceptance.profile(m, StreamingDraft(sink=0, window=48), windows, width=3)   # draft == target
+  assert full["acceptance_vector"] == [1.0, 0.0, 0.0] and full["positions"] == 47
+
+
+def test_mesh_flag_needs_sharding_make_mesh():
+  try:
+    from magicdec_jax import sharding
+    has = hasattr(sharding, "make_mesh")
+  except ImportError:
+    has = False
+  if has:
+    check(["--mesh=1"])                                   # accepted; the mesh itself is sharding's business
+  else:
+    with pytest.raises(app.UsageError, match="--mesh"):
+      check(["--mesh=1"])

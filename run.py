@@ -1,0 +1,215 @@
+"""magicdec_jax command line: the demo (no flags), generate, bench, datagen, convert, plan, profile_acceptance.
+
+  python run.py                                   # SmolLM2-135M: autoregressive vs MagicDec on Shakespeare
+  python run.py --mode=generate --prompt="To be, or not to be" --draft=streaming --gamma=3
+  python run.py --mode=datagen --input=prompts.jsonl --output=out.jsonl --batch_size=8
+  python run.py --helpfull                        # every flag
+
+Flags are validated (magicdec_jax/cli_flags.py) before any model is loaded; progress goes to stderr,
+results (generated text, tables, summaries) to stdout.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+
+from absl import app, flags
+
+from magicdec_jax import cli_flags
+
+FLAGS = cli_flags.define_flags(flags.FLAGS)
+flags.adopt_module_key_flags(cli_flags)   # --help lists them
+
+
+def log(msg: str):
+  if FLAGS.progress:
+    print(f"[magicdec {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def load_target():
+  log(f"loading {FLAGS.model} ...")
+  t = time.perf_counter()
+  model = cli_flags.load(FLAGS.model)
+  log(f"loaded {model.name}: {model.config.num_layers} layers, vocab {model.config.vocab_size} "
+      f"({time.perf_counter() - t:.1f}s)")
+  return model
+
+
+# ---- demo ---------------------------------------------------------------------------------------------------
+
+def mode_demo():
+  from magicdec_jax import cli_bench, engine, textdata
+  model = load_target()
+  kw = cli_flags.gen_kwargs(FLAGS, model)
+  b, n = FLAGS.batch_size, FLAGS.prompt_tokens
+  prompts = textdata.shakespeare_prompts(model.tokenizer, b, n)
+  log(f"{b} Shakespeare prompts of {n} tokens, {FLAGS.max_new_tokens} new tokens each, draft "
+      f"{type(kw['draft']).__name__}(sink={FLAGS.sink}, window={FLAGS.window}), gamma={FLAGS.gamma}")
+  results, steady = {}, {}
+  for name, draft in (("autoregressive", None), ("MagicDec", kw["draft"])):
+    log(f"{name}: prefill + decode (each one compiled call; compile time is measured and excluded) ...")
+    t = time.perf_counter()
+    snap = cli_bench.CompileTimes.snapshot()
+    res = engine.generate(model, prompts, **dict(kw, draft=draft))
+    s = steady[name] = cli_bench.steady_stats(res.stats, cli_bench.CompileTimes.since(snap))
+    log(f"{name}: prefill {s['prefill_s']:.1f}s + {s['prefill_compile_s']:.1f}s compile, decode "
+        f"{s['decode_s']:.1f}s + {s['decode_compile_s']:.1f}s compile ({time.perf_counter() - t:.1f}s wall)")
+    results[name] = res
+  ar, md = steady["autoregressive"], steady["MagicDec"]
+  same = results["autoregressive"].tokens == results["MagicDec"].tokens
+  print(f"\nMagicDec demo: {model.name}, batch {b} x {n}-token prompts, {FLAGS.max_new_tokens} new tokens, "
+        f"temperature {FLAGS.temperature}, gamma {FLAGS.gamma}, draft sink {FLAGS.sink} + window {FLAGS.window}")
+  print(f"  autoregressive : {ar['tokens_per_s']:8.1f} tokens/s  (decode {ar['decode_s']:.2f}s, "
+        f"{ar['verify_steps'] / b:.0f} steps/row)")
+  print(f"  MagicDec       : {md['tokens_per_s']:8.1f} tokens/s  (decode {md['decode_s']:.2f}s, "
+        f"{md['verify_steps'] / b:.1f} verify steps/row)")
+  print(f"  speedup        : {md['tokens_per_s'] / ar['tokens_per_s']:.2f}x   acceptance rate "
+        f"{md['acceptance_rate']:.3f}   mean accepted length {md['mean_accepted_length']:.2f}")
+  if FLAGS.temperature == 0:
+    print(f"  greedy outputs identical to autoregressive: {same}")
+  print(f"  prefill        : {ar['prefill_s']:.1f}s autoregressive, {md['prefill_s']:.1f}s MagicDec (also fills "
+        "the draft cache)")
+  print("  (seconds exclude jax compile time, measured via jax.monitoring; --mode=bench for a grid, "
+        "--mode=plan for GPU predictions)")
+  text = results["MagicDec"].texts[0] if results["MagicDec"].texts else results["MagicDec"].tokens[0]
+  print(f"\n--- prompt 0 ends with ---\n...{model.tokenizer.decode(prompts[0][-40:])}")
+  print(f"--- MagicDec continuation ---\n{text}\n")
+
+
+# ---- generate -----------------------------------------------------------------------------------------------
+
+def read_prompts_file(path: str) -> list:
+  """One prompt per line, or JSONL objects with 'prompt' (or 'messages')."""
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      if line.lstrip().startswith("{"):
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise app.UsageError(f"--prompts_file={path} line {n}: malformed JSON ({e.msg})") from None
+        if not isinstance(rec.get("prompt", rec.get("messages")), (str, list)):
+          raise app.UsageError(f"--prompts_file={path} line {n}: needs a 'prompt' or 'messages' field")
+        out.append(rec.get("prompt", rec.get("messages")))
+      else:
+        out.append(line.rstrip("\n"))
+  if not out:
+    raise app.UsageError(f"--prompts_file={path}: no prompts")
+  return out
+
+
+def mode_generate():
+  from magicdec_jax import engine
+  prompts = FLAGS.prompt or read_prompts_file(FLAGS.prompts_file)
+  model = load_target()
+  texts = []
+  for p in prompts:
+    if isinstance(p, list) or FLAGS.chat:
+      p = cli_flags.render_chat(model, p if isinstance(p, list) else [{"role": "user", "content": p}])
+    texts.append(p)
+  kw = cli_flags.gen_kwargs(FLAGS, model)
+  log(f"generating {len(texts)} prompt(s) ...")
+  res = engine.generate(model, texts, **kw)
+  for i, (t, reason) in enumerate(zip(res.texts or res.tokens, res.finish_reasons)):
+    if len(texts) > 1:
+      print(f"=== [{i}] ({reason}) ===")
+    print(t)
+  s = res.stats
+  log(f"{s['new_tokens']} tokens, prefill {s['prefill_s']:.2f}s, decode {s['decode_s']:.2f}s, "
+      f"{s['tokens_per_s']:.1f} tokens/s, acceptance {s['acceptance_rate']}")
+
+
+# ---- bench, datagen, convert, plan, profile -------------------------------------------------------------------
+
+def mode_bench():
+  from magicdec_jax import cli_bench
+  model = load_target()
+  kw = cli_flags.gen_kwargs(FLAGS, model)
+  out = cli_bench.run_bench(
+      model, kw.pop("draft"), batches=cli_flags.int_list(FLAGS, "batches", 1),
+      contexts=cli_flags.int_list(FLAGS, "contexts", 16), gammas=cli_flags.int_list(FLAGS, "gammas", 1),
+      output_dir=FLAGS.output_dir, warmup=FLAGS.warmup, log=log,
+      gen={k: v for k, v in kw.items() if k not in ("gamma", "tree")})
+  print(json.dumps({"json": out["json"], "plots": out["plots"]}, indent=1))
+
+
+def mode_datagen():
+  from magicdec_jax import datagen
+  model = load_target()
+  kw = cli_flags.gen_kwargs(FLAGS, model)
+  config = {k: getattr(FLAGS, k) for k in datagen.CONFIG_KEYS if k in FLAGS}
+  config.update(sink=FLAGS.sink, window=FLAGS.window, budget=FLAGS.budget, draft_model=FLAGS.draft_model,
+                draft_layers=FLAGS.draft_layers)
+  try:
+    summary = datagen.run(model, FLAGS.input, FLAGS.output, batch_size=FLAGS.batch_size,
+                          num_samples=FLAGS.num_samples_per_prompt, on_error=FLAGS.on_error,
+                          truncate=FLAGS.truncate, chat=FLAGS.chat, progress=FLAGS.progress, config=config, **kw)
+  except datagen.DatagenError as e:
+    raise app.UsageError(f"datagen: {e}") from None
+  print(json.dumps(summary, indent=1))
+
+
+def mode_convert():
+  from magicdec_jax import checkpoints
+  log(f"converting {FLAGS.src} -> {FLAGS.dst} (orbax) ...")
+  if hasattr(checkpoints, "convert"):
+    out = checkpoints.convert(FLAGS.src, FLAGS.dst)
+  else:
+    out = checkpoints.save_orbax(cli_flags.load(FLAGS.src), FLAGS.dst)
+  print(out if out is not None else FLAGS.dst)
+
+
+def mode_plan():
+  from magicdec_jax import costmodel, shapes
+  from magicdec_jax.autotune import detect_hardware
+  cfg = shapes.model_shape(FLAGS.model_shape)
+  kind = {"streaming": "self", "snapkv": "snapkv", "model": "model"}[FLAGS.draft]
+  draft_cfg = cfg.replace(num_layers=FLAGS.draft_layers) if kind == "model" else None
+  draft = costmodel.Draft(kind, draft_cfg=draft_cfg, sink=FLAGS.sink, window=FLAGS.window, budget=FLAGS.budget)
+  vec = cli_flags.load_acceptance_vector(FLAGS.acceptance_file) if FLAGS.acceptance_file else None
+  rows = costmodel.plan_table(cfg, detect_hardware(FLAGS.hardware), cli_flags.int_list(FLAGS, "batches", 1),
+                              cli_flags.int_list(FLAGS, "contexts", 1), draft,
+                              alpha=None if vec else FLAGS.alpha, acceptance_vector=vec)
+  print(f"plan: {FLAGS.model_shape} on {FLAGS.hardware}, draft {kind} (sink {FLAGS.sink}, window "
+        f"{FLAGS.window}{', budget %d' % FLAGS.budget if kind == 'snapkv' else ''}), "
+        f"{'acceptance vector ' + FLAGS.acceptance_file if vec else 'alpha %.2f' % FLAGS.alpha}")
+  print(costmodel.format_plan(rows))
+
+
+def mode_profile_acceptance():
+  from magicdec_jax import acceptance, textdata
+  from magicdec_jax.sampling import Sampling
+  model = load_target()
+  draft = cli_flags.build_draft(FLAGS, model)
+  n = min(FLAGS.profile_tokens, model.config.max_position_embeddings)
+  windows = textdata.shakespeare_prompts(model.tokenizer, FLAGS.profile_windows, n, held_out=True)
+  log(f"profiling {FLAGS.profile_windows} held-out windows of {n} tokens, width {FLAGS.width} ...")
+  out = acceptance.profile(model, draft, windows, width=FLAGS.width, seed=FLAGS.seed,
+                           sampling=Sampling(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p))
+  with open(FLAGS.output, "w") as f:
+    json.dump(out, f, indent=1)
+  print(json.dumps(out, indent=1))
+
+
+MODE_FNS = {"demo": mode_demo, "generate": mode_generate, "bench": mode_bench, "datagen": mode_datagen,
+            "convert": mode_convert, "plan": mode_plan, "profile_acceptance": mode_profile_acceptance}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]} (flags need --name=value)")
+  cli_flags.validate(FLAGS)
+  t = time.perf_counter()
+  mesh = cli_flags.setup_mesh(FLAGS)          # None without --mesh
+  with mesh if mesh is not None else contextlib.nullcontext():
+    MODE_FNS[FLAGS.mode]()
+  log(f"--mode={FLAGS.mode} done in {time.perf_counter() - t:.1f}s")
+
+
+if __name__ == "__main__":
+  app.run(main)
