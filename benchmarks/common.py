@@ -67,7 +67,7 @@ def smollm_gguf_path() -> str:
   return str(path)
 
 
-def load_smollm(dtype: str = "float32", allow_random: bool = True):
+def load_smollm(dtype: str = "float32", allow_random: bool = False):
   """(Model, source): the real SmolLM2-135M via checkpoints.load_model, else random weights at its shape."""
   try:
     from magicdec_jax import checkpoints

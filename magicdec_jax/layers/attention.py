@@ -18,7 +18,7 @@ import numpy as np
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.rope import apply_rope, rope_frequencies
-from magicdec_jax.pallas.xla_attention import dot_operands, visibility_mask
+from magicdec_jax.pallas.xla_attention import dot_operands, fold_queries, unfold_queries, visibility_mask
 
 NEG_INF = -1e30
 
@@ -48,21 +48,21 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   out_dtype = q.dtype
   q, k, v, q_alt = dot_operands(q, k, v, q if q_alt is None else q_alt)
   q_alt = None if alt_slots is None else q_alt
-  qg = q.reshape(b, t, kh, h // kh, d)
   prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None   # no TF32 on GPU for fp32
-  logits = jnp.einsum("BTKGD,BKSD->BKGTS", qg, k, preferred_element_type=jnp.float32,
+  logits = jnp.einsum("BKQD,BKSD->BKQS", fold_queries(q, kh), k, preferred_element_type=jnp.float32,
                       precision=prec) * (d ** -0.5)
   if q_alt is not None:
-    alt = jnp.einsum("BTKGD,BKSD->BKGTS", q_alt.reshape(qg.shape), k,
+    alt = jnp.einsum("BKQD,BKSD->BKQS", fold_queries(q_alt, kh), k,
                      preferred_element_type=jnp.float32, precision=prec) * (d ** -0.5)
-    logits = jnp.where(alt_slots[None, None, None, None, :], alt, logits)
-  logits = jnp.where(mask[:, None, None, :, :], logits, NEG_INF)
+    logits = jnp.where(alt_slots[None, None, None, :], alt, logits)
+  mask_q = jnp.repeat(mask, h // kh, axis=1)                                  # [B, T*G, S]
+  logits = jnp.where(mask_q[:, None], logits, NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1)
-  out = jnp.einsum("BKGTS,BKSD->BTKGD", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,
+  out = jnp.einsum("BKQS,BKSD->BKQD", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,
                    precision=prec)
-  out = out.reshape(b, t, h, d).astype(out_dtype)
+  out = unfold_queries(out, t).astype(out_dtype)
   if return_scores:
-    return out, probs.sum(axis=(2, 3))
+    return out, probs.sum(axis=2)
   return out
 
 
