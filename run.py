@@ -32,7 +32,7 @@ def log(msg: str):
 def load_target():
   log(f"loading {FLAGS.model} ...")
   t = time.perf_counter()
-  model = cli_flags.load(FLAGS.model)
+  model = cli_flags.load(FLAGS.model, cli_flags.setup_mesh(FLAGS))
   log(f"loaded {model.name}: {model.config.num_layers} layers, vocab {model.config.vocab_size} "
       f"({time.perf_counter() - t:.1f}s)")
   return model
@@ -145,10 +145,19 @@ def mode_datagen():
   config = {k: getattr(FLAGS, k) for k in datagen.CONFIG_KEYS if k in FLAGS}
   config.update(sink=FLAGS.sink, window=FLAGS.window, budget=FLAGS.budget, draft_model=FLAGS.draft_model,
                 draft_layers=FLAGS.draft_layers)
+  import jax
+  from magicdec_jax.sharding import distributed
+  index, count = jax.process_index(), jax.process_count()
   try:
     summary = datagen.run(model, FLAGS.input, FLAGS.output, batch_size=FLAGS.batch_size,
                           num_samples=FLAGS.num_samples_per_prompt, on_error=FLAGS.on_error,
-                          truncate=FLAGS.truncate, chat=FLAGS.chat, progress=FLAGS.progress, config=config, **kw)
+                          truncate=FLAGS.truncate, chat=FLAGS.chat, progress=FLAGS.progress, config=config,
+                          process_index=index, process_count=count, **kw)
+    if count > 1:        # every process has written its shard; process 0 merges them into --output
+      distributed.barrier("datagen-shards-written")
+      if index == 0:
+        summary = dict(distributed.merge_shards(FLAGS.output, FLAGS.input, count), this_process=summary)
+      distributed.barrier("datagen-merged")
   except datagen.DatagenError as e:
     raise app.UsageError(f"datagen: {e}") from None
   print(json.dumps(summary, indent=1))
@@ -205,9 +214,18 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments {argv[1:]} (flags need --name=value)")
   cli_flags.validate(FLAGS)
   t = time.perf_counter()
+  if FLAGS.num_processes > 1:                 # before anything touches a device
+    from magicdec_jax.sharding import distributed
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    log(f"jax.distributed: process {FLAGS.process_id} of {FLAGS.num_processes}")
   mesh = cli_flags.setup_mesh(FLAGS)          # None without --mesh
-  with mesh if mesh is not None else contextlib.nullcontext():
-    MODE_FNS[FLAGS.mode]()
+  from magicdec_jax.sharding.planner import DoesNotFit
+  try:
+    with mesh if mesh is not None else contextlib.nullcontext():
+      MODE_FNS[FLAGS.mode]()
+  except DoesNotFit as e:                     # refused before compiling: the figures, no traceback
+    print(f"magicdec: {e}", file=sys.stderr)
+    sys.exit(2)
   log(f"--mode={FLAGS.mode} done in {time.perf_counter() - t:.1f}s")
 
 

@@ -249,22 +249,33 @@ def save_orbax(model: Model, directory: str) -> None:
       f.write(model.chat_template)
 
 
-def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) -> Model:
-  """Restore a `save_orbax` dir, cast to `dtype` (default: as saved); with `shardings` (a pytree of
-  `jax.sharding.Sharding` shaped like the params) every array is restored straight into its sharding."""
-  import orbax.checkpoint as ocp
-  directory = os.path.abspath(directory)
+def _orbax_config(directory: str, dtype: str | None) -> ModelConfig:
   try:
     with open(os.path.join(directory, CONFIG_FILE)) as f:
       cfg = ModelConfig.from_json(f.read())
   except (OSError, json.JSONDecodeError, TypeError, KeyError) as e:
     raise ValueError(f"cannot read {CONFIG_FILE} in {directory!r}: {e}") from e
-  if dtype is not None:
-    cfg = cfg.replace(dtype=dtype)
+  return cfg if dtype is None else cfg.replace(dtype=dtype)
+
+
+def load_orbax_sharded(directory: str, mesh, dtype: str | None = None) -> Model:
+  """load_orbax with every param restored straight into its tensor-parallel shard on `mesh`
+  (sharding.rules): each device reads only its slice, no full host copy is ever made."""
+  from magicdec_jax.sharding import abstract_param_shardings
+  cfg = _orbax_config(os.path.abspath(directory), dtype)
+  return load_orbax(directory, dtype, shardings=abstract_param_shardings(cfg, mesh))
+
+
+def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) -> Model:
+  """Restore a `save_orbax` dir, cast to `dtype` (default: as saved); with `shardings` (a pytree of
+  `jax.sharding.Sharding` shaped like the params) every array is restored straight into its sharding."""
+  import orbax.checkpoint as ocp
+  directory = os.path.abspath(directory)
+  cfg = _orbax_config(directory, dtype)
   shapes = expected_shapes(cfg)
   is_shape = lambda x: isinstance(x, tuple)
   if shardings is None:
-    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     shardings = jax.tree.map(lambda _: default, shapes, is_leaf=is_shape)
   try:
     abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s, cfg.jnp_dtype, sharding=sh),

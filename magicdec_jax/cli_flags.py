@@ -44,7 +44,14 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_string("tree", None, "Speculate a tree instead of a chain: 'auto' (cost model), a shipped "
                       f"tree name ({', '.join(trees.DEFAULT_TREE_NAMES)}) or a tree JSON file.", **d)
   flags.DEFINE_enum("attention_impl", "auto", IMPLS, "Attention kernel.", **d)
-  flags.DEFINE_string("mesh", None, "Device mesh spec passed to magicdec_jax.sharding.make_mesh.", **d)
+  flags.DEFINE_string("mesh", None, "Device mesh over this process's devices, e.g. 'data:2,model:4' "
+                      "(tensor parallel over model, batch split over data; see magicdec_jax.sharding).", **d)
+  flags.DEFINE_float("device_memory_gb", None, "Memory per device for the planner's fit check (default: "
+                     "what the device reports; CPU reports nothing, so no check).", lower_bound=0.0, **d)
+  # Multi-host (jax.distributed): each process runs its own mesh on its own share of the data.
+  flags.DEFINE_string("coordinator_address", None, "host:port of process 0 for jax.distributed.", **d)
+  flags.DEFINE_integer("num_processes", 1, "Processes in a jax.distributed run.", lower_bound=1, **d)
+  flags.DEFINE_integer("process_id", 0, "This process's index in a jax.distributed run.", lower_bound=0, **d)
   # Sampling.
   flags.DEFINE_float("temperature", 0.0, "0 = greedy.", lower_bound=0.0, upper_bound=100.0, **d)
   flags.DEFINE_integer("top_k", 0, "0 = off.", lower_bound=0, **d)
@@ -147,6 +154,10 @@ def validate(fv) -> None:
       raise app.UsageError(f"--mesh: cannot import magicdec_jax.sharding ({e})") from None
     if not hasattr(sharding, "make_mesh"):
       raise app.UsageError("--mesh: magicdec_jax.sharding has no make_mesh(spec) in this installation")
+  if fv.num_processes > 1 and not fv.coordinator_address:
+    raise app.UsageError(f"--num_processes={fv.num_processes} needs --coordinator_address=HOST:PORT")
+  if fv.process_id >= fv.num_processes:
+    raise app.UsageError(f"--process_id={fv.process_id} must be < --num_processes={fv.num_processes}")
   if mode == "demo" and fv.draft == "none":
     raise app.UsageError("--mode=demo compares against a draft; --draft=none is not allowed")
   if mode == "generate":
@@ -258,8 +269,15 @@ def random_tiny_model(seed: int = 0, max_pos: int = 4096):
                name=f"{RANDOM_PREFIX}:{seed}")
 
 
-def load(name: str):
-  """--model / --draft_model value -> Model (random-tiny[:SEED] or checkpoints.load_model)."""
+def load(name: str, mesh=None):
+  """--model / --draft_model value -> Model (random-tiny[:SEED] or checkpoints.load_model); with a mesh
+  the params end up in their shards (orbax dirs are restored straight into them)."""
+  if mesh is not None:
+    from magicdec_jax import sharding
+    if os.path.isfile(os.path.join(name, "magicdec_config.json")):
+      from magicdec_jax import checkpoints
+      return checkpoints.load_orbax_sharded(name, mesh)
+    return sharding.shard_model(load(name), mesh)
   if name == RANDOM_PREFIX or name.startswith(RANDOM_PREFIX + ":"):
     seed = name.partition(":")[2] or "0"
     if not seed.isdigit():
@@ -291,9 +309,14 @@ def build_draft(fv, target):
 
 def gen_kwargs(fv, target) -> dict:
   """generate() keyword arguments shared by every mode that generates."""
-  return dict(max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p,
-              seed=fv.seed, draft=build_draft(fv, target), gamma=fv.gamma,
-              tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl)
+  kw = dict(max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p,
+            seed=fv.seed, draft=build_draft(fv, target), gamma=fv.gamma,
+            tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl)
+  if fv.mesh:
+    kw["mesh"] = setup_mesh(fv)
+  if fv.device_memory_gb is not None:
+    kw["device_memory"] = int(fv.device_memory_gb * (1 << 30))
+  return kw
 
 
 def render_chat(model, messages) -> str:

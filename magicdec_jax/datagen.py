@@ -181,11 +181,17 @@ def _open_output(path: str):
 
 def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int, batch_size: int = 4,
         num_samples: int = 1, on_error: str = "fail", truncate: str = "none", chat: bool = False,
-        progress: bool = True, config: dict | None = None, **gen) -> dict:
+        progress: bool = True, config: dict | None = None, process_index: int = 0, process_count: int = 1,
+        **gen) -> dict:
   """Generate every missing (id, sample) of `input_path` into `output_path`; returns the summary dict.
 
-  gen: generate() keyword arguments (draft, gamma, tree, temperature, top_k, top_p, seed, attention_impl).
+  gen: generate() keyword arguments (draft, gamma, tree, temperature, top_k, top_p, seed, attention_impl,
+  mesh). With process_count > 1 this process takes every process_count-th record from process_index and
+  writes sharding.distributed.shard_path(output_path, ...) (merged by sharding.distributed.merge_shards).
   """
+  if process_count > 1:
+    from magicdec_jax.sharding import distributed
+    output_path = distributed.shard_path(output_path, process_index, process_count)
   if on_error not in ("fail", "skip") or truncate not in ("none", "left"):
     raise DatagenError(f"on_error must be fail|skip and truncate none|left, got {on_error!r}, {truncate!r}")
   if os.path.abspath(input_path) == os.path.abspath(output_path):
@@ -199,6 +205,9 @@ def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int,
       shown = "; ".join(f"line {e['line']}: {e['reason']}" for e in errors[:5])
       more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
       raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
+    if process_count > 1:
+      items = distributed.split(items, process_index, process_count)
+      errors = errors if process_index == 0 else []    # bad lines are reported once, by process 0
     if on_error == "skip":
       _atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
     cfg = dict(config or {}, max_new_tokens=max_new_tokens, chat=chat, truncate=truncate,

@@ -6,6 +6,7 @@ power of two, prompt and new-token lengths to powers of two) so repeated calls r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Sequence
 
@@ -98,13 +99,17 @@ def _resolve_draft(model: Model, draft, gamma, tree):
 def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id=None, draft=None, gamma: int = 4,
              tree: Tree | str | None = None, attention_impl: str = "auto",
-             stream_ids: Sequence[int] | None = None, hardware=None) -> GenerateResult:
+             stream_ids: Sequence[int] | None = None, hardware=None, mesh=None,
+             device_memory: int | None = None) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 
   draft: None (autoregressive), StreamingDraft, SnapKVDraft or ModelDraft; gamma: chain length, or "auto"
   (cost model, see autotune.py; `hardware` names the device, default detected); tree: a trees.Tree to
   speculate instead of a chain, or "auto" for the hardware-aware Sequoia tree. stream_ids: per-prompt random-stream ids (default 0..n-1);
   a row's samples depend only on (seed, stream id), never on the rest of the batch.
+  mesh: a sharding.make_mesh mesh: run tensor/data parallel on it (same tokens as one device; place the
+  params once with sharding.shard_model). device_memory: bytes per device for the memory check (default:
+  the device's own limit where it reports one); configurations that do not fit are refused before compiling.
   """
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -133,10 +138,14 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
 
   b = bucket(n, 1)
+  if mesh is not None:
+    from magicdec_jax import sharding
+    b = sharding.pad_batch(b, mesh)     # whole rows on every data shard
   p_bucket = bucket(max(len(p) for p in ids))
   new_bucket = bucket(max_new_tokens)
   chunk = min(p_bucket, MAX_CHUNK)
   num_slots = p_bucket + new_bucket + tree.num_nodes + 1
+  _check_memory(cfg, mesh, draft, tree, b, num_slots, p_bucket, chunk, device_memory)
   tokens = np.zeros((b, p_bucket), np.int32)
   lengths = np.ones((b,), np.int32)
   for i, p in enumerate(ids):
@@ -150,18 +159,21 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   keys = jax.vmap(lambda s: jax.random.fold_in(base_key, s))(
       jnp.asarray(stream_ids + [2**31 - 1 - i for i in range(b - n)], jnp.uint32))
 
+  prefill_fn, decode_fn = loop.prefill, loop.decode
+  if mesh is not None:
+    prefill_fn, decode_fn = (functools.partial(f, mesh) for f in (sharding.prefill, sharding.decode))
   c0 = _compile_seconds[0]
   t0 = time.perf_counter()
   tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
-  target, ring = loop.prefill(model.params, draft_params, tokens_j, lengths_j, cfg=cfg, spec=spec,
-                              tree=tree, num_slots=num_slots, chunk=chunk, impl=attention_impl)
+  target, ring = prefill_fn(model.params, draft_params, tokens_j, lengths_j, cfg=cfg, spec=spec,
+                            tree=tree, num_slots=num_slots, chunk=chunk, impl=attention_impl)
   jax.block_until_ready(target)
   t1 = time.perf_counter()
   c1 = _compile_seconds[0]
   state = loop.initial_state(tokens_j, lengths_j, jnp.asarray(max_new), jnp.asarray(eos_arr), keys,
                              target, ring, new_bucket + tree.num_nodes, tree)
-  state = loop.decode(model.params, draft_params, state, cfg=cfg, spec=spec, tree=tree,
-                      sampling=sampling, impl=attention_impl)
+  state = decode_fn(model.params, draft_params, state, cfg=cfg, spec=spec, tree=tree,
+                    sampling=sampling, impl=attention_impl)
   out, n_out = np.asarray(state.out), np.asarray(state.n_out)
   t2 = time.perf_counter()
   c2 = _compile_seconds[0]
@@ -172,6 +184,17 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
     result.stats["auto_plan"] = {k: v for k, v in plan.items() if isinstance(v, (int, float, str))}
     result.stats["tree_depth"] = tree.max_depth
   return result
+
+
+def _check_memory(cfg, mesh, draft, tree, b, num_slots, p_bucket, chunk, device_memory):
+  """Refuse (ValueError naming the figures) a configuration the memory planner says does not fit."""
+  from magicdec_jax.sharding import planner
+  limit = device_memory if device_memory is not None else planner.device_memory(mesh)
+  if limit is None:
+    return
+  plan = planner.plan_memory(cfg, mesh, batch=b, max_context=num_slots, draft=draft,
+                             tree_nodes=tree.num_nodes, prompt_len=p_bucket, chunk=chunk)
+  planner.check_fits(plan, int(limit))
 
 
 def _result(model, state, out, n_out, n, eos, tree, spec, prefill_s, decode_s) -> GenerateResult:

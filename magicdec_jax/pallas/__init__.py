@@ -91,7 +91,9 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, an
     return xla_tree_attention(q, k, v, base, anc, scale=scale)
   if impl == "pallas_mosaic":
     raise NotImplementedError("no Mosaic GPU variant of tree_attention; use 'pallas_triton' or 'xla'")
-  return pallas_tree_attention(q, k, v, base, anc, scale=scale, **_kernel_kwargs(impl=impl, **knobs))
+  kernel = functools.partial(pallas_tree_attention, scale=scale, **_kernel_kwargs(impl=impl, **knobs))
+  from magicdec_jax.sharding import kernels   # per shard (shard_map) under a ("data", "model") mesh
+  return kernels.maybe_shard_map(kernel, q, k, v, base, anc)
 
 
 __all__ = ["IMPLS", "tree_attention", "resolve_impl", "pallas_tree_attention", "xla_tree_attention",

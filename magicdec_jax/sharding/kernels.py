@@ -1,0 +1,50 @@
+"""Run the Pallas tree-attention kernel per shard inside `jax.shard_map`.
+
+Why: a pallas_call has no SPMD partitioning rule; left to the partitioner it would be run on gathered,
+replicated operands. Under a ("data", "model") mesh (set by runtime.py via `jax.set_mesh`) the kernel
+instead runs on each device's block: rows split over "data", heads over "model" as the partition rules
+split them. Attention is independent per (row, KV head), so the per-shard results are the global ones
+with no collective. In the "q_heads" layout (KV heads replicated, query heads split) each device slices
+out the one KV head its query heads read.
+"""
+from __future__ import annotations
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from magicdec_jax.sharding.mesh import DATA, MODEL
+
+
+def _mesh():
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or set(mesh.axis_names) != {DATA, MODEL}:
+    return None
+  return mesh
+
+
+def maybe_shard_map(kernel, q, k, v, base, anc):
+  """kernel(q [B,T,H,D], k/v [B,K,S,D], base [B], anc [T,T]) -> [B,T,H,D], per shard when a mesh is set."""
+  mesh = _mesh()
+  if mesh is None:
+    return kernel(q, k, v, base, anc)
+  d, m = mesh.shape[DATA], mesh.shape[MODEL]
+  b, h, kh = q.shape[0], q.shape[2], k.shape[1]
+  row = DATA if b % d == 0 else None
+  if kh % m == 0:                                         # "heads": q and K/V split alike
+    q_ax, kv_ax, per_dev_kv = MODEL, MODEL, None
+  elif m % kh == 0 and h % m == 0 and (h // kh) % (m // kh) == 0:
+    q_ax, kv_ax, per_dev_kv = MODEL, None, m // kh        # "q_heads": one KV head per device
+  else:
+    q_ax, kv_ax, per_dev_kv = None, None, None            # "replicated" over the model axis
+
+  def body(q, k, v, base, anc):
+    if per_dev_kv is not None:
+      i = jax.lax.axis_index(MODEL) // per_dev_kv
+      k = jax.lax.dynamic_slice_in_dim(k, i, 1, axis=1)
+      v = jax.lax.dynamic_slice_in_dim(v, i, 1, axis=1)
+    return kernel(q, k, v, base, anc)
+
+  qs = P(row, None, q_ax, None)
+  kvs = P(row, kv_ax, None, None)
+  return jax.shard_map(body, mesh=mesh, in_specs=(qs, kvs, kvs, P(row), P()), out_specs=qs,
+                       check_vma=False)(q, k, v, base, anc)

@@ -1,0 +1,155 @@
+"""Partition rules: which dimension of every param, cache and loop-state array is split over which axis.
+
+Tensor parallelism (Megatron-style, expressed as shardings only; XLA inserts the collectives):
+  * q/k/v, gate/up are column-parallel (output heads / MLP columns split over "model"); o and down are
+    row-parallel (their input dim split), so each layer needs one all-reduce after attention and one after
+    the MLP;
+  * the embedding (and an untied LM head) is split over the vocabulary, else over the hidden dim;
+  * norm scales are replicated; everything is replicated over "data".
+KV caches [L, B, K, S, D] split B over "data" and K over "model"; the draft's ring likewise, by its own
+model's layout. Per-row loop state splits its batch dim over "data".
+
+Fewer KV heads than model-axis devices (SmolLM2: 3 KV heads; any model size 1..8 must work). Per model:
+  * "heads"      K % m == 0: q/k/v/o and the KV caches are split by head (the normal case);
+  * "q_heads"    m % K == 0 and each device's query heads share one KV head: query heads (q, o) are split,
+                 K/V projections and caches are replicated over "model" (vLLM's KV-head replication: each
+                 device computes and stores every KV head, attends with its own query heads; inside
+                 the decode loop XLA in fact keeps the cache split over part of the model axis and
+                 re-replicates it once on exit, as the compiled HLO shows);
+  * "replicated" otherwise (SmolLM2 on 2, 4, 8 devices: 9 heads / 3 KV heads): attention weights and KV
+                 caches are replicated over "model" (still split over "data"); the MLP and the vocabulary
+                 stay split. The memory planner counts the replicated caches, so a config that no longer
+                 fits is refused rather than silently run.
+A dimension is only ever split when the axis size divides it (shardings stay even; no padding).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.sharding.mesh import DATA, MODEL, axis_sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelLayout:
+  """How one model's arrays are split over the model axis (see the module docstring)."""
+  model_size: int
+  attention: str      # "heads" | "q_heads" | "replicated"
+  mlp: bool           # gate/up/down split over F
+  embed: str          # "vocab" | "hidden" | "replicated"
+
+  @property
+  def q_axis(self):
+    return MODEL if self.attention in ("heads", "q_heads") else None
+
+  @property
+  def kv_axis(self):
+    return MODEL if self.attention == "heads" else None
+
+
+def layout_for(cfg: ModelConfig, model_size: int) -> ModelLayout:
+  """The layout of `cfg` on a model axis of `model_size` devices."""
+  m, h, k = model_size, cfg.num_heads, cfg.num_kv_heads
+  if k % m == 0:
+    attention = "heads"
+  elif m % k == 0 and h % m == 0 and cfg.group_size % (m // k) == 0:
+    attention = "q_heads"
+  else:
+    attention = "replicated"
+  if cfg.vocab_size % m == 0:
+    embed = "vocab"
+  elif cfg.hidden_size % m == 0:
+    embed = "hidden"
+  else:
+    embed = "replicated"
+  return ModelLayout(m, attention, cfg.intermediate_size % m == 0, embed)
+
+
+def _keys(path) -> list[str]:
+  out = []
+  for p in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(p, attr):
+        out.append(str(getattr(p, attr)))
+        break
+  return out
+
+
+def param_spec(keys: list[str], ndim: int, lay: ModelLayout) -> P:
+  """The PartitionSpec of one param leaf, by its path in the param pytree (layer leaves have a leading L)."""
+  name = keys[-1]
+  if keys[0] == "embed":                                   # [V, Dm]
+    return {"vocab": P(MODEL, None), "hidden": P(None, MODEL)}.get(lay.embed, P())
+  if keys[0] == "lm_head":                                 # [Dm, V]
+    return {"vocab": P(None, MODEL), "hidden": P(MODEL, None)}.get(lay.embed, P())
+  if "attn" in keys and name == "q":                       # [L, Dm, H, D] column-parallel
+    return P(None, None, lay.q_axis, None)
+  if "attn" in keys and name in ("k", "v"):                # [L, Dm, K, D]
+    return P(None, None, lay.kv_axis, None)
+  if "attn" in keys and name == "o":                       # [L, H, D, Dm] row-parallel
+    return P(None, lay.q_axis, None, None)
+  if "mlp" in keys and name in ("gate", "up"):             # [L, Dm, F] column-parallel
+    return P(None, None, MODEL if lay.mlp else None)
+  if "mlp" in keys and name == "down":                     # [L, F, Dm] row-parallel
+    return P(None, MODEL if lay.mlp else None, None)
+  return P(*([None] * ndim))                               # norms: replicated
+
+
+def param_specs(params: Any, lay: ModelLayout) -> Any:
+  """PartitionSpecs for a param pytree (arrays or ShapeDtypeStructs or shape tuples)."""
+  is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)
+  ndim = lambda x: len(x) if is_shape(x) else x.ndim
+  return jax.tree_util.tree_map_with_path(lambda p, x: param_spec(_keys(p), ndim(x), lay), params,
+                                          is_leaf=is_shape)
+
+
+def cache_spec(lay: ModelLayout) -> P:
+  """KV cache [L, B, K, S, D]: batch over data, KV heads over model when the layout splits them."""
+  return P(None, DATA, lay.kv_axis, None, None)
+
+
+def state_spec(keys: list[str], ndim: int, target: ModelLayout, ring: ModelLayout | None) -> P:
+  """Specs for loop.LoopState / prefill outputs by path: caches as cache_spec, per-row arrays over data."""
+  name = keys[-1] if keys else ""
+  in_ring = "ring" in keys or keys[:1] == ["1"]           # LoopState.ring, or prefill's output[1]
+  if name in ("k", "v") and ndim == 5:
+    return cache_spec(ring if in_ring and ring is not None else target)
+  if name in ("eos", "step") or ndim == 0:
+    return P()
+  return P(DATA, *([None] * (ndim - 1)))                   # [B, ...] rows (incl. ring.pos, keys)
+
+
+def fit(spec: P, shape, mesh: Mesh) -> P:
+  """Drop any axis that does not divide its dimension (a safety net: shardings are always even)."""
+  sizes = dict(mesh.shape)
+  out = []
+  for i, ax in enumerate(tuple(spec) + (None,) * (len(shape) - len(spec))):
+    n = 1 if ax is None else sizes.get(ax, 0)
+    out.append(ax if ax is not None and n and shape[i] % n == 0 else None)
+  return P(*out)
+
+
+def shardings(tree: Any, mesh: Mesh, spec_fn) -> Any:
+  """NamedShardings for a pytree of arrays / ShapeDtypeStructs: spec_fn(keys, ndim) -> PartitionSpec."""
+  def one(path, x):
+    return NamedSharding(mesh, fit(spec_fn(_keys(path), x.ndim), x.shape, mesh))
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def param_shardings(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
+  """NamedShardings for `params` of a model with config `cfg` on `mesh`."""
+  lay = layout_for(cfg, axis_sizes(mesh)[1])
+  return shardings(params, mesh, lambda keys, ndim: param_spec(keys, ndim, lay))
+
+
+def abstract_param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict:
+  """NamedShardings shaped like checkpoints.expected_shapes(cfg): what an orbax restore needs."""
+  from magicdec_jax.checkpoints import expected_shapes
+  is_shape = lambda x: isinstance(x, tuple)
+  structs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, cfg.jnp_dtype), expected_shapes(cfg),
+                         is_leaf=is_shape)
+  return param_shardings(structs, cfg, mesh)

@@ -1,0 +1,130 @@
+"""Sharded prefill and decode: loop.prefill / loop.decode compiled with jit in/out shardings on a mesh.
+
+The loop code is single-device code; these wrappers jit it with every input and output pinned to the
+partition rules (rules.py) and let XLA's SPMD partitioner insert the collectives. Decoding stays one
+`lax.while_loop` in one executable; the donated LoopState keeps its caches in place, shard by shard.
+Calls run under `jax.set_mesh(mesh)` so code that needs the mesh at trace time (the Pallas kernel's
+shard_map, kernels.py) finds it. Executables are compiled ahead of time (lower().compile()) and cached
+per static configuration and argument signature, so the HLO that `compiled_text` shows is the one run.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from magicdec_jax import drafts, loop
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.sharding import rules
+from magicdec_jax.sharding.mesh import DATA, axis_sizes
+
+_JITS: dict = {}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def pad_batch(b: int, mesh: Mesh | None) -> int:
+  """The batch bucket rounded up to a multiple of the data axis (every data shard gets whole rows)."""
+  d = 1 if mesh is None else axis_sizes(mesh)[0]
+  return -(-b // d) * d
+
+
+def layouts(mesh: Mesh, cfg: ModelConfig, spec) -> tuple[rules.ModelLayout, rules.ModelLayout | None]:
+  """(target layout, draft-ring layout): self drafts share the target's, a model draft has its own."""
+  m = axis_sizes(mesh)[1]
+  target = rules.layout_for(cfg, m)
+  if spec is None:
+    return target, None
+  return target, target if drafts.is_self(spec) else rules.layout_for(spec.config, m)
+
+
+def place_params(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
+  """params device_put into their shards (a no-op for arrays already placed so)."""
+  return jax.device_put(params, rules.param_shardings(params, cfg, mesh))
+
+
+def shard_model(model, mesh: Mesh):
+  """A copy of `model` whose params live in their shards on `mesh` (do this once, not per call)."""
+  import dataclasses
+  return dataclasses.replace(model, params=place_params(model.params, model.config, mesh))
+
+
+def _param_sh(mesh, cfg, spec, target_params, draft_params):
+  tp = rules.param_shardings(target_params, cfg, mesh)
+  dp = None if draft_params is None else rules.param_shardings(draft_params, spec.config, mesh)
+  return tp, dp
+
+
+def _state_sh(tree, mesh, tl, rl):
+  return rules.shardings(tree, mesh, lambda keys, ndim: rules.state_spec(keys, ndim, tl, rl))
+
+
+def _signature(*trees) -> tuple:
+  leaves, treedef = jax.tree.flatten(trees)
+  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
+def _prefill_fn(mesh, target_params, draft_params, tokens, lengths, *, cfg, spec, tree, num_slots, chunk,
+                impl):
+  tl, rl = layouts(mesh, cfg, spec)
+  row = NamedSharding(mesh, rules.fit(P(DATA), lengths.shape, mesh))
+  tok = NamedSharding(mesh, rules.fit(P(DATA, None), tokens.shape, mesh))
+  in_sh = (*_param_sh(mesh, cfg, spec, target_params, draft_params), tok, row)
+  key = ("prefill", mesh, cfg, spec, tree, num_slots, chunk, impl,
+         _signature(target_params, draft_params, tokens, lengths))
+  args = jax.device_put((target_params, draft_params, tokens, lengths), in_sh)
+  if key not in _JITS:
+    fn = functools.partial(loop.prefill, cfg=cfg, spec=spec, tree=tree, num_slots=num_slots, chunk=chunk,
+                           impl=impl)
+    out = jax.eval_shape(fn, *args)
+    jitted = jax.jit(fn, in_shardings=in_sh, out_shardings=_state_sh(out, mesh, tl, rl))
+    _JITS[key] = jitted.lower(*args).compile()
+  return _JITS[key], args
+
+
+def _decode_fn(mesh, target_params, draft_params, state, *, cfg, spec, tree, sampling, impl):
+  tl, rl = layouts(mesh, cfg, spec)
+  st = _state_sh(state, mesh, tl, rl)
+  in_sh = (*_param_sh(mesh, cfg, spec, target_params, draft_params), st)
+  key = ("decode", mesh, cfg, spec, tree, sampling, impl, _signature(target_params, draft_params, state))
+  args = jax.device_put((target_params, draft_params, state), in_sh)
+  if key not in _JITS:
+    fn = functools.partial(loop.decode, cfg=cfg, spec=spec, tree=tree, sampling=sampling, impl=impl)
+    jitted = jax.jit(fn, in_shardings=in_sh, out_shardings=st, donate_argnums=2)
+    _JITS[key] = jitted.lower(*args).compile()
+  return _JITS[key], args
+
+
+def prefill(mesh: Mesh, target_params, draft_params, tokens, lengths, **static):
+  """loop.prefill on `mesh`: same arguments; caches come back split per rules.state_spec."""
+  with jax.set_mesh(mesh):
+    fn, args = _prefill_fn(mesh, target_params, draft_params, tokens, lengths, **static)
+    return fn(*args)
+
+
+def decode(mesh: Mesh, target_params, draft_params, state, **static):
+  """loop.decode on `mesh` (the state is donated), every LoopState leaf split per rules.state_spec."""
+  with jax.set_mesh(mesh):
+    fn, args = _decode_fn(mesh, target_params, draft_params, state, **static)
+    return fn(*args)
+
+
+def compiled_text(kind: str, mesh: Mesh, *args, **static) -> str:
+  """The optimized HLO of the sharded "prefill" or "decode" for these arguments (compiled once and
+  cached: a later call with the same configuration runs this very executable)."""
+  make = {"prefill": _prefill_fn, "decode": _decode_fn}[kind]
+  with jax.set_mesh(mesh):
+    compiled, _ = make(mesh, *args, **static)
+    return compiled.as_text()
+
+
+def count_collectives(hlo_text: str) -> dict[str, int]:
+  """Collective ops in an HLO module's text: {"all-reduce": n, ...} (async start/done pairs count once)."""
+  out = {}
+  for op in COLLECTIVES:
+    n = len(re.findall(rf" {op}(?:-start)?\(", hlo_text))
+    if n:
+      out[op] = n
+  return out

@@ -1,0 +1,235 @@
+"""Runs in a subprocess with 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) for
+test_sharding.py; prints one JSON object of facts (tokens per mesh, shardings, byte counts, collectives)
+that the test asserts on. Usage: python sharding_worker.py tiny|smollm2 [tmpdir].
+
+References are single-device `generate` calls (no mesh) in the same process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+import magicdec_jax as md
+from magicdec_jax import checkpoints, sharding
+from magicdec_jax.sharding import rules, runtime
+
+MESHES = ("data:1,model:8", "data:2,model:4", "data:4,model:2", "data:8,model:1")
+
+
+def tiny_model(seed: int = 0):
+  """8 heads on 2 KV heads (head-split and KV-replicated layouts), vocab 64; numpy normals (no init
+  compile), attention weights large enough that the windowed draft disagrees with the target."""
+  cfg = md.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=8,
+                       num_kv_heads=2, head_dim=8, max_position_embeddings=512)
+  shapes = checkpoints.expected_shapes(cfg)
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, shape):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name:
+      return jax.numpy.ones(shape, np.float32)
+    std = 0.5 if "embed" in name else (10.0 if "attn" in name else 1.0) * cfg.hidden_size ** -0.5
+    return jax.numpy.asarray(rng.normal(size=shape) * std, np.float32)
+
+  params = jax.tree_util.tree_map_with_path(leaf, shapes, is_leaf=lambda x: isinstance(x, tuple))
+  return md.Model(cfg, params, name="tiny-8h2kv")
+
+
+def modes(window: int, tree=(2, 2)):
+  draft = md.StreamingDraft(sink=1, window=window)
+  return {"ar": dict(draft=None), "chain": dict(draft=draft, gamma=2),
+          "tree": dict(draft=draft, tree=md.Tree.kary(list(tree)))}
+
+
+def mesh_tokens(model, prompts, cases: dict, meshes=MESHES, refs: dict | None = None, **kw) -> dict:
+  """{case: {"ref": tokens, mesh: tokens, ...}} with one shard_model per mesh; refs: given references
+  (else single-device generate with the case's own arguments)."""
+  out = {}
+  for c, v in cases.items():
+    if refs is not None:
+      out[c] = {"ref": refs[c]}
+      continue
+    ref = md.generate(model, prompts, **kw, **v)
+    out[c] = {"ref": ref.tokens, "acceptance": ref.stats["acceptance_rate"]}
+  for spec in meshes:
+    mesh = sharding.make_mesh(spec)
+    sm = sharding.shard_model(model, mesh)
+    for c, v in cases.items():
+      out[c][spec] = md.generate(sm, prompts, mesh=mesh, **kw, **v).tokens
+  return out
+
+
+def collectives(model, prompts, mesh_spec: str, case: dict, max_new_tokens: int) -> dict:
+  """Collective ops in the compiled sharded decode (and prefill) of one case, with all-gather shapes."""
+  import re
+  from magicdec_jax import engine, loop
+  mesh = sharding.make_mesh(mesh_spec)
+  sm = sharding.shard_model(model, mesh)
+  # Build exactly the arguments generate() builds, via a tiny generate-shaped setup.
+  ids = [list(p) for p in prompts]
+  b = sharding.pad_batch(engine.bucket(len(ids), 1), mesh)
+  p_bucket, new_bucket = engine.bucket(max(map(len, ids))), engine.bucket(max_new_tokens)
+  spec, dparams, tree = engine._resolve_draft(model, case["draft"], case.get("gamma", 4), case.get("tree"))
+  tokens = np.zeros((b, p_bucket), np.int32)
+  lengths = np.ones((b,), np.int32)
+  for i, p in enumerate(ids):
+    tokens[i, :len(p)], lengths[i] = p, len(p)
+  static = dict(cfg=model.config, spec=spec, tree=tree, num_slots=p_bucket + new_bucket + tree.num_nodes + 1,
+                chunk=min(p_bucket, engine.MAX_CHUNK), impl="auto")    # generate()'s: the cached executables
+  pre_text = sharding.compiled_text("prefill", mesh, sm.params, dparams, tokens, lengths, **static)
+  target, ring = sharding.prefill(mesh, sm.params, dparams, tokens, lengths, **static)
+  keys = jax.random.split(jax.random.key(0), b)
+  state = loop.initial_state(jax.numpy.asarray(tokens), jax.numpy.asarray(lengths),
+                             jax.numpy.full((b,), max_new_tokens, np.int32), jax.numpy.asarray([-1], np.int32),
+                             keys, target, ring, new_bucket + tree.num_nodes, tree)
+  static.pop("num_slots"), static.pop("chunk")
+  dec_text = sharding.compiled_text("decode", mesh, sm.params, dparams, state, sampling=md.Sampling(),
+                                    **static)
+  shard_elems = int(np.prod(target.k.addressable_shards[0].data.shape))
+  in_loop, after_loop, where = 0, 0, {}
+  for line in dec_text.splitlines():
+    m = re.search(r"= \(?(\w+)\[([\d,]*)\]\S* (all-gather|all-reduce|collective-permute)(?:-start)?\(", line)
+    if not m:
+      continue
+    name = re.search(r'op_name="([^"]*)"', line)
+    name = name.group(1).split("jit(decode)/")[-1] if name else "?"
+    where[f"{m.group(3)} {name}"] = where.get(f"{m.group(3)} {name}", 0) + 1
+    elems = int(np.prod([int(x) for x in m.group(2).split(",") if x] or [1]))
+    if m.group(3) == "all-gather" and elems >= shard_elems:      # as big as a cache shard
+      in_loop += "while/body" in name
+      after_loop += "while/body" not in name
+  return {"prefill": sharding.count_collectives(pre_text), "decode": sharding.count_collectives(dec_text),
+          "decode_by_op": where, "cache_gathers_in_loop": in_loop, "cache_gathers_after_loop": after_loop,
+          "cache_shard_shape": list(target.k.addressable_shards[0].data.shape),
+          "cache_shape": list(target.k.shape)}
+
+
+def per_device_bytes(tree) -> int:
+  """The most any one device holds of a pytree of arrays (a direct count of shard bytes)."""
+  per = {}
+  for a in jax.tree.leaves(tree):
+    for s in a.addressable_shards:
+      per[s.device] = per.get(s.device, 0) + s.data.nbytes
+  return max(per.values())
+
+
+def planner_facts(model, prompts, mesh_spec: str) -> dict:
+  """Planner figures vs direct counts of the shard bytes of params, target cache and draft ring."""
+  from magicdec_jax import engine
+  mesh = sharding.make_mesh(mesh_spec)
+  out = {}
+  for name, draft in (("streaming", md.StreamingDraft(sink=1, window=4)),
+                      ("model", md.ModelDraft(md.truncate_layers(model, 1), sink=1, window=4))):
+    spec, dparams, tree = engine._resolve_draft(model, draft, 2, None)
+    sm = sharding.shard_model(model, mesh)
+    dparams = None if dparams is None else sharding.place_params(dparams, spec.config, mesh)
+    b = sharding.pad_batch(engine.bucket(len(prompts), 1), mesh)
+    p_bucket = engine.bucket(max(map(len, prompts)))
+    num_slots = p_bucket + 16 + tree.num_nodes + 1
+    tokens = np.ones((b, p_bucket), np.int32)
+    lengths = np.full((b,), 3, np.int32)
+    target, ring = sharding.prefill(mesh, sm.params, dparams, tokens, lengths, cfg=model.config, spec=spec,
+                                    tree=tree, num_slots=num_slots, chunk=p_bucket, impl="auto")
+    plan = sharding.plan_memory(model.config, mesh, batch=b, max_context=num_slots, draft=draft,
+                                tree_nodes=tree.num_nodes, prompt_len=p_bucket, chunk=p_bucket)
+    out[name] = {"plan": {k: getattr(plan, k) for k in ("params", "draft_params", "target_kv", "draft_kv",
+                                                         "activations")},
+                 "direct": {"params": per_device_bytes(sm.params),
+                            "draft_params": 0 if dparams is None else per_device_bytes(dparams),
+                            "target_kv": per_device_bytes((target.k, target.v)),
+                            "draft_kv": per_device_bytes((ring.k, ring.v, ring.pos))}}
+  return out
+
+
+def orbax_facts(model, tmpdir: str, mesh_spec: str) -> dict:
+  """Save, restore straight into shards; every leaf's sharding and per-device block vs the rules."""
+  path = os.path.join(tmpdir, "ckpt")
+  checkpoints.save_orbax(model, path)
+  mesh = sharding.make_mesh(mesh_spec)
+  back = checkpoints.load_orbax_sharded(path, mesh)
+  lay = rules.layout_for(model.config, sharding.axis_sizes(mesh)[1])
+  specs = rules.param_specs(model.params, lay)
+  bad = []
+  flat = jax.tree_util.tree_flatten_with_path(back.params)[0]
+  for (path_, arr), spec, ref in zip(flat, jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)),
+                                     jax.tree.leaves(model.params)):
+    name = jax.tree_util.keystr(path_)
+    want = jax.sharding.NamedSharding(mesh, spec)
+    if not arr.sharding.is_equivalent_to(want, arr.ndim):
+      bad.append(f"{name}: {arr.sharding.spec} != {spec}")
+    for shard in arr.addressable_shards:          # each device holds exactly its block of the values
+      if not np.array_equal(np.asarray(shard.data), np.asarray(ref)[shard.index]):
+        bad.append(f"{name}: device {shard.device.id} block {shard.index} differs")
+  q = back.params["layers"]["attn"]["q"]
+  return {"bad": bad, "q_spec": str(q.sharding.spec), "q_shard_shape": list(q.addressable_shards[0].data.shape),
+          "num_devices_q": len({s.device for s in q.addressable_shards})}
+
+
+def refusal_facts(model, prompts) -> dict:
+  """An over-budget config is refused with the numbers, before anything new compiles."""
+  mesh = sharding.make_mesh("data:2,model:4")
+  before = len(runtime._JITS)
+  t = time.perf_counter()
+  try:
+    md.generate(model, prompts, max_new_tokens=4, mesh=mesh, device_memory=10_000)
+    return {"refused": False}
+  except ValueError as e:
+    return {"refused": True, "message": str(e), "seconds": time.perf_counter() - t,
+            "new_jits": len(runtime._JITS) - before}
+
+
+class Timed(dict):
+  """out[key] = value, recording the seconds since the previous assignment under out["timings"]."""
+
+  def __init__(self):
+    super().__init__(timings={})
+    self._t = time.perf_counter()
+
+  def __setitem__(self, key, value):
+    now = time.perf_counter()
+    self["timings"][key] = round(now - self._t, 1)
+    self._t = now
+    super().__setitem__(key, value)
+
+
+def main(which: str, tmpdir: str):
+  t0 = time.perf_counter()
+  out = Timed()
+  out["devices"] = jax.device_count()
+  if which == "tiny":
+    model = tiny_model()
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 64, n).tolist() for n in (5, 9, 3)]      # ragged rows
+    out["layouts"] = {s: rules.layout_for(model.config, sharding.make_mesh(s).shape["model"]).attention
+                      for s in MESHES}
+    out["greedy"] = mesh_tokens(model, prompts, modes(4), max_new_tokens=8)
+    sample = {"chain_t0.8": dict(draft=md.StreamingDraft(sink=1, window=4), gamma=2, temperature=0.8,
+                                 seed=7)}
+    out["sampling"] = mesh_tokens(model, prompts, sample, max_new_tokens=8)
+    pallas = {"chain_pallas": dict(draft=md.StreamingDraft(sink=1, window=4), gamma=2,
+                                   attention_impl="pallas_interpret")}
+    out["pallas"] = mesh_tokens(model, prompts, pallas, meshes=("data:2,model:4",), max_new_tokens=8,
+                                refs={"chain_pallas": out["greedy"]["chain"]["ref"]})   # vs one-device XLA
+    out["collectives"] = collectives(model, prompts, "data:2,model:4", modes(4)["chain"], 8)
+    out["planner"] = planner_facts(model, prompts, "data:2,model:4")
+    out["orbax"] = orbax_facts(model, tmpdir, "data:2,model:4")
+    out["refusal"] = refusal_facts(model, prompts)
+  else:
+    model = md.load_model("smollm2-135m")
+    prompts = [model.tokenizer.encode(p).ids for p in ("To be, or not to be", "Once upon a time")]
+    out["layouts"] = {s: rules.layout_for(model.config, sharding.make_mesh(s).shape["model"]).attention
+                      for s in MESHES}
+    smol_modes = modes(8, tree=(3,))          # a one-level tree: every compile and step costs 30 layers
+    out["greedy"] = mesh_tokens(model, prompts, smol_modes, max_new_tokens=4)
+    out["collectives"] = collectives(model, prompts, "data:1,model:8", smol_modes["chain"], 4)
+  out["seconds"] = time.perf_counter() - t0
+  print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "/tmp")
