@@ -290,7 +290,7 @@ def main(argv=None):
   ap.add_argument("--contexts", type=ints, default=[4096, 8192, 16384, 32768])
   ap.add_argument("--batches", type=ints, default=[1, 8, 32])
   ap.add_argument("--gammas", type=ints, default=[1, 2, 3, 4])
-  ap.add_argument("--e2e", type=pairs, default=[(8, 16384), (32, 8192)], help="BxCONTEXT end-to-end shapes")
+  ap.add_argument("--e2e", type=pairs, default=[(8, 32768), (8, 16384), (32, 8192)], help="BxCONTEXT end-to-end shapes")
   ap.add_argument("--e2e-gammas", type=ints, default=[], help="default: the calibrated cost model's best gamma")
   ap.add_argument("--alpha-self", type=float, default=0.8)
   ap.add_argument("--alpha-model", type=float, default=0.7)
