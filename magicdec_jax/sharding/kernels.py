@@ -13,6 +13,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from magicdec_jax.sharding.mesh import DATA, MODEL
+from magicdec_jax.sharding.rules import attention_split
 
 
 def _mesh():
@@ -30,12 +31,13 @@ def maybe_shard_map(kernel, q, k, v, base, anc):
   d, m = mesh.shape[DATA], mesh.shape[MODEL]
   b, h, kh = q.shape[0], q.shape[2], k.shape[1]
   row = DATA if b % d == 0 else None
-  if kh % m == 0:                                         # "heads": q and K/V split alike
+  split = attention_split(h, kh, m)                       # the partition rules' own choice
+  if split == "heads":                                    # q and K/V split alike
     q_ax, kv_ax, per_dev_kv = MODEL, MODEL, None
-  elif m % kh == 0 and h % m == 0 and (h // kh) % (m // kh) == 0:
-    q_ax, kv_ax, per_dev_kv = MODEL, None, m // kh        # "q_heads": one KV head per device
-  else:
-    q_ax, kv_ax, per_dev_kv = None, None, None            # "replicated" over the model axis
+  elif split == "q_heads":                                # one KV head per device
+    q_ax, kv_ax, per_dev_kv = MODEL, None, m // kh
+  else:                                                   # replicated over the model axis
+    q_ax, kv_ax, per_dev_kv = None, None, None
 
   def body(q, k, v, base, anc):
     if per_dev_kv is not None:

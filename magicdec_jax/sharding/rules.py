@@ -51,15 +51,20 @@ class ModelLayout:
     return MODEL if self.attention == "heads" else None
 
 
+def attention_split(num_heads: int, num_kv_heads: int, model_size: int) -> str:
+  """"heads" | "q_heads" | "replicated": how attention splits over `model_size` devices (module docstring)."""
+  m, h, k = model_size, num_heads, num_kv_heads
+  if k % m == 0:
+    return "heads"
+  if m % k == 0 and h % m == 0 and (h // k) % (m // k) == 0:
+    return "q_heads"
+  return "replicated"
+
+
 def layout_for(cfg: ModelConfig, model_size: int) -> ModelLayout:
   """The layout of `cfg` on a model axis of `model_size` devices."""
-  m, h, k = model_size, cfg.num_heads, cfg.num_kv_heads
-  if k % m == 0:
-    attention = "heads"
-  elif m % k == 0 and h % m == 0 and cfg.group_size % (m // k) == 0:
-    attention = "q_heads"
-  else:
-    attention = "replicated"
+  m = model_size
+  attention = attention_split(cfg.num_heads, cfg.num_kv_heads, m)
   if cfg.vocab_size % m == 0:
     embed = "vocab"
   elif cfg.hidden_size % m == 0:
