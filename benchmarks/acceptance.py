@@ -133,11 +133,11 @@ def plot(doc: dict, path: str) -> None:
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--tf-contexts", type=lambda s: [int(x) for x in s.split(",")], default=[512, 1024, 2048, 4096])
-  ap.add_argument("--tf-windows", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256, 512])
-  ap.add_argument("--engine-contexts", type=lambda s: [int(x) for x in s.split(",")], default=[512, 2048])
-  ap.add_argument("--windows-engine", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
-  ap.add_argument("--gammas", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4, 6])
+  ap.add_argument("--tf-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
+  ap.add_argument("--tf-windows", type=common.int_list, default=[64, 128, 256, 512])
+  ap.add_argument("--engine-contexts", type=common.int_list, default=[512, 2048])
+  ap.add_argument("--windows-engine", type=common.int_list, default=[64, 256])
+  ap.add_argument("--gammas", type=common.int_list, default=[2, 4, 6])
   ap.add_argument("--gamma", type=int, default=4)
   ap.add_argument("--window", type=int, default=256)
   ap.add_argument("--sink", type=int, default=4)

@@ -146,3 +146,13 @@ def _jsonable(x):
   if isinstance(x, np.ndarray):
     return x.tolist()
   return str(x)
+
+
+def int_list(text: str) -> list[int]:
+  """argparse type: "512,1024" -> [512, 1024]."""
+  return [int(x) for x in text.split(",") if x]
+
+
+def shape_list(text: str) -> list[tuple[int, ...]]:
+  """argparse type: "8x2048,1x512" -> [(8, 2048), (1, 512)]."""
+  return [tuple(int(y) for y in x.split("x")) for x in text.split(",") if x]

@@ -173,7 +173,7 @@ def main(argv=None):
   ap.add_argument("--output", default=None)
   ap.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
   args = ap.parse_args(argv)
-  shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
+  shapes = common.shape_list(args.shapes)
 
   if args.hf_only:
     return hf_child(args, shapes)

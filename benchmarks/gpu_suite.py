@@ -281,17 +281,15 @@ def summary(doc: dict) -> str:
 
 
 def main(argv=None):
-  ints = lambda s: [int(x) for x in s.split(",") if x]
-  pairs = lambda s: [tuple(int(y) for y in x.split("x")) for x in s.split(",") if x]
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--smoke", action="store_true", help="tiny float32 shapes on any device, well under a minute")
   ap.add_argument("--model", default="llama31_8b")
   ap.add_argument("--draft-model", default="llama32_1b")
-  ap.add_argument("--contexts", type=ints, default=[4096, 8192, 16384, 32768])
-  ap.add_argument("--batches", type=ints, default=[1, 8, 32])
-  ap.add_argument("--gammas", type=ints, default=[1, 2, 3, 4])
-  ap.add_argument("--e2e", type=pairs, default=[(8, 32768), (8, 16384), (32, 8192)], help="BxCONTEXT end-to-end shapes")
-  ap.add_argument("--e2e-gammas", type=ints, default=[], help="default: the calibrated cost model's best gamma")
+  ap.add_argument("--contexts", type=common.int_list, default=[4096, 8192, 16384, 32768])
+  ap.add_argument("--batches", type=common.int_list, default=[1, 8, 32])
+  ap.add_argument("--gammas", type=common.int_list, default=[1, 2, 3, 4])
+  ap.add_argument("--e2e", type=common.shape_list, default=[(8, 32768), (8, 16384), (32, 8192)], help="BxCONTEXT end-to-end shapes")
+  ap.add_argument("--e2e-gammas", type=common.int_list, default=[], help="default: the calibrated cost model's best gamma")
   ap.add_argument("--alpha-self", type=float, default=0.8)
   ap.add_argument("--alpha-model", type=float, default=0.7)
   ap.add_argument("--sink", type=int, default=16)

@@ -37,3 +37,17 @@ def random_prompts(lengths, vocab: int, seed: int = 0) -> list[list[int]]:
 def compile_count() -> int:
   """Executables in the jit caches of the engine's two compiled entry points."""
   return loop.prefill._cache_size() + loop.decode._cache_size()
+
+
+def random_hf_llama(seed: int, norm_noise: float, **config):
+  """A random HF LlamaForCausalLM (torch, eval mode) from LlamaConfig(**config), with norm weights moved
+  off 1.0 by norm_noise * N(0, 1) so the norms are really tested. Needs torch + transformers."""
+  import torch
+  import transformers
+  torch.manual_seed(seed)
+  model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config)).eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.add_(norm_noise * torch.randn_like(p))
+  return model

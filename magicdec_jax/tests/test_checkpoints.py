@@ -15,6 +15,8 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, init_params
 from magicdec_jax.tokenizer import render_chat
 
+from conftest import random_hf_llama
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -23,16 +25,10 @@ SMOL = "smollm2-135m"
 
 def hf_tiny(seed=0, tied=False, kv_heads=2, **kw):
   """A random tiny LlamaForCausalLM with non-trivial norm weights."""
-  torch.manual_seed(seed)
-  config = transformers.LlamaConfig(
-      vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-      num_key_value_heads=kv_heads, max_position_embeddings=128, tie_word_embeddings=tied, **kw)
-  model = transformers.LlamaForCausalLM(config).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "norm" in name:
-        p.add_(0.1 * torch.randn_like(p))
-  return model
+  return random_hf_llama(
+      seed, 0.1, vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128,
+      tie_word_embeddings=tied, **kw)
 
 
 def check_mapping(params, sd, cfg):

@@ -10,6 +10,8 @@ from magicdec_jax.checkpoints import known_model_path, load_model, params_from_h
 from magicdec_jax.config import config_from_hf
 from magicdec_jax.tokenizer import render_chat
 
+from conftest import random_hf_llama
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -34,20 +36,13 @@ CASES = {  # name: (kv heads, rope scaling, tied)
 
 
 def hf_model(kv_heads, scaling, tied, seed=0):
-  torch.manual_seed(seed)
   rope = {"rope_type": "default", "rope_theta": 500.0}
   if scaling:
     rope = dict(scaling, rope_theta=500.0)
-  config = transformers.LlamaConfig(
-      vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-      num_key_value_heads=kv_heads, max_position_embeddings=128, tie_word_embeddings=tied,
-      rope_parameters=rope, initializer_range=0.15, rms_norm_eps=1e-5)
-  model = transformers.LlamaForCausalLM(config).eval()
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if "norm" in name:
-        p.add_(0.2 * torch.randn_like(p))
-  return model
+  return random_hf_llama(
+      seed, 0.2, vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128,
+      tie_word_embeddings=tied, rope_parameters=rope, initializer_range=0.15, rms_norm_eps=1e-5)
 
 
 def ours_from_hf(model):
