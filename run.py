@@ -1,8 +1,12 @@
-"""magicdec_jax command line: the demo (no flags), generate, bench, datagen, convert, plan, profile_acceptance.
+"""magicdec_jax command line: the demo (no flags), generate, bench, datagen, convert, plan, profile_acceptance,
+calibrate.
 
   python run.py                                   # SmolLM2-135M: autoregressive vs MagicDec on Shakespeare
   python run.py --mode=generate --prompt="To be, or not to be" --draft=streaming --gamma=3
   python run.py --mode=datagen --input=prompts.jsonl --output=out.jsonl --batch_size=8
+  python run.py --mode=distill --distill_data=out.jsonl --distill_out=draft --draft_layers=8
+  python run.py --mode=calibrate --output=profile.json   # measure this device -> hardware profile
+  python run.py --mode=plan --hardware=profile.json      # plan with it (datasheet column beside)
   python run.py --helpfull                        # every flag
 
 Flags are validated (magicdec_jax/cli_flags.py) before any model is loaded; progress goes to stderr,
@@ -18,7 +22,17 @@ import time
 
 from absl import app, flags
 
-from magicdec_jax import cli_flags
+import jax
+
+import numpy as np
+
+from magicdec_jax import (acceptance, calibrate, checkpoints, cli_bench, cli_flags, costmodel, datagen,
+                          distill, distill_data, drafts, engine, shapes, textdata)
+from magicdec_jax import compile as compiling
+from magicdec_jax.autotune import detect_hardware
+from magicdec_jax.sampling import Sampling
+from magicdec_jax.sharding import distributed
+from magicdec_jax.sharding.planner import DoesNotFit
 
 FLAGS = cli_flags.define_flags(flags.FLAGS)
 flags.adopt_module_key_flags(cli_flags)   # --help lists them
@@ -41,7 +55,6 @@ def load_target():
 # ---- demo ---------------------------------------------------------------------------------------------------
 
 def mode_demo():
-  from magicdec_jax import cli_bench, engine, textdata
   model = load_target()
   kw = cli_flags.gen_kwargs(FLAGS, model)
   b, n = FLAGS.batch_size, FLAGS.prompt_tokens
@@ -104,7 +117,6 @@ def read_prompts_file(path: str) -> list:
 
 
 def mode_generate():
-  from magicdec_jax import engine
   prompts = FLAGS.prompt or read_prompts_file(FLAGS.prompts_file)
   model = load_target()
   texts = []
@@ -127,7 +139,6 @@ def mode_generate():
 # ---- bench, datagen, convert, plan, profile -------------------------------------------------------------------
 
 def mode_bench():
-  from magicdec_jax import cli_bench
   model = load_target()
   kw = cli_flags.gen_kwargs(FLAGS, model)
   out = cli_bench.run_bench(
@@ -139,14 +150,11 @@ def mode_bench():
 
 
 def mode_datagen():
-  from magicdec_jax import datagen
   model = load_target()
   kw = cli_flags.gen_kwargs(FLAGS, model)
   config = {k: getattr(FLAGS, k) for k in datagen.CONFIG_KEYS if k in FLAGS}
   config.update(sink=FLAGS.sink, window=FLAGS.window, budget=FLAGS.budget, draft_model=FLAGS.draft_model,
                 draft_layers=FLAGS.draft_layers)
-  import jax
-  from magicdec_jax.sharding import distributed
   index, count = jax.process_index(), jax.process_count()
   try:
     summary = datagen.run(model, FLAGS.input, FLAGS.output, batch_size=FLAGS.batch_size,
@@ -156,7 +164,7 @@ def mode_datagen():
     if count > 1:        # every process has written its shard; process 0 merges them into --output
       distributed.barrier("datagen-shards-written")
       if index == 0:
-        summary = dict(distributed.merge_shards(FLAGS.output, FLAGS.input, count), this_process=summary)
+        summary = dict(datagen.merge_shards(FLAGS.output, FLAGS.input, count), this_process=summary)
       distributed.barrier("datagen-merged")
   except datagen.DatagenError as e:
     raise app.UsageError(f"datagen: {e}") from None
@@ -164,49 +172,149 @@ def mode_datagen():
 
 
 def mode_convert():
-  from magicdec_jax import checkpoints
   log(f"converting {FLAGS.src} -> {FLAGS.dst} (orbax) ...")
-  if hasattr(checkpoints, "convert"):
-    out = checkpoints.convert(FLAGS.src, FLAGS.dst)
-  else:
-    out = checkpoints.save_orbax(cli_flags.load(FLAGS.src), FLAGS.dst)
-  print(out if out is not None else FLAGS.dst)
+  print(json.dumps(checkpoints.convert(FLAGS.src, FLAGS.dst)))
+
+
+PLAN_BATCHES = (1, 4, 8, 16, 32, 64)
+PLAN_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
 
 
 def mode_plan():
-  from magicdec_jax import costmodel, shapes
-  from magicdec_jax.autotune import detect_hardware
   cfg = shapes.model_shape(FLAGS.model_shape)
   kind = {"streaming": "self", "snapkv": "snapkv", "model": "model"}[FLAGS.draft]
+  hw_name = FLAGS.hardware or "h100"
+  profile, datasheet = None, None
+  if calibrate.is_profile_path(hw_name):
+    profile = calibrate.load_profile(hw_name)[1]
+    cfg = shapes.model_shape(FLAGS.model_shape, dtype=profile.get("dtype", cfg.dtype))   # as it was measured
+    guess = next((k for k in ("h200", "h100", "a100") if k in profile.get("device", "").lower()), "h100")
+    datasheet = detect_hardware(FLAGS.datasheet or guess)
   draft_cfg = cfg.replace(num_layers=FLAGS.draft_layers) if kind == "model" else None
   draft = costmodel.Draft(kind, draft_cfg=draft_cfg, sink=FLAGS.sink, window=FLAGS.window, budget=FLAGS.budget)
   vec = cli_flags.load_acceptance_vector(FLAGS.acceptance_file) if FLAGS.acceptance_file else None
-  rows = costmodel.plan_table(cfg, detect_hardware(FLAGS.hardware), cli_flags.int_list(FLAGS, "batches", 1),
-                              cli_flags.int_list(FLAGS, "contexts", 1), draft,
-                              alpha=None if vec else FLAGS.alpha, acceptance_vector=vec)
-  print(f"plan: {FLAGS.model_shape} on {FLAGS.hardware}, draft {kind} (sink {FLAGS.sink}, window "
-        f"{FLAGS.window}{', budget %d' % FLAGS.budget if kind == 'snapkv' else ''}), "
-        f"{'acceptance vector ' + FLAGS.acceptance_file if vec else 'alpha %.2f' % FLAGS.alpha}")
-  print(costmodel.format_plan(rows))
+  if vec is None and profile is not None and profile.get("acceptance_vector"):
+    vec = profile["acceptance_vector"]
+  # the plan's own grid (long contexts, serving batches), not the bench grid, unless given on the command line
+  batches = cli_flags.int_list(FLAGS, "batches", 1) if FLAGS["batches"].present else list(PLAN_BATCHES)
+  contexts = cli_flags.int_list(FLAGS, "contexts", 1) if FLAGS["contexts"].present else list(PLAN_CONTEXTS)
+  hw = detect_hardware(hw_name)
+  alpha = None if vec else FLAGS.alpha
+  rows = costmodel.plan_table(cfg, hw, batches, contexts, draft, alpha=alpha, acceptance_vector=vec)
+  print(f"plan: {FLAGS.model_shape} on {hw_name if profile is None else 'profile ' + hw_name + ' (' + profile.get('device', '?') + ')'}, "
+        f"draft {kind} (sink {FLAGS.sink}, window {FLAGS.window}{', budget %d' % FLAGS.budget if kind == 'snapkv' else ''}), "
+        f"{'acceptance vector ' + (FLAGS.acceptance_file or 'from the profile') if vec else 'alpha %.2f' % FLAGS.alpha}")
+  if datasheet is not None:
+    ds = costmodel.plan_table(cfg, datasheet, batches, contexts, draft, alpha=alpha, acceptance_vector=vec)
+    print(f"(gamma / speedup / T_AR from the fitted profile; ds_* columns: the {datasheet.name} datasheet roofline)")
+    print(costmodel.format_plan(rows, compare=ds))
+  else:
+    print(costmodel.format_plan(rows))
+  a = vec[0] if vec else FLAGS.alpha
+  print(f"\nS_inflection (smallest context where a gamma chain's speedup grows from batch 64 to 128; "
+        f"alpha {a:.2f}):")
+  for name, h in [(hw.name, hw)] + ([(datasheet.name + " datasheet", datasheet)] if datasheet else []):
+    cells = []
+    for g in range(1, 7):
+      n = costmodel.s_inflection(cfg, h, draft, g, a)
+      cells.append(f"gamma={g}: {n if n is not None else 'none <= 1M'}")
+    print(f"  {name}: " + ", ".join(cells))
 
 
 def mode_profile_acceptance():
-  from magicdec_jax import acceptance, textdata
-  from magicdec_jax.sampling import Sampling
   model = load_target()
   draft = cli_flags.build_draft(FLAGS, model)
   n = min(FLAGS.profile_tokens, model.config.max_position_embeddings)
-  windows = textdata.shakespeare_prompts(model.tokenizer, FLAGS.profile_windows, n, held_out=True)
-  log(f"profiling {FLAGS.profile_windows} held-out windows of {n} tokens, width {FLAGS.width} ...")
+  if FLAGS.input:            # the user's prompts: each one (its last n tokens) is a window
+    windows = []
+    for p in read_prompts_file(FLAGS.input):
+      if isinstance(p, list) or FLAGS.chat:
+        p = cli_flags.render_chat(model, p if isinstance(p, list) else [{"role": "user", "content": p}])
+      ids = model.tokenizer.encode(p).ids[-n:]
+      if len(ids) >= 32:
+        windows.append(ids)
+    if not windows:
+      raise app.UsageError(f"--input={FLAGS.input}: no prompt has >= 32 tokens to profile on")
+    source = FLAGS.input
+  else:
+    windows = textdata.shakespeare_prompts(model.tokenizer, FLAGS.profile_windows, n, held_out=True)
+    source = "shakespeare (held out)"
+  log(f"profiling {len(windows)} windows ({source}) of <= {n} tokens, width {FLAGS.width} ...")
   out = acceptance.profile(model, draft, windows, width=FLAGS.width, seed=FLAGS.seed,
                            sampling=Sampling(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p))
+  out["source"] = source
   with open(FLAGS.output, "w") as f:
     json.dump(out, f, indent=1)
   print(json.dumps(out, indent=1))
 
 
+def mode_distill():
+  model = load_target()
+  cfg = distill.DistillConfig(
+      steps=FLAGS.distill_steps, lr=FLAGS.lr, warmup_steps=FLAGS.warmup_steps, batch=FLAGS.batch,
+      seq_len=FLAGS.seq_len, loss=FLAGS.distill_loss, seed=FLAGS.seed, checkpoint_every=FLAGS.checkpoint_every,
+      eval_every=FLAGS.eval_every, sink=FLAGS.sink, window=FLAGS.window)
+  v = model.config.vocab_size
+  eos = model.config.eos_token_ids[0] if model.config.eos_token_ids else None
+  try:
+    if FLAGS.draft_config:
+      draft = distill.init_draft(model, config=cli_flags.draft_config_from_flag(FLAGS.draft_config),
+                                 seed=FLAGS.seed)
+    else:
+      if FLAGS.draft_layers > model.config.num_layers:
+        raise ValueError(f"--draft_layers={FLAGS.draft_layers}: the target has only "
+                         f"{model.config.num_layers} layers")
+      draft = distill.init_draft(model, layers=FLAGS.draft_layers)
+    data = distill_data.load_windows(FLAGS.distill_data, model.tokenizer, v, cfg.seq_len, eos)
+    n_eval = min(1024, model.config.max_position_embeddings)
+    if FLAGS.distill_heldout:
+      held = distill_data.load_windows(FLAGS.distill_heldout, model.tokenizer, v, n_eval)[:2].tolist()
+    elif model.tokenizer is not None:
+      held = textdata.shakespeare_prompts(model.tokenizer, 2, n_eval, held_out=True)
+    else:
+      held = None
+    log(f"distilling a {draft.config.num_layers}-layer draft on {data.shape[0]} windows of {cfg.seq_len} "
+        f"tokens, {cfg.steps} steps of {cfg.batch}, loss {cfg.loss} -> {FLAGS.distill_out}")
+    _, history = distill.distill(model, draft, data, FLAGS.distill_out, cfg, eval_windows=held,
+                                 mesh=cli_flags.setup_mesh(FLAGS), progress=FLAGS.progress)
+  except ValueError as e:
+    raise app.UsageError(f"distill: {e}") from None
+  print(json.dumps({"out": FLAGS.distill_out, "steps": cfg.steps, "history": history}, indent=1))
+
+
+def mode_calibrate():
+  model = load_target()
+  d = cli_flags.build_draft(FLAGS, model)
+  under_test = []
+  if isinstance(d, drafts.StreamingDraft):
+    under_test.append(calibrate.DraftUnderTest("self", d.sink + d.window))
+  elif isinstance(d, drafts.SnapKVDraft):
+    under_test.append(calibrate.DraftUnderTest("snapkv", d.budget + d.window))
+  elif isinstance(d, drafts.ModelDraft):
+    under_test.append(calibrate.DraftUnderTest("model", d.spec.sink + d.spec.window, d.model.config,
+                                               d.model.params))
+  kw = {}
+  if FLAGS["batches"].present:
+    kw["batches"] = cli_flags.int_list(FLAGS, "batches", 1)
+  if FLAGS["contexts"].present:
+    kw["contexts"] = cli_flags.int_list(FLAGS, "contexts", 1)
+  kw["tokens"] = cli_flags.int_list(FLAGS, "calibrate_tokens", 1)
+  kw["draft_tokens"] = cli_flags.int_list(FLAGS, "calibrate_draft_tokens", 1)
+  vec = cli_flags.load_acceptance_vector(FLAGS.acceptance_file) if FLAGS.acceptance_file else None
+  prof = calibrate.calibrate(model.params, model.config, drafts=under_test, model_name=model.name,
+                             repeats=FLAGS.calibrate_repeats, passes=FLAGS.calibrate_passes,
+                             acceptance_vector=vec, log=log, **kw)
+  calibrate.save_profile(prof, FLAGS.output)
+  fit = prof["fit"]
+  ho = fit["holdout_rel_err"] or {}
+  print(json.dumps({"profile": FLAGS.output, "device": prof["device"], "measured_steps": len(prof["measurements"]),
+                    "seconds": round(prof["total_s"], 1), "coef": dict(zip(fit["features"], fit["coef"])),
+                    "train_rel_err": fit["train_rel_err"], "holdout_rel_err": ho}, indent=1))
+
+
 MODE_FNS = {"demo": mode_demo, "generate": mode_generate, "bench": mode_bench, "datagen": mode_datagen,
-            "convert": mode_convert, "plan": mode_plan, "profile_acceptance": mode_profile_acceptance}
+            "convert": mode_convert, "plan": mode_plan, "profile_acceptance": mode_profile_acceptance,
+            "distill": mode_distill, "calibrate": mode_calibrate}
 
 
 def main(argv):
@@ -215,11 +323,11 @@ def main(argv):
   cli_flags.validate(FLAGS)
   t = time.perf_counter()
   if FLAGS.num_processes > 1:                 # before anything touches a device
-    from magicdec_jax.sharding import distributed
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     log(f"jax.distributed: process {FLAGS.process_id} of {FLAGS.num_processes}")
+  cache_dir = compiling.enable_persistent_cache(FLAGS.compilation_cache_dir)   # None: the env var / default
+  log(f"persistent compilation cache: {cache_dir or 'off'}")
   mesh = cli_flags.setup_mesh(FLAGS)          # None without --mesh
-  from magicdec_jax.sharding.planner import DoesNotFit
   try:
     with mesh if mesh is not None else contextlib.nullcontext():
       MODE_FNS[FLAGS.mode]()

@@ -1,16 +1,25 @@
 """`gamma="auto"` / `tree="auto"`: pick the speculation size for (batch, context) from the cost model.
 
 The hardware is named ("h100", "a100", "h200", "cpu") or detected from the first JAX device; a calibrated
-`costmodel.Hardware` can be passed instead. The acceptance rate (chain) or acceptance vector (tree)
-defaults to the paper's measured self-speculation figure and the shipped Sequoia vector; measure your own
-with `run.py --mode=profile_acceptance`.
+`costmodel.Hardware`, a `costmodel.FittedHardware` or the path of a hardware profile JSON (written by
+`run.py --mode=calibrate`, fitted to this machine's measured step times) can be passed instead. The
+acceptance rate (chain) or acceptance vector (chain and tree) defaults to the profile's vector if it has
+one, else the paper's self-speculation figure and the shipped Sequoia vector; measure your own with
+`run.py --mode=profile_acceptance`.
 """
 from __future__ import annotations
 
-import jax
+import time
 
-from magicdec_jax import costmodel, drafts, trees
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from magicdec_jax import calibrate, costmodel, drafts, trees
+from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers.attention import PrefixTree
+from magicdec_jax.model import forward
 
 DEFAULT_ALPHA = 0.8
 # Nominal effective figures for a 2-core x86 CPU in float32 (an assumption, not a fit): fit your own with
@@ -19,9 +28,12 @@ CPU = costmodel.Hardware("cpu", hbm_bytes_per_s=8e9, flops_per_s=4e10, memory_by
                          step_overhead_s=2e-3, combine="sum")
 
 
-def detect_hardware(name: str | costmodel.Hardware | None = None) -> costmodel.Hardware:
-  if isinstance(name, costmodel.Hardware):
+def detect_hardware(name=None):
+  """A Hardware / FittedHardware from a name, a profile path (*.json), an object, or the first device."""
+  if isinstance(name, (costmodel.Hardware, costmodel.FittedHardware)):
     return name
+  if calibrate.is_profile_path(name):
+    return calibrate.load_profile(str(name))[0]
   if name is None:
     kind = jax.devices()[0].device_kind.lower()
     name = next((k for k in ("h200", "h100", "a100") if k in kind), "cpu")
@@ -30,6 +42,22 @@ def detect_hardware(name: str | costmodel.Hardware | None = None) -> costmodel.H
   if name not in costmodel.HARDWARE:
     raise ValueError(f"unknown hardware {name!r}; known: cpu, {', '.join(costmodel.HARDWARE)}")
   return costmodel.HARDWARE[name]
+
+
+def load_acceptance(acceptance):
+  """None, a vector, or a JSON path ({'acceptance_vector': [...]} from profile_acceptance, or a hardware
+  profile holding one) -> a list of floats or None."""
+  if acceptance is None:
+    return None
+  if isinstance(acceptance, (str, bytes)) or hasattr(acceptance, "__fspath__"):
+    import json
+    with open(acceptance) as f:
+      d = json.load(f)
+    acceptance = d["acceptance_vector"] if isinstance(d, dict) else d
+  vec = [float(x) for x in acceptance]
+  if not vec or any(not 0 <= x <= 1 for x in vec) or sum(vec) > 1 + 1e-6:
+    raise ValueError(f"acceptance vector entries must be in [0, 1] and sum to <= 1, got {vec}")
+  return vec
 
 
 def cost_draft(spec) -> costmodel.Draft:
@@ -41,15 +69,41 @@ def cost_draft(spec) -> costmodel.Draft:
   return costmodel.Draft("self", sink=spec.sink, window=spec.window)
 
 
+AR_TREE = trees.Tree((-1,))
+
+
 def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool, hardware=None,
-           alpha: float | None = None, acceptance_vector=None, max_gamma: int = 8) -> tuple[trees.Tree, dict]:
-  """The chain or tree the cost model predicts fastest; info holds the predicted speedup."""
+           alpha: float | None = None, acceptance_vector=None, max_gamma: int = 8,
+           allow_autoregressive: bool = False) -> tuple[trees.Tree, dict]:
+  """The chain or tree the cost model predicts fastest; info holds the predicted speedup.
+
+  allow_autoregressive: where even the best chain / tree is predicted slower than plain decoding
+  (speedup < 1), return the root-only tree (no speculation) with info["speculate"] = False.
+
+  acceptance_vector (a list or a JSON path) drives both: a chain's expected tokens use its first entry
+  per position; alpha (a chain only) overrides it. Without either, a hardware profile's stored vector is
+  used, then the defaults.
+  """
   hw = detect_hardware(hardware)
+  vec = load_acceptance(acceptance_vector)
+  if vec is None and calibrate.is_profile_path(hardware):
+    vec = calibrate.load_profile(str(hardware))[1].get("acceptance_vector")
+  tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma)
+  if allow_autoregressive and (info["speedup"] < 1 or tree.max_depth == 0):   # (a depth-0 tree speculates nothing)
+    return AR_TREE, dict(info, speculate=False)
+  return tree, dict(info, speculate=True)
+
+
+def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma):
   draft = cost_draft(spec)
   if want_tree:
-    vec = acceptance_vector or trees.DEFAULT_ACCEPTANCE_VECTOR
+    vec = vec or trees.DEFAULT_ACCEPTANCE_VECTOR
     tree, info = costmodel.choose_tree(cfg, hw, draft, batch, context, vec, dtype=cfg.dtype)
     return tree, dict(info, hardware=hw.name)
+  if alpha is None and vec is not None:
+    gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, None, max_gamma, dtype=cfg.dtype,
+                                            acceptance_vector=vec)
+    return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": vec[0], "hardware": hw.name}
   a = DEFAULT_ALPHA if alpha is None else alpha
   gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, a, max_gamma, dtype=cfg.dtype)
   return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": a, "hardware": hw.name}
@@ -58,12 +112,6 @@ def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool,
 def measure_step(params, cfg: ModelConfig, batch: int, context: int, new_tokens: int = 1,
                  repeats: int = 5) -> float:
   """Median seconds of one target forward over `new_tokens` tokens per row against `context` cached ones."""
-  import time
-  import jax.numpy as jnp
-  import numpy as np
-  from magicdec_jax.cache import KVCache
-  from magicdec_jax.layers.attention import PrefixTree
-  from magicdec_jax.model import forward
 
   @jax.jit
   def step(params, cache, tokens):

@@ -1,13 +1,20 @@
-"""KV caches as fixed-shape pytrees.
+"""KV caches as fixed-shape pytrees of per-layer buffers.
 
-Layout [L, B, K, S, D] (layer, batch, KV head, slot, head dim): each (row, KV head) reads one contiguous
-[S, D] block, which is what both the batched matmuls and a split-K attention kernel want.
+Each cache holds one K and one V buffer per layer (tuples of L arrays [B, K, S, D]: batch, KV head, slot,
+head dim), not one stacked [L, ...] array: a layer reads and writes its own buffer in place, so the
+compiled decode step never copies a layer's cache out of a stack (GPU-FINDINGS.md: that copy plus the pad
+that followed it cost 24 ms of a 54 ms step at 8 x 32K). [S, D] blocks are contiguous per (row, KV head),
+which is what the batched matmuls and the split-K attention kernel want.
+
 `KVCache` is the target's linear cache: slot s holds position s, per-row lengths live in the loop state.
 `RingCache` is a draft's StreamingLLM cache: `num_static` slots that never move (sink tokens, or SnapKV's
 selected tokens), a ring of `window` slots for recent committed positions (position j lives at slot
 num_static + j % window), and `scratch` slots holding this round's speculative nodes. Speculative tokens
 never enter the ring, so a rejection can never evict a live entry: only committed positions are written
 there, after verification.
+
+Slot counts are rounded up to a multiple of `SLOT_ALIGN` (`aligned_slots`) by the engine and the ring
+constructor, so attention over a cache never needs a padded copy of it; the extra slots are never visible.
 """
 from __future__ import annotations
 
@@ -16,27 +23,40 @@ import jax
 import jax.numpy as jnp
 
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers.attention import write_rows
+
+SLOT_ALIGN = 128      # attention tile: XLA's GPU dot tiles and the Pallas kernel's block_k divide it
+Layers = tuple        # one jax.Array per layer
+
+
+def aligned_slots(n: int) -> int:
+  """n rounded up to a multiple of SLOT_ALIGN."""
+  return -(-int(n) // SLOT_ALIGN) * SLOT_ALIGN
+
+
+def _zeros(cfg: ModelConfig, batch: int, num_slots: int) -> Layers:
+  shape = (batch, cfg.num_kv_heads, num_slots, cfg.head_dim)
+  return tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))
 
 
 @flax.struct.dataclass
 class KVCache:
-  k: jax.Array  # [L, B, K, S, D]
-  v: jax.Array  # [L, B, K, S, D]
+  k: Layers  # L x [B, K, S, D]
+  v: Layers  # L x [B, K, S, D]
 
   @classmethod
   def zeros(cls, cfg: ModelConfig, batch: int, num_slots: int) -> "KVCache":
-    shape = (cfg.num_layers, batch, cfg.num_kv_heads, num_slots, cfg.head_dim)
-    return cls(jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype))
+    return cls(_zeros(cfg, batch, num_slots), _zeros(cfg, batch, num_slots))
 
   @property
   def num_slots(self) -> int:
-    return self.k.shape[3]
+    return self.k[0].shape[2]
 
 
 @flax.struct.dataclass
 class RingCache:
-  k: jax.Array    # [L, B, K, num_static + window + scratch, D]
-  v: jax.Array
+  k: Layers       # L x [B, K, num_static + window + scratch (+ alignment), D]
+  v: Layers
   pos: jax.Array  # [B, num_static + window] int32 position held by each static/ring slot, -1 if empty
   sink: int = flax.struct.field(pytree_node=False)        # positions < sink live in static slot j
   num_static: int = flax.struct.field(pytree_node=False)  # sink, or SnapKV's budget
@@ -45,10 +65,14 @@ class RingCache:
   @classmethod
   def zeros(cls, cfg: ModelConfig, batch: int, sink: int, num_static: int, window: int,
             scratch: int) -> "RingCache":
-    shape = (cfg.num_layers, batch, cfg.num_kv_heads, num_static + window + scratch, cfg.head_dim)
+    slots = aligned_slots(num_static + window + scratch)
     pos = jnp.full((batch, num_static + window), -1, jnp.int32)
-    return cls(jnp.zeros(shape, cfg.jnp_dtype), jnp.zeros(shape, cfg.jnp_dtype), pos,
+    return cls(_zeros(cfg, batch, slots), _zeros(cfg, batch, slots), pos,
                sink=sink, num_static=num_static, window=window)
+
+  @property
+  def num_slots(self) -> int:
+    return self.k[0].shape[2]
 
   @property
   def scratch_start(self) -> int:
@@ -71,24 +95,30 @@ class RingCache:
     live = (pos >= 0) & (pos < before[:, None, None]) & (pos <= p)
     return live & (is_static[None, None, :] | (pos > p - self.window))
 
-  def write_committed(self, k: jax.Array, v: jax.Array, positions: jax.Array,
-                      valid: jax.Array) -> "RingCache":
-    """Write K/V [L, B, K, M, D] of committed `positions` [B, M] where `valid` [B, M]."""
-    slots = jnp.where(valid, self.slot_of(positions), self.k.shape[3])  # out of range -> dropped
+  def write_committed(self, k: Layers, v: Layers, positions: jax.Array, valid: jax.Array) -> "RingCache":
+    """Write K/V (L x [B, K, M, D]) of committed `positions` [B, M] where `valid` [B, M].
+
+    Of several valid positions that map to one slot (more than `window` committed at once) only the
+    latest is written: every slot receives at most one update, so no backend's choice among duplicate
+    scatter indices can matter.
+    """
+    slots = self.slot_of(positions)
+    later_same_slot = ((slots[:, None, :] == slots[:, :, None]) & valid[:, None, :]
+                       & (positions[:, None, :] > positions[:, :, None])).any(-1)    # [B, M]
+    keep = valid & ~later_same_slot
+    slots = jnp.where(keep, slots, self.num_slots)                                  # out of range -> dropped
     rows = jnp.arange(positions.shape[0])[:, None]
     new_pos = self.pos.at[rows, slots].set(positions, mode="drop")
     return self.replace(k=put_slots(self.k, slots, k), v=put_slots(self.v, slots, v), pos=new_pos)
 
 
-def gather_slots(cache_k: jax.Array, cache_v: jax.Array, slots: jax.Array):
-  """Per-row gather of slots [B, M] from [L, B, K, S, D] caches -> two [L, B, K, M, D] arrays."""
-  safe = jnp.clip(slots, 0, cache_k.shape[3] - 1)
-  take = jax.vmap(lambda c, s: c[:, :, s], in_axes=(1, 0), out_axes=1)
-  return take(cache_k, safe), take(cache_v, safe)
+def gather_slots(cache_k: Layers, cache_v: Layers, slots: jax.Array) -> tuple[Layers, Layers]:
+  """Per-row gather of slots [B, M] from per-layer [B, K, S, D] buffers -> L x [B, K, M, D] each."""
+  safe = jnp.clip(slots, 0, cache_k[0].shape[2] - 1)[:, None, :, None]
+  take = lambda c: jnp.take_along_axis(c, safe, axis=2)
+  return tuple(map(take, cache_k)), tuple(map(take, cache_v))
 
 
-def put_slots(cache: jax.Array, slots: jax.Array, values: jax.Array) -> jax.Array:
-  """Per-row write of values [L, B, K, M, D] at slots [B, M] (out-of-range slots are dropped)."""
-  put = jax.vmap(lambda c, s, x: c.at[:, :, s].set(x.astype(c.dtype), mode="drop"), in_axes=(1, 0, 1),
-                 out_axes=1)
-  return put(cache, slots, values)
+def put_slots(cache: Layers, slots: jax.Array, values: Layers) -> Layers:
+  """Per-row write of L x [B, K, M, D] values at slots [B, M] (out-of-range slots are dropped)."""
+  return tuple(write_rows(c, slots, jnp.swapaxes(x, 1, 2)) for c, x in zip(cache, values))

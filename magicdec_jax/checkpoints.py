@@ -1,7 +1,8 @@
-"""Load LLaMA-family weights into the stacked param pytree: HF safetensors dirs, GGUF files, orbax dirs.
+"""Load LLaMA-family weights into the param pytree: HF safetensors dirs, GGUF files, orbax dirs.
 
-Every loader ends in the same layout (see model.init_params): per-layer leaves stacked on a leading [L]
-axis, projections stored input-dim first ([Dm, H, D] etc.) so the forward pass is plain einsums.
+Every loader ends in the same layout (see model.init_params): `layers` is a tuple of per-layer trees (one
+buffer per weight matrix, read in place by the forward pass), projections stored input-dim first
+([Dm, H, D] etc.) so the forward pass is plain einsums.
 Only safetensors and GGUF are read (never pickle). Library errors on damaged files become ValueErrors.
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ import functools
 import importlib.util
 import json
 import os
+import time
 from typing import Any, Mapping
 
 import jax
@@ -17,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from magicdec_jax import tokenizer as tok_lib
-from magicdec_jax.config import ModelConfig, config_from_gguf, config_from_hf
+from magicdec_jax.config import ModelConfig, config_from_gguf, config_from_hf, expected_shapes, is_shape
 from magicdec_jax.model import Model
 
 CONFIG_FILE = "magicdec_config.json"
@@ -46,7 +48,7 @@ def _hf_layer(cfg: ModelConfig, g) -> dict:
 
 
 def params_from_hf_state_dict(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict:
-  """HF LLaMA tensors (names with or without the `model.` prefix) -> the stacked param pytree."""
+  """HF LLaMA tensors (names with or without the `model.` prefix) -> the param pytree."""
 
   def get(name: str) -> np.ndarray:
     for key in (name, "model." + name):
@@ -63,32 +65,11 @@ def params_from_hf_state_dict(cfg: ModelConfig, tensors: Mapping[str, Any]) -> d
   return _assemble(cfg, get("embed_tokens.weight"), layers, get("norm.weight"), head)
 
 
-def expected_shapes(cfg: ModelConfig) -> dict:
-  """The param pytree's leaf shapes (tuples) for `cfg`."""
-  l, dm, h, k, d, f, v = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                          cfg.intermediate_size, cfg.vocab_size)
-  shapes = {
-      "embed": (v, dm),
-      "layers": {
-          "attn_norm": {"scale": (l, dm)},
-          "attn": {"q": (l, dm, h, d), "k": (l, dm, k, d), "v": (l, dm, k, d), "o": (l, h, d, dm)},
-          "mlp_norm": {"scale": (l, dm)},
-          "mlp": {"gate": (l, dm, f), "up": (l, dm, f), "down": (l, f, dm)},
-      },
-      "final_norm": {"scale": (dm,)},
-  }
-  if not cfg.tie_embeddings:
-    shapes["lm_head"] = (dm, v)
-  return shapes
-
-
 def _assemble(cfg: ModelConfig, embed, layers: list[dict], final_norm, head) -> dict:
-  """Stack per-layer numpy trees on a leading axis, check shapes, cast to cfg.dtype on device."""
-  params = {"embed": embed, "layers": jax.tree.map(lambda *xs: np.stack(xs), *layers),
-            "final_norm": {"scale": final_norm}}
+  """Per-layer numpy trees -> the param pytree: check shapes, cast to cfg.dtype on device."""
+  params = {"embed": embed, "layers": tuple(layers), "final_norm": {"scale": final_norm}}
   if not cfg.tie_embeddings:
     params["lm_head"] = head
-  is_shape = lambda x: isinstance(x, tuple)
   want = jax.tree_util.tree_flatten_with_path(expected_shapes(cfg), is_leaf=is_shape)[0]
   got = jax.tree.leaves(jax.tree.map(lambda a: tuple(a.shape), params), is_leaf=is_shape)
   bad = [f"{jax.tree_util.keystr(p)}: {g} != expected {w}" for (p, w), g in zip(want, got) if g != w]
@@ -258,14 +239,6 @@ def _orbax_config(directory: str, dtype: str | None) -> ModelConfig:
   return cfg if dtype is None else cfg.replace(dtype=dtype)
 
 
-def load_orbax_sharded(directory: str, mesh, dtype: str | None = None) -> Model:
-  """load_orbax with every param restored straight into its tensor-parallel shard on `mesh`
-  (sharding.rules): each device reads only its slice, no full host copy is ever made."""
-  from magicdec_jax.sharding import abstract_param_shardings
-  cfg = _orbax_config(os.path.abspath(directory), dtype)
-  return load_orbax(directory, dtype, shardings=abstract_param_shardings(cfg, mesh))
-
-
 def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) -> Model:
   """Restore a `save_orbax` dir, cast to `dtype` (default: as saved); with `shardings` (a pytree of
   `jax.sharding.Sharding` shaped like the params) every array is restored straight into its sharding."""
@@ -273,7 +246,6 @@ def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) 
   directory = os.path.abspath(directory)
   cfg = _orbax_config(directory, dtype)
   shapes = expected_shapes(cfg)
-  is_shape = lambda x: isinstance(x, tuple)
   if shardings is None:
     default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     shardings = jax.tree.map(lambda _: default, shapes, is_leaf=is_shape)
@@ -285,7 +257,9 @@ def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) 
   try:
     params = ocp.StandardCheckpointer().restore(os.path.join(directory, PARAMS_DIR), abstract)
   except Exception as e:
-    raise ValueError(f"cannot restore orbax params from {directory!r}: {e}") from e
+    params = _restore_stacked(os.path.join(directory, PARAMS_DIR), cfg, shardings)
+    if params is None:
+      raise ValueError(f"cannot restore orbax params from {directory!r}: {e}") from e
   tok_file = os.path.join(directory, "tokenizer.json")
   tok = tok_lib.load_tokenizer(tok_file) if os.path.isfile(tok_file) else None
   template = None
@@ -293,6 +267,22 @@ def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) 
     with open(os.path.join(directory, TEMPLATE_FILE)) as f:
       template = f.read()
   return Model(cfg, params, tok, template, name=os.path.basename(directory))
+
+
+def _restore_stacked(path: str, cfg: ModelConfig, shardings) -> dict | None:
+  """Params saved before the per-layer layout (layer leaves stacked on a leading [L] axis), split into
+  per-layer trees and placed per `shardings`; None when `path` does not hold that layout either."""
+  import orbax.checkpoint as ocp
+  shapes = expected_shapes(cfg)
+  stacked = dict(shapes, layers=jax.tree.map(lambda s: (cfg.num_layers, *s), shapes["layers"][0],
+                                                is_leaf=is_shape))
+  abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, cfg.jnp_dtype), stacked, is_leaf=is_shape)
+  try:
+    old = ocp.StandardCheckpointer().restore(path, abstract)
+  except Exception:  # noqa: BLE001 - not the old layout either: the caller reports the first error
+    return None
+  layers = tuple(jax.tree.map(lambda a, i=i: a[i], old["layers"]) for i in range(cfg.num_layers))
+  return jax.device_put(dict(old, layers=layers), shardings)
 
 
 # ------------------------------------------------------------------------------------------ dispatch
@@ -330,3 +320,20 @@ def load_model(path_or_name: str, dtype: str = "float32") -> Model:
     raise ValueError(f"unsupported model file {src!r}: expected a .gguf file or a model directory")
   raise ValueError(f"unknown model {src!r}: not an existing path, nor one of the names "
                    f"{', '.join(sorted(KNOWN_MODELS))}")
+
+
+def convert(src: str, dst: str, dtype: str = "float32") -> dict:
+  """Load `src` (anything `load_model` accepts) and save it as the orbax dir `dst`; returns a summary.
+
+  The one implementation behind `python -m checkpoints_convert` and `run.py --mode=convert`.
+  """
+  t0 = time.perf_counter()
+  model = load_model(src, dtype=dtype)
+  t1 = time.perf_counter()
+  save_orbax(model, dst)
+  t2 = time.perf_counter()
+  cfg = model.config
+  return {"src": src, "dst": dst, "dtype": dtype, "layers": cfg.num_layers, "hidden": cfg.hidden_size,
+          "vocab": cfg.vocab_size, "tokenizer": model.tokenizer is not None,
+          "chat_template": bool(model.chat_template), "load_s": round(t1 - t0, 2),
+          "save_s": round(t2 - t1, 2)}

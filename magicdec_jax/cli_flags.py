@@ -7,15 +7,23 @@ before any model is loaded.
 """
 from __future__ import annotations
 
-import importlib.util
+import functools
 import json
 import os
+import re
 
+import jax
+import numpy as np
 from absl import app, flags
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from magicdec_jax import shapes, trees
+from magicdec_jax import calibrate, checkpoints, drafts, shapes, sharding, trees
+from magicdec_jax import tokenizer as tok_lib
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.model import Model, init_params
 
-MODES = ("demo", "generate", "bench", "datagen", "convert", "plan", "profile_acceptance")
+MODES = ("demo", "generate", "bench", "datagen", "convert", "plan", "profile_acceptance", "distill",
+         "calibrate")
 DRAFTS = ("none", "streaming", "snapkv", "model")
 HARDWARE = ("cpu", "a100", "h100", "h200")
 IMPLS = ("auto", "xla", "pallas_interpret", "pallas_triton")
@@ -46,6 +54,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_enum("attention_impl", "auto", IMPLS, "Attention kernel.", **d)
   flags.DEFINE_string("mesh", None, "Device mesh over this process's devices, e.g. 'data:2,model:4' "
                       "(tensor parallel over model, batch split over data; see magicdec_jax.sharding).", **d)
+  flags.DEFINE_string("compilation_cache_dir", None, "JAX persistent compilation cache directory (default: "
+                      "$MAGICDEC_COMPILATION_CACHE, else ~/.cache/magicdec_jax/xla; empty = off). A directory "
+                      "set through jax's own config is left alone.", **d)
   flags.DEFINE_float("device_memory_gb", None, "Memory per device for the planner's fit check (default: "
                      "what the device reports; CPU reports nothing, so no check).", lower_bound=0.0, **d)
   # Multi-host (jax.distributed): each process runs its own mesh on its own share of the data.
@@ -73,8 +84,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_string("output_dir", "bench_out", "bench: where the JSON and PNGs go.", **d)
   flags.DEFINE_boolean("warmup", True, "bench: run each configuration once untimed first (compilation).", **d)
   # datagen.
-  flags.DEFINE_string("input", None, "datagen: input JSONL ({'id', 'prompt'} or {'id', 'messages'}).", **d)
-  flags.DEFINE_string("output", None, "datagen: output JSONL; profile_acceptance: output JSON.", **d)
+  flags.DEFINE_string("input", None, "datagen: input JSONL ({'id', 'prompt'} or {'id', 'messages'}); "
+                      "profile_acceptance: prompts to profile on (JSONL or one per line; default Shakespeare).", **d)
+  flags.DEFINE_string("output", None, "datagen: output JSONL; profile_acceptance / calibrate: output JSON.", **d)
   flags.DEFINE_integer("num_samples_per_prompt", 1, "datagen: samples per prompt.", lower_bound=1,
                        upper_bound=1 << 16, **d)
   flags.DEFINE_enum("on_error", "fail", ["fail", "skip"], "datagen: bad input lines abort the run (fail, "
@@ -87,10 +99,23 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_string("dst", None, "convert: destination orbax dir.", **d)
   # plan.
   flags.DEFINE_enum("model_shape", "llama31_8b", sorted(shapes.MODEL_SHAPES), "plan: model shape.", **d)
-  flags.DEFINE_enum("hardware", "h100", HARDWARE, "plan: accelerator.", **d)
+  flags.DEFINE_string("hardware", None, f"Cost model's device: a datasheet ({', '.join(HARDWARE)}) or a hardware "
+                      "profile JSON from --mode=calibrate (measured here). plan: default h100; generate / "
+                      "gamma=auto / tree=auto: default detected from the device.", **d)
+  flags.DEFINE_enum("datasheet", None, HARDWARE, "plan with --hardware=PROFILE: the datasheet to show beside the "
+                    "profile's prediction (default: the profile's GPU if it is one of them, else h100).", **d)
+  # calibrate.
+  flags.DEFINE_integer("calibrate_repeats", 3, "calibrate: timed calls per shape per pass.", lower_bound=1,
+                       upper_bound=100, **d)
+  flags.DEFINE_list("calibrate_tokens", ["1", "4", "16"], "calibrate: target tokens per row timed (1 = the AR "
+                    "step; more = verify of a chain or tree of that many nodes).", **d)
+  flags.DEFINE_list("calibrate_draft_tokens", ["1", "4"], "calibrate: draft tokens per row timed (1 = a chain "
+                    "step; more = a tree level).", **d)
+  flags.DEFINE_integer("calibrate_passes", 2, "calibrate: sweeps over the grid (min over all samples).",
+                       lower_bound=1, upper_bound=20, **d)
   flags.DEFINE_float("alpha", 0.8, "plan: per-token acceptance rate.", lower_bound=0.0, upper_bound=1.0, **d)
-  flags.DEFINE_string("acceptance_file", None, "plan: an acceptance-vector JSON from profile_acceptance "
-                      "(trees are planned from it).", **d)
+  flags.DEFINE_string("acceptance_file", None, "An acceptance-vector JSON from profile_acceptance: plan, "
+                      "calibrate (stored in the profile) and gamma=auto / tree=auto use it.", **d)
   # profile_acceptance.
   flags.DEFINE_integer("width", 8, "profile_acceptance: draft children ranked per position (W).",
                        lower_bound=1, upper_bound=64, **d)
@@ -98,6 +123,29 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
                        lower_bound=32, upper_bound=1 << 20, **d)
   flags.DEFINE_integer("profile_windows", 2, "profile_acceptance: number of text windows.",
                        lower_bound=1, upper_bound=1024, **d)
+  # distill.
+  flags.DEFINE_list("distill_data", [], "distill: training data, comma-separated: datagen JSONL files "
+                    "(*.jsonl) and/or plain text files.", **d)
+  flags.DEFINE_string("distill_out", None, "distill: output dir (the trained draft, loadable with "
+                      "load_model / --draft_model; checkpoints under OUT/checkpoints; a rerun resumes).", **d)
+  flags.DEFINE_string("draft_config", None, "distill: a magicdec_config.json for a randomly initialised "
+                      "draft (instead of --draft_layers, the target's first N layers).", **d)
+  flags.DEFINE_integer("distill_steps", 1000, "distill: training steps.", lower_bound=1, upper_bound=1 << 30, **d)
+  flags.DEFINE_float("lr", 3e-4, "distill: peak learning rate (AdamW, warm-up + cosine).", lower_bound=1e-9,
+                     upper_bound=1.0, **d)
+  flags.DEFINE_integer("warmup_steps", 50, "distill: linear warm-up steps.", lower_bound=0, **d)
+  flags.DEFINE_integer("batch", 8, "distill: token windows per training step.", lower_bound=1,
+                       upper_bound=1 << 16, **d)
+  flags.DEFINE_integer("seq_len", 256, "distill: tokens per training window.", lower_bound=2,
+                       upper_bound=1 << 20, **d)
+  flags.DEFINE_integer("checkpoint_every", 100, "distill: steps between orbax checkpoints.", lower_bound=1, **d)
+  flags.DEFINE_integer("eval_every", 0, "distill: steps between held-out acceptance measurements (0: start "
+                       "and end only).", lower_bound=0, **d)
+  flags.DEFINE_enum("distill_loss", "ce", ["ce", "kl"], "distill: ce = cross-entropy on the target's greedy "
+                    "tokens (best greedy acceptance); kl = forward KL from the target's logits (best for "
+                    "sampling).", **d)
+  flags.DEFINE_string("distill_heldout", None, "distill: held-out text file for the acceptance measurement "
+                      "(default: held-out Shakespeare when the model has a tokenizer).", **d)
   return fv
 
 
@@ -141,23 +189,23 @@ def validate(fv) -> None:
   mode = fv.mode
   if fv.draft == "model" and not (fv.draft_model or fv.draft_layers):
     raise app.UsageError("--draft=model needs --draft_model and/or --draft_layers")
-  if fv.draft != "model" and (fv.draft_model or fv.draft_layers):
+  if mode == "distill":
+    _validate_distill(fv)
+  elif fv.draft != "model" and (fv.draft_model or fv.draft_layers):
     raise app.UsageError(f"--draft_model/--draft_layers only apply to --draft=model (got --draft={fv.draft})")
   if fv.tree:
     parse_tree(fv.tree)
     if fv.draft == "none":
       raise app.UsageError("--tree needs a draft (--draft=streaming|snapkv|model)")
-  if fv.mesh:
-    try:
-      from magicdec_jax import sharding
-    except ImportError as e:
-      raise app.UsageError(f"--mesh: cannot import magicdec_jax.sharding ({e})") from None
-    if not hasattr(sharding, "make_mesh"):
-      raise app.UsageError("--mesh: magicdec_jax.sharding has no make_mesh(spec) in this installation")
   if fv.num_processes > 1 and not fv.coordinator_address:
     raise app.UsageError(f"--num_processes={fv.num_processes} needs --coordinator_address=HOST:PORT")
   if fv.process_id >= fv.num_processes:
     raise app.UsageError(f"--process_id={fv.process_id} must be < --num_processes={fv.num_processes}")
+  if fv.hardware is not None:
+    check_hardware(fv.hardware)
+  if fv.acceptance_file and mode in ("generate", "demo", "bench", "datagen", "calibrate", "plan"):
+    _readable_file("acceptance_file", fv.acceptance_file)
+    load_acceptance_vector(fv.acceptance_file)
   if mode == "demo" and fv.draft == "none":
     raise app.UsageError("--mode=demo compares against a draft; --draft=none is not allowed")
   if mode == "generate":
@@ -188,14 +236,72 @@ def validate(fv) -> None:
       raise app.UsageError("--mode=plan plans a draft; --draft=none is not allowed")
     if fv.draft == "model" and not fv.draft_layers:
       raise app.UsageError("--mode=plan with --draft=model needs --draft_layers (the draft's depth)")
-    if fv.acceptance_file:
-      _readable_file("acceptance_file", fv.acceptance_file)
-      load_acceptance_vector(fv.acceptance_file)
   elif mode == "profile_acceptance":
     _need(fv, mode, "output")
     _writable_target("output", fv.output)
+    if fv.input:
+      _readable_file("input", fv.input)
     if fv.draft not in ("streaming", "model"):
       raise app.UsageError("--mode=profile_acceptance needs --draft=streaming or --draft=model")
+  elif mode == "calibrate":
+    _need(fv, mode, "output")
+    _writable_target("output", fv.output)
+    int_list(fv, "batches", 1)
+    int_list(fv, "contexts", 1)
+    int_list(fv, "calibrate_tokens", 1)
+    int_list(fv, "calibrate_draft_tokens", 1)
+
+
+def _validate_distill(fv):
+  _need(fv, "distill", "distill_data", "distill_out")
+  for p in fv.distill_data:
+    _readable_file("distill_data", p)
+    if os.path.getsize(p) == 0:
+      raise app.UsageError(f"--distill_data={p}: empty file")
+  if bool(fv.draft_layers) == bool(fv.draft_config):
+    raise app.UsageError("--mode=distill needs exactly one of --draft_layers (the target's first N layers) "
+                         "or --draft_config (a config JSON for a random draft)")
+  if fv.draft_config:
+    _readable_file("draft_config", fv.draft_config)
+    draft_config_from_flag(fv.draft_config)
+  if fv.distill_heldout:
+    _readable_file("distill_heldout", fv.distill_heldout)
+  out = os.path.abspath(fv.distill_out)
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise app.UsageError(f"--distill_out={fv.distill_out}: exists and is not a directory")
+  probe = out if os.path.isdir(out) else os.path.dirname(out)
+  if not os.path.isdir(probe):
+    raise app.UsageError(f"--distill_out={fv.distill_out}: directory {probe} does not exist")
+  if not os.access(probe, os.W_OK):
+    raise app.UsageError(f"--distill_out={fv.distill_out}: {probe} is not writable")
+  if fv.mesh:
+    m = re.search(r"data\s*:\s*(\d+)", fv.mesh)      # the rest is checked by setup_mesh (needs devices)
+    if m and int(m.group(1)) > 0 and fv.batch % int(m.group(1)):
+      raise app.UsageError(f"--batch={fv.batch}: must be a multiple of the mesh's data axis ({m.group(1)})")
+
+
+def draft_config_from_flag(path: str):
+  try:
+    with open(path) as f:
+      return ModelConfig.from_json(f.read())
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise app.UsageError(f"--draft_config={path}: not a valid model config JSON ({e})") from None
+
+
+
+def check_hardware(value: str):
+  """--hardware: a datasheet name or a readable hardware profile JSON (UsageError otherwise)."""
+  if value in HARDWARE:
+    return value
+  if not value.endswith(".json"):
+    raise app.UsageError(f"--hardware={value}: expected one of {', '.join(HARDWARE)} or a profile .json file "
+                         "(run.py --mode=calibrate --output=PROFILE.json)")
+  _readable_file("hardware", value)
+  try:
+    calibrate.load_profile(value)
+  except ValueError as e:
+    raise app.UsageError(f"--hardware={value}: {e}") from None
+  return value
 
 
 def parse_tree(value: str):
@@ -230,7 +336,6 @@ def load_acceptance_vector(path: str) -> list[float]:
 
 def byte_tokenizer():
   """A byte-level `tokenizers.Tokenizer` (256 byte tokens + '<|eos|>' = 256) for random test models."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers
   alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
   tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -248,11 +353,6 @@ def random_tiny_model(seed: int = 0, max_pos: int = 4096):
 
   Params are numpy normals in init_params' layout (shapes from jax.eval_shape, no flax init compile).
   """
-  import functools
-  import jax
-  import numpy as np
-  from magicdec_jax.config import ModelConfig
-  from magicdec_jax.model import Model, init_params
   cfg = ModelConfig(vocab_size=264, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=8, max_position_embeddings=max_pos, eos_token_ids=(256,))
   shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
@@ -273,25 +373,19 @@ def load(name: str, mesh=None):
   """--model / --draft_model value -> Model (random-tiny[:SEED] or checkpoints.load_model); with a mesh
   the params end up in their shards (orbax dirs are restored straight into them)."""
   if mesh is not None:
-    from magicdec_jax import sharding
-    if os.path.isfile(os.path.join(name, "magicdec_config.json")):
-      from magicdec_jax import checkpoints
-      return checkpoints.load_orbax_sharded(name, mesh)
+    if os.path.isfile(os.path.join(name, checkpoints.CONFIG_FILE)):
+      return sharding.load_orbax_sharded(name, mesh)
     return sharding.shard_model(load(name), mesh)
   if name == RANDOM_PREFIX or name.startswith(RANDOM_PREFIX + ":"):
     seed = name.partition(":")[2] or "0"
     if not seed.isdigit():
       raise app.UsageError(f"--model={name}: expected {RANDOM_PREFIX}:SEED with an integer seed")
     return random_tiny_model(int(seed))
-  if importlib.util.find_spec("magicdec_jax.checkpoints") is None:
-    raise app.UsageError(f"cannot load {name!r}: this installation has no magicdec_jax.checkpoints module")
-  from magicdec_jax import checkpoints
   return checkpoints.load_model(name)
 
 
 def build_draft(fv, target):
   """The draft object the flags describe (None for --draft=none)."""
-  from magicdec_jax import drafts
   if fv.draft == "none":
     return None
   if fv.draft == "streaming":
@@ -312,6 +406,10 @@ def gen_kwargs(fv, target) -> dict:
   kw = dict(max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p,
             seed=fv.seed, draft=build_draft(fv, target), gamma=fv.gamma,
             tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl)
+  if fv.hardware:
+    kw["hardware"] = fv.hardware
+  if fv.acceptance_file:
+    kw["acceptance"] = load_acceptance_vector(fv.acceptance_file)
   if fv.mesh:
     kw["mesh"] = setup_mesh(fv)
   if fv.device_memory_gb is not None:
@@ -319,25 +417,18 @@ def gen_kwargs(fv, target) -> dict:
   return kw
 
 
-def render_chat(model, messages) -> str:
-  """messages -> prompt text with the model's chat template (magicdec_jax.tokenizer if present)."""
-  if not model.chat_template:
-    raise ValueError(f"model {model.name!r} has no chat template")
-  if importlib.util.find_spec("magicdec_jax.tokenizer") is not None:
-    from magicdec_jax import tokenizer as tok_lib
-    if hasattr(tok_lib, "render_chat"):
-      return tok_lib.render_chat(model.chat_template, messages, add_generation_prompt=True)
-  import jinja2
-  env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-  return env.from_string(model.chat_template).render(messages=messages, add_generation_prompt=True)
+render_chat = tok_lib.chat_prompt   # messages -> prompt text with the model's chat template
 
 
 def setup_mesh(fv):
-  """--mesh -> magicdec_jax.sharding.make_mesh(spec) (validate() checked it exists), or None."""
-  if not fv.mesh:
-    return None
-  from magicdec_jax import sharding
+  """--mesh -> magicdec_jax.sharding.make_mesh(spec), built once per spec (it needs the devices, so it
+  runs after jax.distributed start-up, not in validate()); None without --mesh."""
+  return _mesh(fv.mesh) if fv.mesh else None
+
+
+@functools.lru_cache(maxsize=None)
+def _mesh(spec: str):
   try:
-    return sharding.make_mesh(fv.mesh)
+    return sharding.make_mesh(spec)
   except ValueError as e:
-    raise app.UsageError(f"--mesh={fv.mesh}: {e}") from None
+    raise app.UsageError(f"--mesh={spec}: {e}") from None

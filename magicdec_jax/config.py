@@ -200,3 +200,25 @@ def config_from_gguf(reader, dtype: str = "float32") -> ModelConfig:
       rms_norm_eps=float(get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
       tie_embeddings="output.weight" not in tensors, max_position_embeddings=ctx,
       bos_token_id=None if bos is None else int(bos), eos_token_ids=eos_ids, dtype=dtype)
+
+
+def expected_shapes(cfg: ModelConfig) -> dict:
+  """The param pytree's leaf shapes (tuples of ints) for `cfg`: `layers` is a tuple of per-layer trees."""
+  dm, h, k, d, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                       cfg.intermediate_size, cfg.vocab_size)
+  layer = {
+      "attn_norm": {"scale": (dm,)},
+      "attn": {"q": (dm, h, d), "k": (dm, k, d), "v": (dm, k, d), "o": (h, d, dm)},
+      "mlp_norm": {"scale": (dm,)},
+      "mlp": {"gate": (dm, f), "up": (dm, f), "down": (f, dm)},
+  }
+  shapes = {"embed": (v, dm), "layers": tuple(layer for _ in range(cfg.num_layers)),
+            "final_norm": {"scale": (dm,)}}
+  if not cfg.tie_embeddings:
+    shapes["lm_head"] = (dm, v)
+  return shapes
+
+
+def is_shape(x) -> bool:
+  """A leaf of `expected_shapes`: a tuple of ints (not the tuple of layers)."""
+  return isinstance(x, tuple) and all(isinstance(i, int) for i in x)

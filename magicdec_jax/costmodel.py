@@ -136,7 +136,10 @@ class StepShape:
 
 def step_time(cfg: ModelConfig, hw: Hardware, batch: int, context: int, new_tokens: int,
               dtype: str = "bfloat16", kv_context: int | None = None) -> float:
-  """Seconds for one step: roofline of step_bytes / step_flops plus hw.step_overhead_s."""
+  """Seconds for one step: roofline of step_bytes / step_flops plus hw.step_overhead_s, or the fitted
+  linear model's prediction when hw is a FittedHardware (a measured profile, see magicdec_jax/calibrate.py)."""
+  if isinstance(hw, FittedHardware):
+    return hw.time_step(cfg, batch, context if kv_context is None else kv_context, new_tokens, dtype)
   return hw.time(step_bytes(cfg, batch, context, new_tokens, dtype, kv_context),
                  step_flops(cfg, batch, context, new_tokens, kv_context))
 
@@ -192,6 +195,9 @@ def t_draft(kind: str, cfg: ModelConfig, hw: Hardware, b: int, n: int, *, draft_
   return Draft(kind, draft_cfg, sink, window, budget).step_time(cfg, hw, b, n, num_tokens, dtype)
 
 
+DEFAULT_TREE_SIZES = (2, 4, 8, 16, 32, 64, 128)
+
+
 # ---- speedup -----------------------------------------------------------------------------------------------
 
 def expected_tokens_chain(alpha: float, gamma: int) -> float:
@@ -226,17 +232,47 @@ def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, 
 
 
 def choose_gamma(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, alpha: float,
-                 max_gamma: int = 8, dtype: str = "bfloat16") -> tuple[int, float]:
-  """(best gamma in 1..max_gamma, its predicted speedup); ties go to the smaller gamma."""
+                 max_gamma: int = 8, dtype: str = "bfloat16",
+                 acceptance_vector: Sequence[float] | None = None) -> tuple[int, float]:
+  """(best gamma in 1..max_gamma, its predicted speedup); ties go to the smaller gamma. With an acceptance
+  vector the chain's expected tokens come from it (a chain node's one child is rank 0: p[0] per position)."""
+  return choose_gamma_table(
+      t_ar(cfg, hw, batch, context, dtype),
+      lambda w: draft.step_time(cfg, hw, batch, context, w, dtype),
+      lambda n: t_verify(cfg, hw, batch, context, n, dtype),
+      alpha=alpha if acceptance_vector is None else None, acceptance_vector=acceptance_vector,
+      max_gamma=max_gamma)
+
+
+def choose_gamma_table(t_ar_s: float, t_draft, t_verify_fn, *, alpha: float | None = None,
+                       acceptance_vector: Sequence[float] | None = None, max_gamma: int = 8) -> tuple[int, float]:
+  """The chain chooser on any step-time table: t_draft(width) / t_verify_fn(tokens) seconds (callables).
+  speedup(gamma) = E[tokens | gamma] * t_ar / (gamma * t_draft(1) + t_verify(gamma + 1))."""
+  if (alpha is None) == (acceptance_vector is None):
+    raise ValueError("give alpha or acceptance_vector")
   best = (0, -math.inf)
   for g in range(1, max_gamma + 1):
-    s = predicted_speedup(cfg, hw, draft, batch, context, gamma=g, alpha=alpha, dtype=dtype)
+    e = expected_tokens_chain(alpha, g) if acceptance_vector is None else \
+        trees_lib.Tree.chain(g).expected_tokens(acceptance_vector)
+    s = e * t_ar_s / (g * t_draft(1) + t_verify_fn(g + 1))
     if s > best[1] * (1 + 1e-12):
       best = (g, s)
   return best
 
 
-DEFAULT_TREE_SIZES = (2, 4, 8, 16, 32, 64, 128)
+def choose_speculation(t_ar_s: float, t_draft, t_verify_fn, acceptance_vector: Sequence[float], *,
+                       max_gamma: int = 8, sizes: Sequence[int] = DEFAULT_TREE_SIZES, max_depth: int = 12) -> dict:
+  """Best chain (gamma) and best Sequoia tree (size, depth) for one step-time table and acceptance vector.
+
+  Returns {"gamma", "chain_speedup", "tree", "tree_size", "tree_speedup", "choice": "chain" | "tree"}: both
+  speedups are over autoregressive decoding (t_ar_s per token) under the same table.
+  """
+  g, sg = choose_gamma_table(t_ar_s, t_draft, t_verify_fn, acceptance_vector=acceptance_vector,
+                             max_gamma=max_gamma)
+  tree, info = trees_lib.hardware_aware_tree(acceptance_vector, sizes, max_depth, t_draft, t_verify_fn)
+  st = t_ar_s / info["time_per_token"]
+  return {"gamma": g, "chain_speedup": sg, "tree": tree, "tree_size": info["size"], "tree_depth": tree.max_depth,
+          "tree_speedup": st, "choice": "tree" if st > sg * (1 + 1e-12) else "chain"}
 
 
 def choose_tree(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int,
@@ -318,15 +354,22 @@ def plan_table(cfg: ModelConfig, hw: Hardware, batches: Sequence[int], contexts:
   return rows
 
 
-def format_plan(rows: Sequence[dict]) -> str:
-  """Fixed-width text table of plan_table rows."""
+def format_plan(rows: Sequence[dict], compare: Sequence[dict] | None = None) -> str:
+  """Fixed-width text table of plan_table rows; `compare` (same grid, e.g. a datasheet's rows) adds its gamma,
+  speedup and T_AR beside each row."""
   head = f"{'batch':>6} {'context':>8} {'gamma':>5} {'speedup':>8} {'draft/AR':>9} {'verify/AR':>10} " \
          f"{'T_AR ms':>8} {'tree':>8} {'tree_sp':>8} {'fits':>5}"
+  if compare is not None:
+    head += f" {'ds_gamma':>8} {'ds_speedup':>10} {'ds_T_AR ms':>10}"
   lines = [head]
-  for r in rows:
-    lines.append(f"{r['batch']:>6} {r['context']:>8} {r['gamma']:>5} {r['speedup']:>8.3f} {r['draft_ratio']:>9.3f} "
-                 f"{r['verify_ratio']:>10.3f} {r['t_ar_ms']:>8.2f} {r['tree_size']:>4}/{r['tree_depth']:<3} "
-                 f"{r['tree_speedup']:>8.3f} {str(r['fits']):>5}")
+  for i, r in enumerate(rows):
+    line = (f"{r['batch']:>6} {r['context']:>8} {r['gamma']:>5} {r['speedup']:>8.3f} {r['draft_ratio']:>9.3f} "
+            f"{r['verify_ratio']:>10.3f} {r['t_ar_ms']:>8.2f} {r['tree_size']:>4}/{r['tree_depth']:<3} "
+            f"{r['tree_speedup']:>8.3f} {str(r['fits']):>5}")
+    if compare is not None:
+      c = compare[i]
+      line += f" {c['gamma']:>8} {c['speedup']:>10.3f} {c['t_ar_ms']:>10.2f}"
+    lines.append(line)
   return "\n".join(lines)
 
 
@@ -394,3 +437,120 @@ def calibrate(name: str, measurements: Sequence[tuple[StepShape, float]], combin
     if err < best:
       best, best_x = err, x
   return pack(best_x)
+
+
+# ---- a linear step-time model fitted to measurements (a hardware profile) ---------------------------------
+
+FEATURES = ("const", "layers", "weight_bytes", "weight_tiles", "matmul_flops", "activations", "kv_bytes",
+            "attn_flops")
+FEATURE_DOC = {
+    "const": "1 per step (dispatch, launch, host sync)",
+    "layers": "num_layers (per-layer fixed cost: kernel launches, the scan's slicing)",
+    "weight_bytes": "matmul weight bytes, read once per step (bandwidth-bound GPU decode)",
+    "weight_tiles": "weight bytes * (ceil(batch * tokens / tile) - 1): extra weight passes once the token "
+                    "count exceeds a matmul tile (GPU)",
+    "matmul_flops": "2 * matmul weights * batch * tokens (compute-bound CPU, large-batch verify)",
+    "activations": "batch * tokens * hidden * layers (norms, RoPE, cache writes)",
+    "kv_bytes": "batch * kv_context * KV bytes per token, all layers (the cache read)",
+    "attn_flops": "4 * batch * tokens * (kv_context + tokens) * heads * head_dim * layers",
+}
+
+
+def step_features(cfg: ModelConfig, batch: int, kv_context: int, new_tokens: int, dtype: str = "bfloat16",
+                  tile: int = 128) -> np.ndarray:
+  """The FEATURES of one forward step over new_tokens tokens per row against kv_context cached ones."""
+  b = dtype_bytes(dtype)
+  tokens = batch * new_tokens
+  wbytes = matmul_params(cfg) * b
+  return np.asarray([
+      1.0, cfg.num_layers, wbytes, wbytes * (math.ceil(tokens / tile) - 1), 2.0 * matmul_params(cfg) * tokens,
+      float(tokens) * cfg.hidden_size * cfg.num_layers, batch * kv_context * kv_bytes_per_token(cfg, dtype),
+      4.0 * tokens * (kv_context + new_tokens) * cfg.num_heads * cfg.head_dim * cfg.num_layers], np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class FittedHardware:
+  """A device as seen through measured step times: t = coef . step_features(...) (+ nothing else).
+
+  Fitted by fit_step_model from (config, batch, kv_context, tokens, seconds) rows; every cost-model function
+  taking a `hw` accepts one (step_time dispatches on it). memory_bytes for the plan's fit check.
+  """
+  name: str
+  coef: tuple[float, ...]
+  memory_bytes: float = math.inf
+  tile: int = 128
+  features: tuple[str, ...] = FEATURES
+
+  def __post_init__(self):
+    if len(self.coef) != len(self.features) or tuple(self.features) != FEATURES:
+      raise ValueError(f"a fitted profile needs one coefficient per feature {FEATURES}, got {self.features} "
+                       f"/ {len(self.coef)} coefficients")
+    if any(c < 0 or not math.isfinite(c) for c in self.coef):
+      raise ValueError(f"fitted coefficients must be finite and >= 0, got {self.coef}")
+
+  def time_step(self, cfg: ModelConfig, batch: int, kv_context: int, new_tokens: int,
+                dtype: str = "bfloat16") -> float:
+    return float(np.dot(self.coef, step_features(cfg, batch, kv_context, new_tokens, dtype, self.tile)))
+
+  def to_dict(self) -> dict:
+    return {"name": self.name, "features": list(self.features), "coef": list(self.coef), "tile": self.tile,
+            "memory_bytes": None if math.isinf(self.memory_bytes) else self.memory_bytes}
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "FittedHardware":
+    mem = d.get("memory_bytes")
+    return cls(str(d["name"]), tuple(float(c) for c in d["coef"]), math.inf if mem is None else float(mem),
+               int(d.get("tile", 128)), tuple(d.get("features", FEATURES)))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRow:
+  """One measured forward step for fit_step_model: the model it ran, its shape, its seconds."""
+  cfg: ModelConfig
+  batch: int
+  kv_context: int
+  new_tokens: int
+  seconds: float
+  dtype: str = "bfloat16"
+  role: str = ""
+
+  def features(self, tile: int = 128) -> np.ndarray:
+    return step_features(self.cfg, self.batch, self.kv_context, self.new_tokens, self.dtype, tile)
+
+
+def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+  try:
+    from scipy.optimize import nnls
+  except ImportError:           # pragma: no cover - scipy is a dependency of the test environment
+    return _nnls_small(a, y)
+  scale = np.linalg.norm(a, axis=0)
+  scale[scale == 0] = 1
+  x, _ = nnls(a / scale, y, maxiter=50 * a.shape[1])
+  return x / scale
+
+
+def fit_step_model(name: str, rows: Sequence[StepRow], *, tile: int = 128, memory_bytes: float = math.inf,
+                   features: Sequence[str] | None = None) -> FittedHardware:
+  """Non-negative least squares of seconds on FEATURES, relative error minimized (rows weighted by 1 / t).
+
+  `features` restricts the fit to a subset (the others get coefficient 0), e.g. to drop terms a grid cannot
+  separate. Non-negativity keeps every term a cost, so extrapolation never predicts a step getting cheaper
+  with more batch, context or tokens.
+  """
+  if len(rows) < 3:
+    raise ValueError("need at least 3 measured steps")
+  use = [FEATURES.index(f) for f in (features or FEATURES)]
+  a = np.stack([r.features(tile) for r in rows])[:, use]
+  t = np.asarray([r.seconds for r in rows], np.float64)
+  if (t <= 0).any():
+    raise ValueError("measured seconds must be positive")
+  w = 1 / t
+  x = np.zeros(len(FEATURES))
+  x[use] = _nnls(a * w[:, None], t * w)
+  return FittedHardware(name, tuple(float(c) for c in x), memory_bytes, tile)
+
+
+def relative_errors(hw: FittedHardware, rows: Sequence[StepRow]) -> np.ndarray:
+  """|predicted - measured| / measured per row."""
+  return np.asarray([abs(hw.time_step(r.cfg, r.batch, r.kv_context, r.new_tokens, r.dtype) - r.seconds)
+                     / r.seconds for r in rows])

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from magicdec_jax import engine
+from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.model import Model
 
 CONFIG_KEYS = ("model", "draft", "gamma", "tree", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
@@ -63,7 +64,7 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
                 render_chat=None) -> tuple[list[Item], list[dict]]:
   """Read and validate every line -> (items, errors). Errors are {'line', 'id', 'reason', 'text'}."""
   if render_chat is None:
-    from magicdec_jax.cli_flags import render_chat
+    render_chat = tok_lib.chat_prompt
   if model.tokenizer is None:
     raise DatagenError(f"model {model.name!r} has no tokenizer; datagen needs text prompts tokenized")
   try:
@@ -187,11 +188,10 @@ def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int,
 
   gen: generate() keyword arguments (draft, gamma, tree, temperature, top_k, top_p, seed, attention_impl,
   mesh). With process_count > 1 this process takes every process_count-th record from process_index and
-  writes sharding.distributed.shard_path(output_path, ...) (merged by sharding.distributed.merge_shards).
+  writes shard_path(output_path, ...) (merged by merge_shards once every process is done).
   """
   if process_count > 1:
-    from magicdec_jax.sharding import distributed
-    output_path = distributed.shard_path(output_path, process_index, process_count)
+    output_path = shard_path(output_path, process_index, process_count)
   if on_error not in ("fail", "skip") or truncate not in ("none", "left"):
     raise DatagenError(f"on_error must be fail|skip and truncate none|left, got {on_error!r}, {truncate!r}")
   if os.path.abspath(input_path) == os.path.abspath(output_path):
@@ -206,7 +206,7 @@ def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int,
       more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
       raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
     if process_count > 1:
-      items = distributed.split(items, process_index, process_count)
+      items = split(items, process_index, process_count)
       errors = errors if process_index == 0 else []    # bad lines are reported once, by process 0
     if on_error == "skip":
       _atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
@@ -289,3 +289,64 @@ def _depth(stats: dict, gen: dict) -> int:
     return int(stats["tree_depth"])
   tree = gen.get("tree")
   return tree.max_depth if hasattr(tree, "max_depth") else int(gen.get("gamma", 4))
+
+
+# ------------------------------------------------------------------ multi-host: per-process shards
+
+def shard_path(output: str, index: int, count: int) -> str:
+  """Where process `index` of `count` writes its part of `output`."""
+  return f"{output}.shard-{index:05d}-of-{count:05d}"
+
+
+def split(items: list, index: int, count: int) -> list:
+  """This process's share of `items`: every count-th one, starting at `index`."""
+  return items[index::count]
+
+
+def _input_order(input_path: str) -> dict[str, int]:
+  """json.dumps(id) -> position in the input (ids only; bad lines are skipped)."""
+  order = {}
+  with open(input_path, "rb") as f:
+    for n, raw in enumerate(f):
+      try:
+        rec = json.loads(raw)
+        order.setdefault(json.dumps(rec["id"]), n)
+      except (ValueError, KeyError, TypeError):
+        continue
+  return order
+
+
+def merge_shards(output: str, input_path: str, count: int) -> dict:
+  """Concatenate the `count` shards of `output` into `output`, in input order then sample; returns a
+  summary. Each shard is first repaired (a torn tail dropped); a missing shard is an error."""
+  records, per_shard = {}, []
+  for i in range(count):
+    path = shard_path(output, i, count)
+    if not os.path.exists(path):
+      raise DatagenError(f"merge: shard {path} is missing (did process {i} finish?)")
+    repair_output(path)
+    n = 0
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        rec = json.loads(line)
+        records.setdefault((json.dumps(rec["id"]), int(rec["sample"])), line)
+        n += 1
+    per_shard.append(n)
+  order = _input_order(input_path)
+  keys = sorted(records, key=lambda k: (order.get(k[0], len(order)), k[0], k[1]))
+  tmp = f"{output}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.writelines(records[k] for k in keys)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, output)
+  config = shard_path(output, 0, count) + ".config.json"
+  if os.path.exists(config):
+    with open(config) as f:
+      text = f.read()
+    with open(output + ".config.json", "w") as f:
+      f.write(text)
+  summary = {"output": output, "records_total": len(keys), "shards": count, "records_per_shard": per_shard}
+  with open(output + ".summary.json", "w") as f:
+    f.write(json.dumps(summary, indent=1) + "\n")
+  return summary

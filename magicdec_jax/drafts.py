@@ -121,7 +121,7 @@ def truncate_layers(model: Model, n: int) -> Model:
   if not 1 <= n <= model.config.num_layers:
     raise ValueError(f"truncate_layers: n must be in [1, {model.config.num_layers}], got {n}")
   params = dict(model.params)
-  params["layers"] = jax.tree.map(lambda a: a[:n], model.params["layers"])
+  params["layers"] = tuple(model.params["layers"][:n])
   return dataclasses.replace(model, config=model.config.replace(num_layers=n), params=params,
                              name=f"{model.name}[:{n} layers]")
 
@@ -164,26 +164,26 @@ def prefill_from_target(spec, ring: RingCache, target_cache: KVCache, lengths: j
   return ring.write_committed(k, v, pos, valid)
 
 
-def snapkv_select(spec: SnapKVDraft, ring: RingCache, target_cache: KVCache, scores: jax.Array,
-                  lengths: jax.Array) -> RingCache:
+def snapkv_select(spec: SnapKVDraft, ring: RingCache, target_cache: KVCache, scores, lengths: jax.Array
+                  ) -> RingCache:
   """Fill the static slots with each (layer, KV head)'s top-`budget` prompt positions by pooled score.
 
-  scores [L, B, K, S]: attention mass of the observation-window queries on each cache slot. Candidates
+  scores: L x [B, K, S] attention mass of the observation-window queries on each cache slot. Candidates
   are positions before the initial recent window (those are kept by the ring anyway).
   """
   pad = spec.pool_kernel // 2
-  pooled = jax.lax.reduce_window(scores, 0.0, jax.lax.add, (1, 1, 1, spec.pool_kernel), (1, 1, 1, 1),
-                                 [(0, 0), (0, 0), (0, 0), (pad, pad)]) / spec.pool_kernel
-  s = jnp.arange(scores.shape[-1])
+  s = jnp.arange(target_cache.num_slots)
   candidate = s[None, :] < (lengths - spec.window)[:, None]                      # [B, S]
-  pooled = jnp.where(candidate[None, :, None, :], pooled, -jnp.inf)
-  idx = jax.lax.top_k(pooled, spec.budget)[1]                                     # [L, B, K, budget]
-  k_sel = jnp.take_along_axis(target_cache.k, idx[..., None], axis=3)
-  v_sel = jnp.take_along_axis(target_cache.v, idx[..., None], axis=3)
-  new_k = ring.k.at[:, :, :, :spec.budget].set(k_sel.astype(ring.k.dtype))
-  new_v = ring.v.at[:, :, :, :spec.budget].set(v_sel.astype(ring.v.dtype))
+  new_k, new_v = [], []
+  for sc, tk, tv, rk, rv in zip(scores, target_cache.k, target_cache.v, ring.k, ring.v, strict=True):
+    pooled = jax.lax.reduce_window(sc, 0.0, jax.lax.add, (1, 1, spec.pool_kernel), (1, 1, 1),
+                                   [(0, 0), (0, 0), (pad, pad)]) / spec.pool_kernel
+    pooled = jnp.where(candidate[:, None, :], pooled, -jnp.inf)
+    idx = jax.lax.top_k(pooled, spec.budget)[1][..., None]                         # [B, K, budget, 1]
+    new_k.append(rk.at[:, :, :spec.budget].set(jnp.take_along_axis(tk, idx, axis=2).astype(rk.dtype)))
+    new_v.append(rv.at[:, :, :spec.budget].set(jnp.take_along_axis(tv, idx, axis=2).astype(rv.dtype)))
   new_pos = ring.pos.at[:, :spec.budget].set(0)     # static slots: always visible
-  return ring.replace(k=new_k, v=new_v, pos=new_pos)
+  return ring.replace(k=tuple(new_k), v=tuple(new_v), pos=new_pos)
 
 
 def windowed_mask(sink: int, window: int, q_pos: jax.Array, num_slots: int) -> jax.Array:
@@ -207,7 +207,9 @@ def propose(spec, tree: Tree, sampling: Sampling, target_params, target_cfg: Mod
   """Draft the tree's candidates. last/prev [B]: tokens at positions L-1 (root) and L-2; lengths [B] = L.
 
   Returns node_tokens [B, N] (node 0 = last), draft logits [B, N, V] at expanded nodes (0 elsewhere), and
-  the ring with this round's scratch slots written.
+  the ring with this round's scratch slots written. A tree is drafted level by level, unrolled (levels
+  differ in width); a chain's levels all have one node, so they run as one `fori_loop` whose body is
+  compiled once (with one unrolled forward per level, a 30-layer model would compile gamma copies).
   """
   params, cfg = _draft_params_cfg(spec, target_params, target_cfg, draft_params)
   b, n_nodes = last.shape[0], tree.num_nodes
@@ -217,40 +219,57 @@ def propose(spec, tree: Tree, sampling: Sampling, target_params, target_cfg: Mod
   anc[off:, off:] = tree.ancestor_mask
   if off:
     anc[:, 0] = True                                                           # all see prev
+  anc = jnp.asarray(anc)
   scratch_pos = (lengths - 1)[:, None] + jnp.asarray(depths)[None, :]          # [B, N + off]
   before = lengths - 1 - off
-  node_tokens = jnp.zeros((b, n_nodes), jnp.int32).at[:, 0].set(last)
-  all_logits = jnp.zeros((b, n_nodes, cfg.vocab_size), jnp.float32)
-  for d, level in enumerate(tree.levels[:-1]):
-    expanding = np.asarray([u for u in level if tree.num_children[u] > 0], np.int32)
-    rows_sc = expanding + off                                                    # scratch indices
-    if d == 0 and off:
-      rows_sc = np.concatenate([[0], rows_sc]).astype(np.int32)
+
+  def level(carry, d, expanding, children, with_prev: bool):
+    """Draft one level: expanding [E] node ids, children [E, W] their child ids (n_nodes = none)."""
+    node_tokens, all_logits, ring = carry
+    rows_sc = expanding + off                                                  # scratch indices
     toks = node_tokens[:, expanding]
-    if d == 0 and off:
+    if with_prev:
+      rows_sc = jnp.concatenate([jnp.zeros((1,), rows_sc.dtype), rows_sc])
       toks = jnp.concatenate([prev[:, None], toks], axis=1)
     q_pos = scratch_pos[:, rows_sc]
-    sc_vis = jnp.asarray(anc[rows_sc])[None] & (
+    sc_vis = anc[rows_sc][None] & (
         (scratch_pos[:, None, :] < spec.sink) | (scratch_pos[:, None, :] > q_pos[:, :, None] - spec.window))
     sc_vis = sc_vis & (scratch_pos[:, None, :] >= 0)
-    mask = jnp.concatenate([ring.visible(q_pos, before), sc_vis], axis=2)
-    slots = jnp.broadcast_to(jnp.asarray(ring.scratch_start + rows_sc), q_pos.shape)
+    pad = jnp.zeros(sc_vis.shape[:2] + (ring.num_slots - ring.scratch_start - sc_vis.shape[2],), bool)
+    mask = jnp.concatenate([ring.visible(q_pos, before), sc_vis, pad], axis=2)   # alignment slots: unseen
+    slots = jnp.broadcast_to(ring.scratch_start + rows_sc, q_pos.shape)
     logits, ring = forward(params, cfg, toks, jnp.maximum(q_pos, 0), ring, slots,
                            window_attention(spec, mask, q_pos, spec.num_static))
-    logits = logits[:, off:] if (d == 0 and off) else logits                    # drop prev's output
+    logits = logits[:, 1:] if with_prev else logits                            # drop prev's output
     all_logits = all_logits.at[:, expanding].set(logits)
-    width = int(tree.num_children[expanding].max())
+    width = children.shape[1]
     level_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7919 + d))(keys)
     if sampling.greedy:
-      children_tok = jax.lax.top_k(logits, width)[1].astype(jnp.int32)           # [B, n_exp, width]
+      children_tok = jax.lax.top_k(logits, width)[1].astype(jnp.int32)           # [B, E, W]
     else:
       q = probabilities(logits, sampling)
-      keys_e = jax.vmap(lambda k: jax.random.split(k, len(expanding)))(level_keys)
+      keys_e = jax.vmap(lambda k: jax.random.split(k, expanding.shape[0]))(level_keys)
       children_tok = sample_without_replacement(keys_e, q, width)
+    node_tokens = node_tokens.at[:, children].set(children_tok, mode="drop")
+    return node_tokens, all_logits, ring
+
+  carry = (jnp.zeros((b, n_nodes), jnp.int32).at[:, 0].set(last),
+           jnp.zeros((b, n_nodes, cfg.vocab_size), jnp.float32), ring)
+  levels = tree.levels[:-1]
+  loop_from = off if tree.is_chain else len(levels)            # chain levels >= loop_from: one fori_loop
+  for d, lvl in enumerate(levels[:loop_from]):
+    expanding = np.asarray([u for u in lvl if tree.num_children[u] > 0], np.int32)
+    width = int(tree.num_children[expanding].max())
+    children = np.full((len(expanding), width), n_nodes, np.int32)
     for j, u in enumerate(expanding):
-      ch = tree.children[u]
-      node_tokens = node_tokens.at[:, np.asarray(ch)].set(children_tok[:, j, :len(ch)])
-  return node_tokens, all_logits, ring
+      children[j, :len(tree.children[u])] = tree.children[u]
+    carry = level(carry, d, jnp.asarray(expanding), jnp.asarray(children), d == 0 and off == 1)
+  if loop_from < len(levels):     # chain node d sits at depth d; its child is node d + 1
+    carry = jax.lax.fori_loop(
+        loop_from, len(levels),
+        lambda d, c: level(c, d, d[None].astype(jnp.int32), (d + 1)[None, None].astype(jnp.int32),
+                           False), carry)
+  return carry
 
 
 def commit(spec, ring: RingCache, tree: Tree, target_cache: KVCache, path: jax.Array, n: jax.Array,

@@ -14,25 +14,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import autotune, drafts, loop
+from magicdec_jax import autotune, drafts, loop, sharding
+from magicdec_jax import compile as compiling
+from magicdec_jax.cache import aligned_slots
 from magicdec_jax.model import Model, full_forward
 from magicdec_jax.sampling import Sampling
+from magicdec_jax.sharding import planner
 from magicdec_jax.trees import Tree
 
 AR_TREE = Tree((-1,))
 MAX_CHUNK = 256
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
-                   "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
-_compile_seconds = [0.0]
-
-
-def _on_duration(event: str, seconds: float, **_):
-  if event in _COMPILE_EVENTS:
-    _compile_seconds[0] += seconds
-
-
-jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 
 @dataclasses.dataclass
@@ -71,6 +62,74 @@ def tokenize_prompts(model: Model, prompts) -> list[list[int]]:
   return out
 
 
+def _is_array(x) -> bool:
+  return isinstance(x, (np.ndarray, jax.Array))
+
+
+def _int_array(name: str, x, shape: tuple) -> np.ndarray:
+  a = np.asarray(x)
+  if a.dtype != np.bool_ and not np.issubdtype(a.dtype, np.integer):
+    raise ValueError(f"{name} must be an integer array, got dtype {a.dtype}")
+  if a.shape != shape:
+    raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
+  return a
+
+
+def array_prompts(model: Model, ids, lengths=None, attention_mask=None) -> list[list[int]]:
+  """An integer array [B, T] (+ optional `lengths` [B] or `attention_mask` [B, T]) -> validated id lists."""
+  a = np.asarray(ids)
+  if a.ndim != 2 or 0 in a.shape:
+    raise ValueError(f"token-id array prompts must be 2-D [B, T] with B, T >= 1, got shape {a.shape}")
+  if not np.issubdtype(a.dtype, np.integer):
+    raise ValueError(f"token-id array prompts must have an integer dtype, got {a.dtype}")
+  b, t = a.shape
+  if lengths is not None and attention_mask is not None:
+    raise ValueError("pass lengths or attention_mask, not both")
+  spans = [(0, t)] * b
+  if lengths is not None:
+    n = _int_array("lengths", lengths, (b,))
+    if n.dtype == np.bool_:
+      raise ValueError("lengths must be an integer array, got dtype bool")
+    bad = np.flatnonzero((n < 1) | (n > t))
+    if bad.size:
+      raise ValueError(f"lengths[{bad[0]}]={n[bad[0]]} is outside [1, {t}] (T = the array's width)")
+    spans = [(0, int(k)) for k in n]
+  elif attention_mask is not None:
+    m = _int_array("attention_mask", attention_mask, (b, t))
+    if m.dtype != np.bool_ and not np.isin(m, (0, 1)).all():
+      raise ValueError(f"attention_mask must hold only 0 and 1, found {m[~np.isin(m, (0, 1))][0]}")
+    m = m.astype(bool)
+    spans = []
+    for i, row in enumerate(m):
+      k = int(row.sum())
+      if k == 0:
+        raise ValueError(f"attention_mask row {i} is all padding (an empty prompt)")
+      start = int(np.argmax(row))
+      if not row[start:start + k].all() or (start != 0 and start + k != t):
+        raise ValueError(f"attention_mask row {i} is not one contiguous run of ones at the right or the left "
+                         f"end (ones at {np.flatnonzero(row).tolist()[:8]}...)")
+      spans.append((start, start + k))
+  vocab = model.config.vocab_size
+  out = []
+  for i, (s, e) in enumerate(spans):
+    row = a[i, s:e]
+    bad = np.flatnonzero((row < 0) | (row >= vocab))
+    if bad.size:
+      raise ValueError(f"prompt {i} has token id {row[bad[0]]} (at [{i}, {s + bad[0]}]) outside the "
+                       f"vocabulary [0, {vocab})")
+    out.append(row.astype(np.int64).tolist())
+  return out
+
+
+def prompt_ids(model: Model, prompts, lengths=None, attention_mask=None) -> list[list[int]]:
+  """Strings, token-id lists or an integer array [B, T] (with lengths / attention_mask) -> id lists."""
+  if _is_array(prompts):
+    return array_prompts(model, prompts, lengths, attention_mask)
+  if lengths is not None or attention_mask is not None:
+    raise ValueError("lengths / attention_mask apply to array prompts [B, T] only; lists are already ragged")
+  return tokenize_prompts(model, prompts)
+
+
 def resolve_eos(model: Model, eos_token_id) -> tuple[int, ...]:
   if eos_token_id is None:
     return tuple(model.config.eos_token_ids)
@@ -99,23 +158,37 @@ def _resolve_draft(model: Model, draft, gamma, tree):
 def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id=None, draft=None, gamma: int = 4,
              tree: Tree | str | None = None, attention_impl: str = "auto",
-             stream_ids: Sequence[int] | None = None, hardware=None, mesh=None,
-             device_memory: int | None = None) -> GenerateResult:
+             stream_ids: Sequence[int] | None = None, hardware=None, acceptance=None,
+             auto_fallback: bool = True, mesh=None, device_memory: int | None = None, lengths=None,
+             attention_mask=None, xla_options: dict | None = None) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 
   draft: None (autoregressive), StreamingDraft, SnapKVDraft or ModelDraft; gamma: chain length, or "auto"
-  (cost model, see autotune.py; `hardware` names the device, default detected); tree: a trees.Tree to
+  (cost model, see autotune.py; `hardware` names the device or is a hardware profile JSON path from
+  `run.py --mode=calibrate`, default detected; `acceptance` an acceptance vector or its JSON path from
+  `run.py --mode=profile_acceptance`, for "auto" only; with auto_fallback, "auto" decodes autoregressively,
+  the draft unused, where the cost model predicts every chain / tree slower than that: stats["auto_plan"]
+  ["speculate"] says which); tree: a trees.Tree to
   speculate instead of a chain, or "auto" for the hardware-aware Sequoia tree. stream_ids: per-prompt random-stream ids (default 0..n-1);
   a row's samples depend only on (seed, stream id), never on the rest of the batch.
   mesh: a sharding.make_mesh mesh: run tensor/data parallel on it (same tokens as one device; place the
   params once with sharding.shard_model). device_memory: bytes per device for the memory check (default:
   the device's own limit where it reports one); configurations that do not fit are refused before compiling.
+
+  prompts: a list of strings or of token-id lists (ragged is fine), or an integer array [B, T] (numpy or
+  jax) of token ids. Ragged rows in an array: `lengths` [B] (row i is ids[i, :lengths[i]]) or an HF-style
+  `attention_mask` [B, T] of 0/1, padding on the right or on the left (each row's ones contiguous and
+  touching one end); the padding ids are ignored. Same tokens as the list form.
+  xla_options: XLA compiler options for this call's executables only (e.g. {"xla_cpu_enable_fast_math":
+  False}); on GPU they extend compile.GPU_DECODE_OPTIONS. Never set through XLA_FLAGS, so nothing else in
+  the process is affected. Executables are kept in a bounded LRU (compile.py, MAGICDEC_MAX_EXECUTABLES).
   """
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
   sampling = Sampling(float(temperature), int(top_k), float(top_p))
   spec, draft_params, tree = _resolve_draft(model, draft, gamma, tree)
-  ids = tokenize_prompts(model, prompts)
+  ids = prompt_ids(model, prompts, lengths=lengths, attention_mask=attention_mask)
+  options = compiling.engine_options(xla_options)
   cfg = model.config
   for i, p in enumerate(ids):
     if len(p) + max_new_tokens > cfg.max_position_embeddings:
@@ -132,25 +205,27 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   plan = None
   if isinstance(tree, str):
     context = max(len(p) for p in ids) + max_new_tokens // 2
-    tree, plan = autotune.choose(cfg, spec, n, context, want_tree=(tree == "auto"), hardware=hardware)
+    tree, plan = autotune.choose(cfg, spec, n, context, want_tree=(tree == "auto"), hardware=hardware,
+                                 acceptance_vector=acceptance, allow_autoregressive=auto_fallback)
+    if not plan["speculate"]:          # predicted to lose: plain decoding (same distribution, no draft)
+      spec, draft_params, draft = None, None, None
   stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
 
   b = bucket(n, 1)
   if mesh is not None:
-    from magicdec_jax import sharding
     b = sharding.pad_batch(b, mesh)     # whole rows on every data shard
   p_bucket = bucket(max(len(p) for p in ids))
   new_bucket = bucket(max_new_tokens)
   chunk = min(p_bucket, MAX_CHUNK)
-  num_slots = p_bucket + new_bucket + tree.num_nodes + 1
+  num_slots = aligned_slots(p_bucket + new_bucket + tree.num_nodes + 1)
   _check_memory(cfg, mesh, draft, tree, b, num_slots, p_bucket, chunk, device_memory)
   tokens = np.zeros((b, p_bucket), np.int32)
-  lengths = np.ones((b,), np.int32)
+  row_lengths = np.ones((b,), np.int32)
   for i, p in enumerate(ids):
     tokens[i, :len(p)] = p
-    lengths[i] = len(p)
+    row_lengths[i] = len(p)
   max_new = np.zeros((b,), np.int32)
   max_new[:n] = max_new_tokens
   eos_arr = np.full((max(len(eos), 1),), -1, np.int32)
@@ -159,24 +234,29 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   keys = jax.vmap(lambda s: jax.random.fold_in(base_key, s))(
       jnp.asarray(stream_ids + [2**31 - 1 - i for i in range(b - n)], jnp.uint32))
 
-  prefill_fn, decode_fn = loop.prefill, loop.decode
+  prefill_fn, decode_fn = _prefill, _decode
   if mesh is not None:
     prefill_fn, decode_fn = (functools.partial(f, mesh) for f in (sharding.prefill, sharding.decode))
-  c0 = _compile_seconds[0]
+  compiling.ensure_persistent_cache()
+  c0 = compiling.compile_seconds()
   t0 = time.perf_counter()
-  tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
+  tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(row_lengths)
   target, ring = prefill_fn(model.params, draft_params, tokens_j, lengths_j, cfg=cfg, spec=spec,
-                            tree=tree, num_slots=num_slots, chunk=chunk, impl=attention_impl)
+                            tree=tree, num_slots=num_slots, chunk=chunk, impl=attention_impl, options=options)
   jax.block_until_ready(target)
   t1 = time.perf_counter()
-  c1 = _compile_seconds[0]
-  state = loop.initial_state(tokens_j, lengths_j, jnp.asarray(max_new), jnp.asarray(eos_arr), keys,
-                             target, ring, new_bucket + tree.num_nodes, tree)
+  c1 = compiling.compile_seconds()
+  init_args = (tokens_j, lengths_j, jnp.asarray(max_new), jnp.asarray(eos_arr), keys, target, ring)
+  init_static = dict(out_len=new_bucket + tree.num_nodes, tree=tree)
+  if mesh is None:    # one executable in the LRU; with a mesh the inputs are sharded: eager, as placed
+    state = _initial_state(*init_args, options=options, **init_static)
+  else:
+    state = loop.initial_state(*init_args, **init_static)
   state = decode_fn(model.params, draft_params, state, cfg=cfg, spec=spec, tree=tree,
-                    sampling=sampling, impl=attention_impl)
+                    sampling=sampling, impl=attention_impl, options=options)
   out, n_out = np.asarray(state.out), np.asarray(state.n_out)
   t2 = time.perf_counter()
-  c2 = _compile_seconds[0]
+  c2 = compiling.compile_seconds()
   # compilation (first call of a bucket) is reported apart from the prefill / decode times
   result = _result(model, state, out, n_out, n, eos, tree, spec, t1 - t0 - (c1 - c0), t2 - t1 - (c2 - c1))
   result.stats["compile_s"] = c2 - c0
@@ -186,9 +266,27 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   return result
 
 
+def _prefill(target_params, draft_params, tokens, lengths, *, options=None, **static):
+  """loop.prefill through the executable LRU (compile.py)."""
+  args = (target_params, draft_params, tokens, lengths)
+  return compiling.jit_executable("prefill", loop.prefill, args, static, options=options)(*args)
+
+
+def _initial_state(*args, options=None, **static):
+  """loop.initial_state as one executable in the LRU (run eagerly, its ops would compile one small
+  executable each per shape and stay in jax's caches for good)."""
+  return compiling.jit_executable("initial_state", loop.initial_state, args, static, options=options)(*args)
+
+
+def _decode(target_params, draft_params, state, *, options=None, **static):
+  """loop.decode through the executable LRU; the LoopState is donated (caches updated in place)."""
+  args = (target_params, draft_params, state)
+  return compiling.jit_executable("decode", loop.decode, args, static, options=options,
+                                  donate_argnames=("state",))(*args)
+
+
 def _check_memory(cfg, mesh, draft, tree, b, num_slots, p_bucket, chunk, device_memory):
   """Refuse (ValueError naming the figures) a configuration the memory planner says does not fit."""
-  from magicdec_jax.sharding import planner
   limit = device_memory if device_memory is not None else planner.device_memory(mesh)
   if limit is None:
     return
@@ -227,8 +325,9 @@ def _result(model, state, out, n_out, n, eos, tree, spec, prefill_s, decode_s) -
 
 
 def logits(model: Model, token_ids) -> np.ndarray:
-  """A plain full forward: equal-length token-id lists [B][T] -> float32 numpy [B, T, V]."""
-  ids = tokenize_prompts(model, token_ids)
+  """A plain full forward: equal-length token-id lists [B][T] or an integer array [B, T] (numpy or jax)
+  -> float32 numpy [B, T, V]."""
+  ids = prompt_ids(model, token_ids)
   if len({len(t) for t in ids}) != 1:
     raise ValueError("logits() needs prompts of equal length")
   return np.asarray(full_forward(model.params, model.config, jnp.asarray(ids, jnp.int32)))

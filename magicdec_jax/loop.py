@@ -83,8 +83,7 @@ def prefill(target_params, draft_params, tokens: jax.Array, lengths: jax.Array, 
     base = lengths - 1 - obs
     pos = base[:, None] + jnp.arange(obs)[None, :]
     toks = jnp.take_along_axis(tokens, jnp.maximum(pos, 0), axis=1)
-    no_write = jnp.full_like(pos, num_slots)
-    _, _, scores = forward(target_params, cfg, toks, pos, target, no_write,
+    _, _, scores = forward(target_params, cfg, toks, pos, target, None,
                            PrefixTree(base, jnp.tril(jnp.ones((obs, obs), bool))),
                            compute_logits=False, return_scores=True)
     ring = drafts.snapkv_select(spec, ring, target, scores, lengths)

@@ -1,8 +1,14 @@
 """The LLaMA decoder as Flax modules used purely, and the functional forward pass.
 
-`forward(params, cfg, tokens, positions, cache, write_slots, spec) -> (logits, cache)`: embed, a `lax.scan`
-over the stacked layers that carries the whole layer-stacked cache (written in place at per-row slots,
-never emitted as scan outputs, which would copy it), final norm, LM head.
+`forward(params, cfg, tokens, positions, cache, write_slots, spec) -> (logits, cache)`: embed, the layers,
+final norm, LM head.
+
+Layout: `params["layers"]` is a tuple of L per-layer trees and a cache a tuple of L per-layer buffers, and
+the forward pass is a Python loop over layers. A `lax.scan` over stacked [L, ...] arrays would be shorter
+to compile, but every iteration then slices its layer's weights and cache out of the stack, and XLA
+materializes those slices before the matmuls: on an H100 that copying took two thirds of a decode step
+(GPU-FINDINGS.md). Unrolled over separate buffers, every matmul reads its weights where they lie and every
+cache write is in place.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import numpy as np
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import Attention, RMSNorm, SwiGLU, rms_norm
-from magicdec_jax.layers.attention import PrefixTree
+from magicdec_jax.layers.attention import PrefixTree, matmul_precision
 
 
 @dataclasses.dataclass
@@ -37,11 +43,11 @@ class Block(nn.Module):
   impl: str = "xla"
 
   @nn.compact
-  def __call__(self, x, positions, cache_k, cache_v, layer, write_slots, spec, return_scores=False):
+  def __call__(self, x, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
     cfg = self.cfg
     h = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="attn_norm")(x)
     a, cache_k, cache_v, scores = Attention(cfg, self.impl, name="attn")(
-        h, positions, cache_k, cache_v, layer, write_slots, spec, return_scores)
+        h, positions, cache_k, cache_v, write_slots, spec, return_scores)
     x = x + a
     h = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="mlp_norm")(x)
     x = x + SwiGLU(cfg.intermediate_size, cfg.jnp_dtype, name="mlp")(h)
@@ -49,16 +55,16 @@ class Block(nn.Module):
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
-  """Random params in the layout every loader produces (layer leaves stacked on a leading axis)."""
+  """Random params in the layout every loader produces (a tuple of per-layer trees)."""
   k_embed, k_layers, k_head = jax.random.split(key, 3)
   dt = cfg.jnp_dtype
   b, t, s = 1, 1, 1
   dummy = (jnp.zeros((b, t, cfg.hidden_size), dt), jnp.zeros((b, t), jnp.int32),
-           jnp.zeros((1, b, cfg.num_kv_heads, s, cfg.head_dim), dt),
-           jnp.zeros((1, b, cfg.num_kv_heads, s, cfg.head_dim), dt), 0, jnp.zeros((b, t), jnp.int32),
+           jnp.zeros((b, cfg.num_kv_heads, s, cfg.head_dim), dt),
+           jnp.zeros((b, cfg.num_kv_heads, s, cfg.head_dim), dt), jnp.zeros((b, t), jnp.int32),
            PrefixTree(jnp.zeros((b,), jnp.int32), jnp.ones((t, t), bool)))
-  init_one = lambda k: Block(cfg).init(k, *dummy)["params"]
-  layers = jax.vmap(init_one)(jax.random.split(k_layers, cfg.num_layers))
+  init_one = jax.jit(lambda k: Block(cfg).init(k, *dummy)["params"])
+  layers = tuple(init_one(k) for k in jax.random.split(k_layers, cfg.num_layers))
   params = {
       "embed": (jax.random.normal(k_embed, (cfg.vocab_size, cfg.hidden_size)) * scale).astype(dt),
       "layers": layers,
@@ -70,33 +76,32 @@ def init_params(cfg: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
 
 
 def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array, cache,
-            write_slots: jax.Array, spec, *, impl: str = "xla", compute_logits: bool = True,
+            write_slots: jax.Array | None, spec, *, impl: str = "xla", compute_logits: bool = True,
             return_scores: bool = False):
-  """tokens/positions/write_slots [B, T] -> (logits float32 [B, T, V] or None, cache[, scores [L,B,K,S]]).
+  """tokens/positions/write_slots [B, T] -> (logits float32 [B, T, V] or None, cache[, scores L x [B,K,S]]).
 
-  `cache` is any pytree with `.k`/`.v` of shape [L, B, K, S, D] (KVCache or RingCache); `spec` is a
-  PrefixTree or DenseMask visibility rule (see layers/attention.py). Slots out of range are not written.
+  `cache` is any pytree with `.k`/`.v` tuples of L per-layer [B, K, S, D] buffers (KVCache or RingCache);
+  `spec` is a PrefixTree or DenseMask visibility rule (see layers/attention.py). Slots out of range, or
+  every slot when `write_slots` is None, are not written.
   """
   x = jnp.take(params["embed"], tokens, axis=0)
   block = Block(cfg, impl)
-
-  def layer(carry, xs):
-    x, ck, cv = carry
-    lp, i = xs
-    x, ck, cv, scores = block.apply({"params": lp}, x, positions, ck, cv, i, write_slots, spec,
-                                    return_scores)
-    return (x, ck, cv), scores
-
-  (x, ck, cv), scores = jax.lax.scan(layer, (x, cache.k, cache.v),
-                                     (params["layers"], jnp.arange(cfg.num_layers)))
-  cache = cache.replace(k=ck, v=cv)
+  ks, vs, scores = [], [], []
+  for lp, ck, cv in zip(params["layers"], cache.k, cache.v, strict=True):
+    x, ck, cv, sc = block.apply({"params": lp}, x, positions, ck, cv, write_slots, spec, return_scores)
+    ks.append(ck)
+    vs.append(cv)
+    scores.append(sc)
+  cache = cache.replace(k=tuple(ks), v=tuple(vs))
   logits = None
   if compute_logits:
     x = rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps)
-    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    logits = jnp.einsum("BTD,DV->BTV", x, head, preferred_element_type=jnp.float32)
+    # a tied head reads the embedding [V, D] as it lies (a transposed copy would cost V x D more memory)
+    head, eq = (params["embed"], "BTD,VD->BTV") if cfg.tie_embeddings else (params["lm_head"], "BTD,DV->BTV")
+    logits = jnp.einsum(eq, x, head, preferred_element_type=jnp.float32,
+                        precision=matmul_precision(head.dtype))
   if return_scores:
-    return logits, cache, scores
+    return logits, cache, tuple(scores)
   return logits, cache
 
 

@@ -100,3 +100,10 @@ def render_chat(chat_template: str, messages: Sequence[Mapping[str, Any]],
   except jinja2.TemplateError as e:
     raise ValueError(f"invalid chat template: {e}") from e
   return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **extra)
+
+
+def chat_prompt(model, messages: Sequence[Mapping[str, Any]]) -> str:
+  """`messages` -> prompt text with `model`'s chat template and the generation prompt appended."""
+  if not model.chat_template:
+    raise ValueError(f"model {model.name!r} has no chat template")
+  return render_chat(model.chat_template, messages, add_generation_prompt=True)

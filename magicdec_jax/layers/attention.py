@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from magicdec_jax import pallas
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.rope import apply_rope, rope_frequencies
 from magicdec_jax.pallas.xla_attention import dot_operands, fold_queries, unfold_queries, visibility_mask
@@ -69,7 +70,6 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=None):
   """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel."""
   if isinstance(spec, PrefixTree):
-    from magicdec_jax import pallas
     if impl == "auto":
       impl = pallas.resolve_impl(q, k, v, spec.base, spec.anc)
     if impl != "xla" and not return_scores:
@@ -79,12 +79,13 @@ def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=
 
 
 class Attention(nn.Module):
-  """q/k/v/o projections + RoPE + cache write + attention, for one layer of a stacked cache."""
+  """q/k/v/o projections + RoPE + cache write + attention, for one layer and that layer's own cache
+  buffers [B, K, S, D] (written in place, read where they lie: no slice or copy of the cache)."""
   cfg: ModelConfig
   impl: str = "xla"
 
   @nn.compact
-  def __call__(self, x, positions, cache_k, cache_v, layer, write_slots, spec, return_scores=False):
+  def __call__(self, x, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
     cfg, dt = self.cfg, self.cfg.jnp_dtype
     init = nn.initializers.normal(0.02)
     dm, h, kh, d = x.shape[-1], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -92,20 +93,41 @@ class Attention(nn.Module):
     wk = self.param("k", init, (dm, kh, d), dt)
     wv = self.param("v", init, (dm, kh, d), dt)
     wo = self.param("o", init, (h, d, dm), dt)
+    prec = matmul_precision(dt)
     inv_freq = rope_frequencies(cfg)
-    q_raw = jnp.einsum("BTD,DNH->BTNH", x, wq)
+    q_raw = project(x, wq, prec)
     q = apply_rope(q_raw, positions, inv_freq)
     alt_pos = getattr(spec, "alt_pos", None)
     q_alt = None if alt_pos is None else apply_rope(q_raw, alt_pos, inv_freq)
-    k = apply_rope(jnp.einsum("BTD,DNH->BTNH", x, wk), positions, inv_freq)
-    v = jnp.einsum("BTD,DNH->BTNH", x, wv)
-    rows = jnp.arange(x.shape[0])[:, None, None]
-    heads = jnp.arange(kh)[None, :, None]
-    slots = write_slots[:, None, :]                                                # [B, 1, T]
-    k_new = jnp.swapaxes(k, 1, 2).astype(cache_k.dtype)                           # [B, K, T, D]
-    v_new = jnp.swapaxes(v, 1, 2).astype(cache_v.dtype)
-    cache_k = cache_k.at[layer, rows, heads, slots].set(k_new, mode="drop")
-    cache_v = cache_v.at[layer, rows, heads, slots].set(v_new, mode="drop")
-    res = attend(q, cache_k[layer], cache_v[layer], spec, self.impl, return_scores, q_alt)
+    k = apply_rope(project(x, wk, prec), positions, inv_freq)                      # [B, T, K, D]
+    v = project(x, wv, prec)
+    if write_slots is not None:
+      cache_k = write_rows(cache_k, write_slots, k)
+      cache_v = write_rows(cache_v, write_slots, v)
+    res = attend(q, cache_k, cache_v, spec, self.impl, return_scores, q_alt)
     out, scores = res if return_scores else (res, None)
-    return jnp.einsum("BTNH,NHD->BTD", out, wo), cache_k, cache_v, scores
+    b, t = out.shape[:2]
+    # [B, T, N*H] x [N*H, Dm]: both reshapes are free, and XLA then never transposes the weight (with a
+    # "BTNH,NHD" contraction XLA:CPU copied every layer's o weight into [H, N, Dm] order each step)
+    o = jnp.einsum("BTF,FD->BTD", out.reshape(b, t, h * d), wo.reshape(h * d, dm), precision=prec)
+    return o, cache_k, cache_v, scores
+
+
+def project(x: jax.Array, w: jax.Array, prec) -> jax.Array:
+  """x [B, T, Dm] @ w [Dm, N, H] -> [B, T, N, H] as one 2-D matmul over the weight as it lies."""
+  dm, n, hd = w.shape
+  y = jnp.einsum("BTD,DF->BTF", x, w.reshape(dm, n * hd), precision=prec)
+  return y.reshape(*x.shape[:2], n, hd)
+
+
+def write_rows(buf: jax.Array, slots: jax.Array, values: jax.Array) -> jax.Array:
+  """One layer's cache buf [B, K, S, D] with values [B, M, K, D] written in place at per-row slots [B, M];
+  out-of-range slots are dropped (how callers say "do not write")."""
+  rows = jnp.arange(buf.shape[0])[:, None]
+  return buf.at[rows, :, slots].set(values.astype(buf.dtype), mode="drop")
+
+
+def matmul_precision(dtype):
+  """float32 models compute in float32 on every backend (GPUs would otherwise run float32 matmuls in
+  TF32, and a verify pass could then disagree with an autoregressive step); bfloat16 uses the default."""
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None

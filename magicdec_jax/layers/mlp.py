@@ -15,5 +15,7 @@ class SwiGLU(nn.Module):
     gate = self.param("gate", init, (dm, self.hidden), self.dtype)
     up = self.param("up", init, (dm, self.hidden), self.dtype)
     down = self.param("down", init, (self.hidden, dm), self.dtype)
-    h = jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, gate)) * jnp.einsum("BTD,DF->BTF", x, up)
-    return jnp.einsum("BTF,FD->BTD", h, down)
+    prec = jax.lax.Precision.HIGHEST if jnp.dtype(self.dtype) == jnp.float32 else None  # no TF32
+    h = (jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, gate, precision=prec))
+         * jnp.einsum("BTD,DF->BTF", x, up, precision=prec))
+    return jnp.einsum("BTF,FD->BTD", h, down, precision=prec)

@@ -17,6 +17,14 @@ from magicdec_jax.pallas.xla_attention import visibility_mask, xla_tree_attentio
 
 IMPLS = ("auto", "xla", "pallas_interpret", "pallas_triton", "pallas_mosaic")
 _warned: set[str] = set()
+_shard_wrapper = None   # set by magicdec_jax.sharding.kernels: runs the kernel per shard under a mesh
+
+
+def set_shard_wrapper(wrapper) -> None:
+  """Install `wrapper(kernel, q, k, v, base, anc) -> out` around every Pallas kernel call (None: call the
+  kernel directly). The sharded runtime injects its shard_map wrapper here; pallas never imports it."""
+  global _shard_wrapper
+  _shard_wrapper = wrapper
 
 
 def _triton_params(num_warps: int | None, num_stages: int | None):
@@ -92,9 +100,10 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, an
   if impl == "pallas_mosaic":
     raise NotImplementedError("no Mosaic GPU variant of tree_attention; use 'pallas_triton' or 'xla'")
   kernel = functools.partial(pallas_tree_attention, scale=scale, **_kernel_kwargs(impl=impl, **knobs))
-  from magicdec_jax.sharding import kernels   # per shard (shard_map) under a ("data", "model") mesh
-  return kernels.maybe_shard_map(kernel, q, k, v, base, anc)
+  if _shard_wrapper is None:
+    return kernel(q, k, v, base, anc)
+  return _shard_wrapper(kernel, q, k, v, base, anc)   # per shard (shard_map) under a ("data", "model") mesh
 
 
-__all__ = ["IMPLS", "tree_attention", "resolve_impl", "pallas_tree_attention", "xla_tree_attention",
+__all__ = ["IMPLS", "tree_attention", "resolve_impl", "set_shard_wrapper", "pallas_tree_attention", "xla_tree_attention",
            "visibility_mask"]

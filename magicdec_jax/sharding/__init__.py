@@ -12,5 +12,5 @@ from magicdec_jax.sharding.mesh import AXES, DATA, MODEL, axis_sizes, describe, 
 from magicdec_jax.sharding.planner import DoesNotFit, MemoryPlan, check_fits, device_memory, plan_memory
 from magicdec_jax.sharding.rules import (ModelLayout, abstract_param_shardings, layout_for,
                                          param_shardings)
-from magicdec_jax.sharding.runtime import (count_collectives, compiled_text, decode, pad_batch,
-                                           place_params, prefill, shard_model)
+from magicdec_jax.sharding.runtime import (count_collectives, compiled_text, decode, load_orbax_sharded,
+                                           pad_batch, place_params, prefill, shard_model)

@@ -1,4 +1,7 @@
-"""Multi-host runs: `jax.distributed` start-up, per-process datagen shards, a barrier and the merge.
+"""Multi-host runs: `jax.distributed` start-up and a barrier.
+
+Per-process datagen shards and their merge are datagen's (datagen.shard_path / split / merge_shards);
+run.py orchestrates: initialize, datagen.run on this process's share, barrier, process 0 merges.
 
 Design: a mesh spans the devices of one process (make_mesh uses jax.local_devices()); hosts split the
 *data*. Each process takes every process_count-th input record (by position, starting at its index),
@@ -10,12 +13,7 @@ would have written.
 """
 from __future__ import annotations
 
-import json
-import os
-
 import jax
-
-from magicdec_jax import datagen
 
 
 def initialize(coordinator_address: str | None, num_processes: int, process_id: int,
@@ -42,62 +40,3 @@ def barrier(name: str) -> None:
   if jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices(name)
-
-
-def shard_path(output: str, index: int, count: int) -> str:
-  """Where process `index` of `count` writes its part of `output`."""
-  return f"{output}.shard-{index:05d}-of-{count:05d}"
-
-
-def split(items: list, index: int, count: int) -> list:
-  """This process's share of `items`: every count-th one, starting at `index`."""
-  return items[index::count]
-
-
-def _input_order(input_path: str) -> dict[str, int]:
-  """json.dumps(id) -> position in the input (ids only; bad lines are skipped)."""
-  order = {}
-  with open(input_path, "rb") as f:
-    for n, raw in enumerate(f):
-      try:
-        rec = json.loads(raw)
-        order.setdefault(json.dumps(rec["id"]), n)
-      except (ValueError, KeyError, TypeError):
-        continue
-  return order
-
-
-def merge_shards(output: str, input_path: str, count: int) -> dict:
-  """Concatenate the `count` shards of `output` into `output`, in input order then sample; returns a
-  summary. Each shard is first repaired (a torn tail dropped); a missing shard is an error."""
-  records, per_shard = {}, []
-  for i in range(count):
-    path = shard_path(output, i, count)
-    if not os.path.exists(path):
-      raise datagen.DatagenError(f"merge: shard {path} is missing (did process {i} finish?)")
-    datagen.repair_output(path)
-    n = 0
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        rec = json.loads(line)
-        records.setdefault((json.dumps(rec["id"]), int(rec["sample"])), line)
-        n += 1
-    per_shard.append(n)
-  order = _input_order(input_path)
-  keys = sorted(records, key=lambda k: (order.get(k[0], len(order)), k[0], k[1]))
-  tmp = f"{output}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(records[k] for k in keys)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, output)
-  config = shard_path(output, 0, count) + ".config.json"
-  if os.path.exists(config):
-    with open(config) as f:
-      text = f.read()
-    with open(output + ".config.json", "w") as f:
-      f.write(text)
-  summary = {"output": output, "records_total": len(keys), "shards": count, "records_per_shard": per_shard}
-  with open(output + ".summary.json", "w") as f:
-    f.write(json.dumps(summary, indent=1) + "\n")
-  return summary

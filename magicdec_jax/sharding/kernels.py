@@ -1,5 +1,8 @@
 """Run the Pallas tree-attention kernel per shard inside `jax.shard_map`.
 
+The dispatch (pallas.tree_attention) knows nothing of meshes: importing this module (the sharded runtime
+does) injects `maybe_shard_map` as its shard wrapper, so pallas never imports sharding.
+
 Why: a pallas_call has no SPMD partitioning rule; left to the partitioner it would be run on gathered,
 replicated operands. Under a ("data", "model") mesh (set by runtime.py via `jax.set_mesh`) the kernel
 instead runs on each device's block: rows split over "data", heads over "model" as the partition rules
@@ -12,6 +15,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import PartitionSpec as P
 
+from magicdec_jax import pallas
 from magicdec_jax.sharding.mesh import DATA, MODEL
 from magicdec_jax.sharding.rules import attention_split
 
@@ -50,3 +54,6 @@ def maybe_shard_map(kernel, q, k, v, base, anc):
   kvs = P(row, kv_ax, None, None)
   return jax.shard_map(body, mesh=mesh, in_specs=(qs, kvs, kvs, P(row), P()), out_specs=qs,
                        check_vma=False)(q, k, v, base, anc)
+
+
+pallas.set_shard_wrapper(maybe_shard_map)   # the kernel dispatch gets the mesh-aware wrapper injected

@@ -20,7 +20,8 @@ import jax
 import numpy as np
 
 from magicdec_jax import drafts
-from magicdec_jax.config import ModelConfig
+from magicdec_jax.cache import aligned_slots
+from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
 from magicdec_jax.sharding import rules
 from magicdec_jax.sharding.mesh import axis_sizes, describe
 
@@ -76,11 +77,9 @@ def _split(spec, shape, sizes: dict) -> int:
 
 def param_bytes(cfg: ModelConfig, mesh=None) -> int:
   """Bytes of cfg's params on one device under the partition rules."""
-  from magicdec_jax.checkpoints import expected_shapes
   d, m = _sizes(mesh)
   lay = rules.layout_for(cfg, m)
   sizes = {"data": d, "model": m}
-  is_shape = lambda x: isinstance(x, tuple)
   shapes = expected_shapes(cfg)
   specs = rules.param_specs(shapes, lay)
   total = 0
@@ -91,11 +90,11 @@ def param_bytes(cfg: ModelConfig, mesh=None) -> int:
 
 
 def cache_bytes(cfg: ModelConfig, mesh, batch: int, slots: int) -> int:
-  """K and V of a [L, B, K, slots, D] cache on one device."""
+  """K and V of a cache of L x [B, K, slots, D] buffers on one device."""
   d, m = _sizes(mesh)
-  shape = (cfg.num_layers, batch, cfg.num_kv_heads, slots, cfg.head_dim)
+  shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
   split = _split(rules.cache_spec(rules.layout_for(cfg, m)), shape, {"data": d, "model": m})
-  return 2 * math.prod(shape) * cfg.jnp_dtype.itemsize // split
+  return 2 * cfg.num_layers * math.prod(shape) * cfg.jnp_dtype.itemsize // split
 
 
 def _draft_cfg(draft, cfg):
@@ -125,7 +124,7 @@ def plan_memory(cfg: ModelConfig, mesh, *, batch: int, max_context: int, draft=N
   n = tree_nodes
   if draft is not None:
     spec, dcfg = _draft_cfg(draft, cfg)
-    ring_slots = spec.num_static + spec.window + n + int(drafts.needs_prev(spec))
+    ring_slots = aligned_slots(spec.num_static + spec.window + n + int(drafts.needs_prev(spec)))
     draft_kv = cache_bytes(dcfg, mesh, batch, ring_slots) + bd * (spec.num_static + spec.window) * 4
     if not drafts.is_self(spec):
       draft_params = param_bytes(dcfg, mesh)

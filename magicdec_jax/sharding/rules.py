@@ -6,7 +6,7 @@ Tensor parallelism (Megatron-style, expressed as shardings only; XLA inserts the
     the MLP;
   * the embedding (and an untied LM head) is split over the vocabulary, else over the hidden dim;
   * norm scales are replicated; everything is replicated over "data".
-KV caches [L, B, K, S, D] split B over "data" and K over "model"; the draft's ring likewise, by its own
+KV caches (per-layer [B, K, S, D] buffers) split B over "data" and K over "model"; the draft's ring likewise, by its own
 model's layout. Per-row loop state splits its batch dim over "data".
 
 Fewer KV heads than model-axis devices (SmolLM2: 3 KV heads; any model size 1..8 must work). Per model:
@@ -30,7 +30,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from magicdec_jax.config import ModelConfig
+from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
 from magicdec_jax.sharding.mesh import DATA, MODEL, axis_sizes
 
 
@@ -85,43 +85,42 @@ def _keys(path) -> list[str]:
 
 
 def param_spec(keys: list[str], ndim: int, lay: ModelLayout) -> P:
-  """The PartitionSpec of one param leaf, by its path in the param pytree (layer leaves have a leading L)."""
+  """The PartitionSpec of one param leaf, by its path in the param pytree (layers/<i>/attn/q, ...)."""
   name = keys[-1]
   if keys[0] == "embed":                                   # [V, Dm]
     return {"vocab": P(MODEL, None), "hidden": P(None, MODEL)}.get(lay.embed, P())
   if keys[0] == "lm_head":                                 # [Dm, V]
     return {"vocab": P(None, MODEL), "hidden": P(MODEL, None)}.get(lay.embed, P())
-  if "attn" in keys and name == "q":                       # [L, Dm, H, D] column-parallel
-    return P(None, None, lay.q_axis, None)
-  if "attn" in keys and name in ("k", "v"):                # [L, Dm, K, D]
-    return P(None, None, lay.kv_axis, None)
-  if "attn" in keys and name == "o":                       # [L, H, D, Dm] row-parallel
-    return P(None, lay.q_axis, None, None)
-  if "mlp" in keys and name in ("gate", "up"):             # [L, Dm, F] column-parallel
-    return P(None, None, MODEL if lay.mlp else None)
-  if "mlp" in keys and name == "down":                     # [L, F, Dm] row-parallel
-    return P(None, MODEL if lay.mlp else None, None)
+  if "attn" in keys and name == "q":                       # [Dm, H, D] column-parallel
+    return P(None, lay.q_axis, None)
+  if "attn" in keys and name in ("k", "v"):                # [Dm, K, D]
+    return P(None, lay.kv_axis, None)
+  if "attn" in keys and name == "o":                       # [H, D, Dm] row-parallel
+    return P(lay.q_axis, None, None)
+  if "mlp" in keys and name in ("gate", "up"):             # [Dm, F] column-parallel
+    return P(None, MODEL if lay.mlp else None)
+  if "mlp" in keys and name == "down":                     # [F, Dm] row-parallel
+    return P(MODEL if lay.mlp else None, None)
   return P(*([None] * ndim))                               # norms: replicated
 
 
 def param_specs(params: Any, lay: ModelLayout) -> Any:
   """PartitionSpecs for a param pytree (arrays or ShapeDtypeStructs or shape tuples)."""
-  is_shape = lambda x: isinstance(x, tuple) and all(isinstance(i, int) for i in x)
   ndim = lambda x: len(x) if is_shape(x) else x.ndim
   return jax.tree_util.tree_map_with_path(lambda p, x: param_spec(_keys(p), ndim(x), lay), params,
                                           is_leaf=is_shape)
 
 
 def cache_spec(lay: ModelLayout) -> P:
-  """KV cache [L, B, K, S, D]: batch over data, KV heads over model when the layout splits them."""
-  return P(None, DATA, lay.kv_axis, None, None)
+  """One layer's KV buffer [B, K, S, D]: batch over data, KV heads over model when the layout splits them."""
+  return P(DATA, lay.kv_axis, None, None)
 
 
 def state_spec(keys: list[str], ndim: int, target: ModelLayout, ring: ModelLayout | None) -> P:
   """Specs for loop.LoopState / prefill outputs by path: caches as cache_spec, per-row arrays over data."""
   name = keys[-1] if keys else ""
   in_ring = "ring" in keys or keys[:1] == ["1"]           # LoopState.ring, or prefill's output[1]
-  if name in ("k", "v") and ndim == 5:
+  if len(keys) >= 2 and keys[-2] in ("k", "v") and ndim == 4:     # cache.k[layer]
     return cache_spec(ring if in_ring and ring is not None else target)
   if name in ("eos", "step") or ndim == 0:
     return P()
@@ -153,8 +152,6 @@ def param_shardings(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
 
 def abstract_param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict:
   """NamedShardings shaped like checkpoints.expected_shapes(cfg): what an orbax restore needs."""
-  from magicdec_jax.checkpoints import expected_shapes
-  is_shape = lambda x: isinstance(x, tuple)
   structs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, cfg.jnp_dtype), expected_shapes(cfg),
                          is_leaf=is_shape)
   return param_shardings(structs, cfg, mesh)

@@ -5,23 +5,26 @@ partition rules (rules.py) and let XLA's SPMD partitioner insert the collectives
 `lax.while_loop` in one executable; the donated LoopState keeps its caches in place, shard by shard.
 Calls run under `jax.set_mesh(mesh)` so code that needs the mesh at trace time (the Pallas kernel's
 shard_map, kernels.py) finds it. Executables are compiled ahead of time (lower().compile()) and cached
-per static configuration and argument signature, so the HLO that `compiled_text` shows is the one run.
+per static configuration and argument signature in the engine's bounded executable LRU (compile.py), so
+the HLO that `compiled_text` shows is the one run (while it is kept).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import os
 import re
 from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from magicdec_jax import drafts, loop
+from magicdec_jax import checkpoints, drafts, loop
+from magicdec_jax import compile as compiling
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.sharding import rules
+from magicdec_jax.sharding import kernels, rules   # kernels: the Pallas kernel runs per shard
 from magicdec_jax.sharding.mesh import DATA, axis_sizes
 
-_JITS: dict = {}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -47,8 +50,14 @@ def place_params(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
 
 def shard_model(model, mesh: Mesh):
   """A copy of `model` whose params live in their shards on `mesh` (do this once, not per call)."""
-  import dataclasses
   return dataclasses.replace(model, params=place_params(model.params, model.config, mesh))
+
+
+def load_orbax_sharded(directory: str, mesh: Mesh, dtype: str | None = None):
+  """checkpoints.load_orbax with every param restored straight into its tensor-parallel shard on `mesh`
+  (rules.py): each device reads only its slice, no full host copy is ever made."""
+  cfg = checkpoints._orbax_config(os.path.abspath(directory), dtype)
+  return checkpoints.load_orbax(directory, dtype, shardings=rules.abstract_param_shardings(cfg, mesh))
 
 
 def _param_sh(mesh, cfg, spec, target_params, draft_params):
@@ -61,40 +70,39 @@ def _state_sh(tree, mesh, tl, rl):
   return rules.shardings(tree, mesh, lambda keys, ndim: rules.state_spec(keys, ndim, tl, rl))
 
 
-def _signature(*trees) -> tuple:
-  leaves, treedef = jax.tree.flatten(trees)
-  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
-
-
 def _prefill_fn(mesh, target_params, draft_params, tokens, lengths, *, cfg, spec, tree, num_slots, chunk,
-                impl):
+                impl, options=None):
   tl, rl = layouts(mesh, cfg, spec)
   row = NamedSharding(mesh, rules.fit(P(DATA), lengths.shape, mesh))
   tok = NamedSharding(mesh, rules.fit(P(DATA, None), tokens.shape, mesh))
   in_sh = (*_param_sh(mesh, cfg, spec, target_params, draft_params), tok, row)
   key = ("prefill", mesh, cfg, spec, tree, num_slots, chunk, impl,
-         _signature(target_params, draft_params, tokens, lengths))
+         compiling.signature(target_params, draft_params, tokens, lengths))
   args = jax.device_put((target_params, draft_params, tokens, lengths), in_sh)
-  if key not in _JITS:
-    fn = functools.partial(loop.prefill, cfg=cfg, spec=spec, tree=tree, num_slots=num_slots, chunk=chunk,
-                           impl=impl)
+
+  def lower():
+    fn = functools.partial(loop.prefill.__wrapped__, cfg=cfg, spec=spec, tree=tree, num_slots=num_slots,
+                           chunk=chunk, impl=impl)
     out = jax.eval_shape(fn, *args)
-    jitted = jax.jit(fn, in_shardings=in_sh, out_shardings=_state_sh(out, mesh, tl, rl))
-    _JITS[key] = jitted.lower(*args).compile()
-  return _JITS[key], args
+    return jax.jit(fn, in_shardings=in_sh, out_shardings=_state_sh(out, mesh, tl, rl)).lower(*args)
+
+  return compiling.executable(key, lower, options), args
 
 
-def _decode_fn(mesh, target_params, draft_params, state, *, cfg, spec, tree, sampling, impl):
+def _decode_fn(mesh, target_params, draft_params, state, *, cfg, spec, tree, sampling, impl, options=None):
   tl, rl = layouts(mesh, cfg, spec)
   st = _state_sh(state, mesh, tl, rl)
   in_sh = (*_param_sh(mesh, cfg, spec, target_params, draft_params), st)
-  key = ("decode", mesh, cfg, spec, tree, sampling, impl, _signature(target_params, draft_params, state))
+  key = ("decode", mesh, cfg, spec, tree, sampling, impl,
+         compiling.signature(target_params, draft_params, state))
   args = jax.device_put((target_params, draft_params, state), in_sh)
-  if key not in _JITS:
-    fn = functools.partial(loop.decode, cfg=cfg, spec=spec, tree=tree, sampling=sampling, impl=impl)
-    jitted = jax.jit(fn, in_shardings=in_sh, out_shardings=st, donate_argnums=2)
-    _JITS[key] = jitted.lower(*args).compile()
-  return _JITS[key], args
+
+  def lower():
+    fn = functools.partial(loop.decode.__wrapped__, cfg=cfg, spec=spec, tree=tree, sampling=sampling,
+                           impl=impl)
+    return jax.jit(fn, in_shardings=in_sh, out_shardings=st, donate_argnums=2).lower(*args)
+
+  return compiling.executable(key, lower, options), args
 
 
 def prefill(mesh: Mesh, target_params, draft_params, tokens, lengths, **static):

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from absl import app, flags
@@ -20,7 +21,7 @@ from magicdec_jax import acceptance, cli_bench, cli_flags
 from magicdec_jax.drafts import ModelDraft, StreamingDraft
 from magicdec_jax.model import full_forward
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,14 +180,14 @@ def test_acceptance_ranks_known_answers():
   assert full["acceptance_vector"] == [1.0, 0.0, 0.0] and full["positions"] == 47
 
 
-def test_mesh_flag_needs_sharding_make_mesh():
-  try:
-    from magicdec_jax import sharding
-    has = hasattr(sharding, "make_mesh")
-  except ImportError:
-    has = False
-  if has:
-    check(["--mesh=1"])                                   # accepted; the mesh itself is sharding's business
-  else:
-    with pytest.raises(app.UsageError, match="--mesh"):
-      check(["--mesh=1"])
+def test_mesh_flag():
+  """--mesh builds an Auto (data, model) mesh over this process's device(s), once; a bad spec is a
+  UsageError naming the flag value and the reason."""
+  n = len(jax.local_devices())
+  fv = parse([f"--mesh=data:1,model:{n}"])
+  mesh = cli_flags.setup_mesh(fv)
+  assert dict(mesh.shape) == {"data": 1, "model": n} and cli_flags.setup_mesh(fv) is mesh
+  assert cli_flags.setup_mesh(parse([])) is None
+  for bad, reason in (("data:2,modle:4", "unknown axis 'modle'"), (f"data:1,model:{n + 1}", "but there are")):
+    with pytest.raises(app.UsageError, match=f"--mesh={bad}: .*{reason}"):
+      cli_flags.setup_mesh(parse([f"--mesh={bad}"]))

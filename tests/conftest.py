@@ -8,11 +8,14 @@ disagree with the target and rejection paths run. Models are cached: one per arg
 from __future__ import annotations
 
 import functools
+import os
+
+os.environ["MAGICDEC_COMPILATION_CACHE"] = "off"   # the suite never reads or writes ~/.cache (subprocesses too)
 
 import jax
 import numpy as np
 
-from magicdec_jax import loop
+from magicdec_jax import compile as compiling
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, init_params
 
@@ -25,7 +28,8 @@ def tiny_model(seed: int = 0, *, vocab: int = 64, layers: int = 2, scale: float 
                     num_heads=heads, num_kv_heads=kv_heads, head_dim=8, max_position_embeddings=max_pos)
   params = init_params(cfg, jax.random.key(seed), scale=scale)
   if attn_scale != 1.0:
-    params["layers"]["attn"] = jax.tree.map(lambda a: a * attn_scale, params["layers"]["attn"])
+    params["layers"] = tuple(dict(lp, attn=jax.tree.map(lambda a: a * attn_scale, lp["attn"]))
+                             for lp in params["layers"])
   return Model(cfg, params, name=f"tiny{seed}-v{vocab}-l{layers}-a{attn_scale}")
 
 
@@ -35,8 +39,8 @@ def random_prompts(lengths, vocab: int, seed: int = 0) -> list[list[int]]:
 
 
 def compile_count() -> int:
-  """Executables in the jit caches of the engine's two compiled entry points."""
-  return loop.prefill._cache_size() + loop.decode._cache_size()
+  """Executables the engine has compiled so far (compile.py's counter; a reused executable adds nothing)."""
+  return compiling.compile_count()
 
 
 def random_hf_llama(seed: int, norm_noise: float, **config):

@@ -18,7 +18,7 @@ import pytest
 from magicdec_jax import cli_flags, datagen, engine
 from magicdec_jax.drafts import StreamingDraft
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GEN = dict(max_new_tokens=8, draft=StreamingDraft(sink=2, window=8), gamma=2, temperature=1.0, seed=3)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from magicdec_jax import compile as compiling
 from magicdec_jax import verify
 from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft
 from magicdec_jax.engine import generate
@@ -160,14 +161,13 @@ def test_broken_residual_is_rejected(monkeypatch):
   kw = _kwargs(case)
   model = _target()
   probs = exact_joint(model, kw["temperature"], kw["top_k"], 1.0)
-  from magicdec_jax import loop
   monkeypatch.setattr(verify, "_normalize", lambda x, fallback: fallback)   # residual -> p itself
-  loop.decode.clear_cache()          # the patched function is only seen by a fresh trace
+  compiling.clear()          # the patched function is only seen by a fresh trace (the engine keeps an LRU)
   try:
     counts, _ = sampled_counts(model, calls=2, **kw)     # 16k draws: the bias is huge (TV ~ 0.25)
   finally:
     monkeypatch.undo()
-    loop.decode.clear_cache()
+    compiling.clear()
   stat, pval, df, tv = chi_square(counts, probs)
   print(f"broken: chi2={stat:.1f} df={df} p={pval:.2e} TV={tv:.4f}")
   assert pval < BROKEN_ALPHA, f"broken residual not detected: chi2={stat:.1f} df={df} p={pval:.2e} TV={tv:.4f}"

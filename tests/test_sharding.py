@@ -24,7 +24,7 @@ from magicdec_jax.drafts import ModelDraft, StreamingDraft, truncate_layers
 from magicdec_jax.engine import generate
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(HERE)
 MESHES = ("data:1,model:8", "data:2,model:4", "data:4,model:2", "data:8,model:1")
 
 
@@ -53,7 +53,8 @@ def check_collectives(c: dict):
   """Row-parallel o/down projections need all-reduces; the KV cache itself is never gathered inside the
   decode loop (a cache-sized all-gather may appear once after it, where a layout is re-established)."""
   assert c["decode"].get("all-reduce", 0) >= 2, c["decode"]
-  assert c["cache_gathers_in_loop"] == 0, c["decode_by_op"]
+  print("big all-gathers in decode:", c["big_gathers"])
+  assert c["cache_gathers_in_loop"] == 0, (c["big_gathers"], c["decode_by_op"])
 
 
 # One test per model: each runs one subprocess (compilation dominates; ~2 minutes on 2 CPU cores), so
@@ -77,12 +78,12 @@ def test_tiny_model_on_every_mesh():
 
   c = out["collectives"]                       # 2x4: rows split over data, q heads over model
   check_collectives(c)
-  assert c["cache_shard_shape"][1] * 2 == c["cache_shape"][1]
+  assert c["cache_shard_shape"][0] * 2 == c["cache_shape"][0]     # one layer's [B, K, S, D] buffer
 
   o = out["orbax"]
   assert o["bad"] == []
-  assert o["q_spec"] == "P(None, None, 'model', None)"
-  assert o["q_shard_shape"] == [2, 32, 2, 8] and o["num_devices_q"] == 8   # 8 heads / 4 model devices
+  assert o["q_spec"] == "P(None, 'model', None)"
+  assert o["q_shard_shape"] == [32, 2, 8] and o["num_devices_q"] == 8   # layer 0: 8 heads / 4 model devices
 
   for name, facts in out["planner"].items():
     for key, direct in facts["direct"].items():
@@ -117,7 +118,7 @@ def test_planner_single_device_and_refusal_in_process():
   assert sharding.plan_memory(cfg, None, batch=1, max_context=64).params == nbytes
   plan = sharding.plan_memory(cfg, None, batch=4, max_context=64, draft=StreamingDraft(sink=1, window=8),
                               tree_nodes=4)
-  ring = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * (1 + 8 + 4) * cfg.head_dim * 4 + 4 * 9 * 4
+  ring = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * 128 * cfg.head_dim * 4 + 4 * 9 * 4   # 1+8+4 -> 128 slots
   assert plan.target_kv == 2 * cfg.num_layers * 4 * cfg.num_kv_heads * 64 * cfg.head_dim * 4
   assert plan.draft_kv == ring
   draft = ModelDraft(truncate_layers(model, 1), sink=1, window=8)

@@ -124,3 +124,33 @@ def test_cache_positions_differ_from_absolute_beyond_the_window():
                                                    prev, jnp.asarray([len(PROMPTS[0])]),
                                                    jax.random.key(0)[None])[1])
   assert np.abs(results["absolute"] - results["cache"]).max() > 1e-4   # fp32 noise is ~1e-7
+
+
+def test_ring_write_keeps_only_the_latest_position_per_slot():
+  """More positions committed at once than the window holds: each ring slot gets exactly one update,
+  the latest position's, whatever order the positions come in (on GPU the winner among duplicate
+  scatter indices is unspecified, so the loser must never be written). Numpy reference."""
+  cfg = CFG.replace(num_layers=2)
+  sink, window = 1, 3
+  ring = drafts.RingCache.zeros(cfg, 2, sink=sink, num_static=sink, window=window, scratch=2)
+  positions = np.array([[7, 6, 5, 4, 3, 0], [0, 2, 3, 4, 5, 9]], np.int32)   # descending / ascending
+  valid = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]], bool)           # row 1: 9 is not valid
+  m = positions.shape[1]
+  vals = [jnp.broadcast_to(jnp.asarray(positions + 100 * layer, jnp.float32)[:, None, :, None],
+                           (2, cfg.num_kv_heads, m, cfg.head_dim)) for layer in range(cfg.num_layers)]
+  out = ring.write_committed(tuple(vals), tuple(v + 0.5 for v in vals), jnp.asarray(positions),
+                             jnp.asarray(valid))
+  for row in range(2):
+    want_pos = np.full(sink + window, -1)
+    for p, ok in zip(positions[row], valid[row]):
+      slot = p if p < sink else sink + p % window
+      if ok and p > want_pos[slot]:
+        want_pos[slot] = p
+    np.testing.assert_array_equal(np.asarray(out.pos[row]), want_pos)
+    for layer in range(cfg.num_layers):
+      k = np.asarray(out.k[layer][row, :, :sink + window, :])
+      v = np.asarray(out.v[layer][row, :, :sink + window, :])
+      want_k = np.where(want_pos >= 0, want_pos + 100.0 * layer, 0.0)[None, :, None]
+      want_v = np.where(want_pos >= 0, want_pos + 100.0 * layer + 0.5, 0.0)[None, :, None]
+      np.testing.assert_array_equal(k, np.broadcast_to(want_k, k.shape))
+      np.testing.assert_array_equal(v, np.broadcast_to(want_v, v.shape))

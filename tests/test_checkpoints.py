@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from checkpoints_convert.__main__ import main as convert_main
 from magicdec_jax import checkpoints
 from magicdec_jax.checkpoints import load_model
 from magicdec_jax.config import ModelConfig
@@ -41,22 +42,22 @@ def check_mapping(params, sd, cfg):
     assert "lm_head" not in params
   else:
     np.testing.assert_array_equal(params["lm_head"], get("lm_head.weight").T)
-  lay = params["layers"]
-  for i in range(cfg.num_layers):
+  assert isinstance(params["layers"], tuple) and len(params["layers"]) == cfg.num_layers
+  for i, lay in enumerate(params["layers"]):
     p = f"model.layers.{i}."
     q, kk, v, o = (get(p + f"self_attn.{n}_proj.weight") for n in "qkvo")
     for head in range(h):
       for j in (0, d // 2, d - 1):
-        np.testing.assert_array_equal(lay["attn"]["q"][i][:, head, j], q[head * d + j])
-        np.testing.assert_array_equal(lay["attn"]["o"][i][head, j, :], o[:, head * d + j])
+        np.testing.assert_array_equal(lay["attn"]["q"][:, head, j], q[head * d + j])
+        np.testing.assert_array_equal(lay["attn"]["o"][head, j, :], o[:, head * d + j])
     for head in range(k):
       for j in (0, d - 1):
-        np.testing.assert_array_equal(lay["attn"]["k"][i][:, head, j], kk[head * d + j])
-        np.testing.assert_array_equal(lay["attn"]["v"][i][:, head, j], v[head * d + j])
+        np.testing.assert_array_equal(lay["attn"]["k"][:, head, j], kk[head * d + j])
+        np.testing.assert_array_equal(lay["attn"]["v"][:, head, j], v[head * d + j])
     for ours, theirs in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-      np.testing.assert_array_equal(lay["mlp"][ours][i], get(p + f"mlp.{theirs}.weight").T)
-    np.testing.assert_array_equal(lay["attn_norm"]["scale"][i], get(p + "input_layernorm.weight"))
-    np.testing.assert_array_equal(lay["mlp_norm"]["scale"][i], get(p + "post_attention_layernorm.weight"))
+      np.testing.assert_array_equal(lay["mlp"][ours], get(p + f"mlp.{theirs}.weight").T)
+    np.testing.assert_array_equal(lay["attn_norm"]["scale"], get(p + "input_layernorm.weight"))
+    np.testing.assert_array_equal(lay["mlp_norm"]["scale"], get(p + "post_attention_layernorm.weight"))
 
 
 @pytest.mark.parametrize("tied", [False, True])
@@ -266,14 +267,34 @@ def test_orbax_round_trip(tmp_path):
 
 
 def test_convert_cli(tmp_path, capsys):
-  from magicdec_jax.checkpoints_convert.__main__ import main
   hf = hf_tiny(seed=4)
   hf.save_pretrained(tmp_path / "hf")
-  assert main([str(tmp_path / "hf"), str(tmp_path / "out"), "--dtype", "bfloat16"]) == 0
+  assert convert_main(["--src", str(tmp_path / "hf"), "--dst", str(tmp_path / "out"), "--dtype", "bfloat16"]) == 0
   assert json.loads(capsys.readouterr().out)["layers"] == 3
   back = load_model(str(tmp_path / "out"), dtype="float32")
   ref = load_model(str(tmp_path / "hf"), dtype="bfloat16")
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b, np.float32)),
                back.params, ref.params)
-  assert main(["no-such-model", str(tmp_path / "x")]) == 2
+  assert convert_main(["--src", "no-such-model", "--dst", str(tmp_path / "x")]) == 2
   assert "no-such-model" in capsys.readouterr().err
+
+
+def test_orbax_dir_of_the_stacked_layout_still_loads(tmp_path):
+  """A dir saved before the per-layer layout (layer leaves stacked on [L]) restores into per-layer trees
+  equal to the stacked arrays' slices (checked with numpy)."""
+  import orbax.checkpoint as ocp
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=3, num_heads=4,
+                    num_kv_heads=2, head_dim=8)
+  params = init_params(cfg, jax.random.key(3))
+  stacked = dict(params, layers=jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]),
+                                             *params["layers"]))
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(str(tmp_path / "old" / checkpoints.PARAMS_DIR), stacked)
+  ckptr.wait_until_finished()
+  (tmp_path / "old" / checkpoints.CONFIG_FILE).write_text(cfg.to_json())
+  back = load_model(str(tmp_path / "old"))
+  assert isinstance(back.params["layers"], tuple) and len(back.params["layers"]) == 3
+  for i, layer in enumerate(back.params["layers"]):
+    jax.tree.map(lambda got, want, i=i: np.testing.assert_array_equal(np.asarray(got), np.asarray(want)[i]),
+                 layer, stacked["layers"])
+  np.testing.assert_array_equal(np.asarray(back.params["embed"]), np.asarray(params["embed"]))

@@ -16,6 +16,7 @@ import numpy as np
 
 import magicdec_jax as md
 from magicdec_jax import checkpoints, sharding
+from magicdec_jax import compile as compiling
 from magicdec_jax.sharding import rules, runtime
 
 MESHES = ("data:1,model:8", "data:2,model:4", "data:4,model:2", "data:8,model:1")
@@ -36,7 +37,7 @@ def tiny_model(seed: int = 0):
     std = 0.5 if "embed" in name else (10.0 if "attn" in name else 1.0) * cfg.hidden_size ** -0.5
     return jax.numpy.asarray(rng.normal(size=shape) * std, np.float32)
 
-  params = jax.tree_util.tree_map_with_path(leaf, shapes, is_leaf=lambda x: isinstance(x, tuple))
+  params = jax.tree_util.tree_map_with_path(leaf, shapes, is_leaf=checkpoints.is_shape)
   return md.Model(cfg, params, name="tiny-8h2kv")
 
 
@@ -90,8 +91,10 @@ def collectives(model, prompts, mesh_spec: str, case: dict, max_new_tokens: int)
   static.pop("num_slots"), static.pop("chunk")
   dec_text = sharding.compiled_text("decode", mesh, sm.params, dparams, state, sampling=md.Sampling(),
                                     **static)
-  shard_elems = int(np.prod(target.k.addressable_shards[0].data.shape))
-  in_loop, after_loop, where = 0, 0, {}
+  # a gathered cache layer: the all-gather's result is one layer's [B, K, S, D] buffer (target or ring), or
+  # a shard of it; other big all-gathers (vocab-sharded logits for sampling) are expected
+  cache_layer = {tuple(target.k[0].shape)} | ({tuple(ring.k[0].shape)} if ring is not None else set())
+  in_loop, after_loop, where, big_gathers = 0, 0, {}, []
   for line in dec_text.splitlines():
     m = re.search(r"= \(?(\w+)\[([\d,]*)\]\S* (all-gather|all-reduce|collective-permute)(?:-start)?\(", line)
     if not m:
@@ -99,14 +102,17 @@ def collectives(model, prompts, mesh_spec: str, case: dict, max_new_tokens: int)
     name = re.search(r'op_name="([^"]*)"', line)
     name = name.group(1).split("jit(decode)/")[-1] if name else "?"
     where[f"{m.group(3)} {name}"] = where.get(f"{m.group(3)} {name}", 0) + 1
-    elems = int(np.prod([int(x) for x in m.group(2).split(",") if x] or [1]))
-    if m.group(3) == "all-gather" and elems >= shard_elems:      # as big as a cache shard
+    dims = tuple(int(x) for x in m.group(2).split(",") if x)
+    if m.group(3) == "all-gather" and int(np.prod(dims or (1,))) >= 4096:
+      big_gathers.append(f"{list(dims)} {name}")
+    if m.group(3) == "all-gather" and any(len(d) == len(dims) and sum(a != c for a, c in zip(d, dims)) <= 1
+                                          for d in cache_layer):
       in_loop += "while/body" in name
       after_loop += "while/body" not in name
   return {"prefill": sharding.count_collectives(pre_text), "decode": sharding.count_collectives(dec_text),
-          "decode_by_op": where, "cache_gathers_in_loop": in_loop, "cache_gathers_after_loop": after_loop,
-          "cache_shard_shape": list(target.k.addressable_shards[0].data.shape),
-          "cache_shape": list(target.k.shape)}
+          "decode_by_op": where, "big_gathers": big_gathers, "cache_gathers_in_loop": in_loop, "cache_gathers_after_loop": after_loop,
+          "cache_shard_shape": list(target.k[0].addressable_shards[0].data.shape),
+          "cache_shape": list(target.k[0].shape)}
 
 
 def per_device_bytes(tree) -> int:
@@ -151,7 +157,7 @@ def orbax_facts(model, tmpdir: str, mesh_spec: str) -> dict:
   path = os.path.join(tmpdir, "ckpt")
   checkpoints.save_orbax(model, path)
   mesh = sharding.make_mesh(mesh_spec)
-  back = checkpoints.load_orbax_sharded(path, mesh)
+  back = sharding.load_orbax_sharded(path, mesh)
   lay = rules.layout_for(model.config, sharding.axis_sizes(mesh)[1])
   specs = rules.param_specs(model.params, lay)
   bad = []
@@ -165,7 +171,7 @@ def orbax_facts(model, tmpdir: str, mesh_spec: str) -> dict:
     for shard in arr.addressable_shards:          # each device holds exactly its block of the values
       if not np.array_equal(np.asarray(shard.data), np.asarray(ref)[shard.index]):
         bad.append(f"{name}: device {shard.device.id} block {shard.index} differs")
-  q = back.params["layers"]["attn"]["q"]
+  q = back.params["layers"][0]["attn"]["q"]
   return {"bad": bad, "q_spec": str(q.sharding.spec), "q_shard_shape": list(q.addressable_shards[0].data.shape),
           "num_devices_q": len({s.device for s in q.addressable_shards})}
 
@@ -173,14 +179,14 @@ def orbax_facts(model, tmpdir: str, mesh_spec: str) -> dict:
 def refusal_facts(model, prompts) -> dict:
   """An over-budget config is refused with the numbers, before anything new compiles."""
   mesh = sharding.make_mesh("data:2,model:4")
-  before = len(runtime._JITS)
+  before = compiling.compile_count()
   t = time.perf_counter()
   try:
     md.generate(model, prompts, max_new_tokens=4, mesh=mesh, device_memory=10_000)
     return {"refused": False}
   except ValueError as e:
     return {"refused": True, "message": str(e), "seconds": time.perf_counter() - t,
-            "new_jits": len(runtime._JITS) - before}
+            "new_jits": compiling.compile_count() - before}
 
 
 class Timed(dict):

@@ -1,0 +1,241 @@
+"""Measure this device's step times and fit the linear step-time model: a hardware profile (JSON).
+
+`measure` times jitted forward passes of the real model code (`model.forward` over a `KVCache.zeros` cache,
+the cache donated and written in place as in the decode loop) over a small grid: the target's AR step
+(1 token per row), its verify step (T tokens per row, a chain or a tree's nodes) and each draft's step
+(the target's weights or a draft model against the draft's fixed-size cache, 1 or a tree level's tokens).
+`fit_profile` fits `costmodel.FittedHardware` to every measured step by non-negative least squares and
+reports its leave-one-out error (each step predicted by a fit that never saw it). `calibrate` does both and
+returns the profile; `load_profile` gives back a FittedHardware that every cost-model function (and
+`generate(..., hardware=PATH)`, `run.py --hardware=PATH`, `--mode=plan`) accepts.
+
+Timings are the minimum over `repeats` calls after one untimed call (compilation): on a shared CPU the
+minimum is the least disturbed estimate; the median is recorded too. Profile format: README "Hardware
+profiles".
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import datetime
+import json
+import math
+import os
+import platform
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from magicdec_jax import costmodel
+from magicdec_jax.cache import KVCache, aligned_slots
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers.attention import DenseMask, PrefixTree
+from magicdec_jax.model import forward
+
+PROFILE_FORMAT = "magicdec-hardware-profile/1"
+DEFAULT_BATCHES = (1, 4, 8)
+DEFAULT_CONTEXTS = (256, 1024, 2048)
+DEFAULT_TOKENS = (1, 4, 16)          # target: AR (1) and verify sizes
+DEFAULT_DRAFT_TOKENS = (1, 4)        # draft: a chain step (1) and a tree level
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftUnderTest:
+  """A draft as calibrate times it: which model (None = the target's own weights), how many cache slots."""
+  name: str                   # "self", "snapkv", "model"
+  kv_tokens: int              # sink + window (StreamingLLM) or budget + window (SnapKV)
+  cfg: ModelConfig | None = None
+  params: object = None
+
+
+@functools.lru_cache(maxsize=256)
+def _step_fn(cfg: ModelConfig, t: int, kind: str):
+  """Jitted forward of t tokens per row; kind 'linear' (target: prefix + causal block) or 'ring' (a draft:
+  every cache slot visible, new tokens in the last t slots). The cache is donated (written in place)."""
+  anc = np.tril(np.ones((t, t), bool))
+
+  def step(params, cache, tokens, base):
+    pos = base[:, None] + jnp.arange(t)[None, :]
+    if kind == "linear":
+      spec, slots = PrefixTree(base, jnp.asarray(anc)), pos
+    else:
+      s = cache.num_slots
+      slots = jnp.broadcast_to(s - t + jnp.arange(t), pos.shape)
+      spec = DenseMask(jnp.ones((tokens.shape[0], t, s), bool))
+    return forward(params, cfg, tokens, pos, cache, slots, spec)
+  return jax.jit(step, donate_argnums=(1,))
+
+
+def time_step(params, cfg: ModelConfig, batch: int, kv_context: int, t: int, kind: str = "linear",
+              repeats: int = 5, options: dict | None = None) -> dict:
+  """{'seconds' (min), 'median_s', 'times', 'first_call_s'} of one forward of t tokens per row after
+  kv_context cached ones (the first call, compiling on the first use of a shape, is not counted). The
+  cache has the engine's slot count (a multiple of cache.SLOT_ALIGN); `options`: XLA compiler
+  options for this step's executable only (e.g. {"xla_gpu_enable_triton_gemm": False})."""
+  slots = aligned_slots(kv_context + t)          # as the engine sizes both the target cache and the rings
+  cache = KVCache.zeros(cfg, batch, slots)
+  tokens = jnp.zeros((batch, t), jnp.int32)
+  base = jnp.full((batch,), kv_context, jnp.int32)
+  f = _step_fn(cfg, t, kind)
+  if options:
+    f = f.lower(params, cache, tokens, base).compile(compiler_options=dict(options))
+  times = []
+  for i in range(repeats + 1):
+    t0 = time.perf_counter()
+    logits, cache = f(params, cache, tokens, base)
+    jax.block_until_ready(logits)
+    times.append(time.perf_counter() - t0)
+  del cache, logits
+  steady = times[1:]
+  return {"seconds": float(min(steady)), "median_s": float(np.median(steady)),
+          "times": [round(x, 6) for x in steady], "first_call_s": times[0]}
+
+
+def grid_rows(batches: Sequence[int] = DEFAULT_BATCHES, contexts: Sequence[int] = DEFAULT_CONTEXTS,
+              tokens: Sequence[int] = DEFAULT_TOKENS, draft_tokens: Sequence[int] = DEFAULT_DRAFT_TOKENS,
+              drafts: Sequence[DraftUnderTest] = ()) -> list[dict]:
+  """The shapes `measure` times: target (role 'ar' / 'verify') at every batch x context x tokens, each draft
+  (role 'draft_<name>') at every batch x draft_tokens against its own fixed cache."""
+  rows = [{"role": "ar" if t == 1 else "verify", "model": "target", "batch": b, "kv_context": n, "new_tokens": t}
+          for n in contexts for b in batches for t in tokens]
+  for d in drafts:
+    rows += [{"role": f"draft_{d.name}", "model": "draft" if d.cfg is not None else "target", "batch": b,
+              "kv_context": d.kv_tokens, "new_tokens": t, "draft": d.name} for b in batches for t in draft_tokens]
+  return rows
+
+
+def measure(params, cfg: ModelConfig, shapes: Sequence[dict], drafts: Sequence[DraftUnderTest] = (), *,
+            repeats: int = 5, passes: int = 2, log: Callable[[str], None] | None = None) -> list[dict]:
+  """Time every grid_rows shape; returns the rows with the timing fields added.
+
+  The grid is swept `passes` times (repeats calls per shape per pass, each step function compiled once):
+  a burst of load from other processes then hits one pass of a shape, not all of its samples, and the
+  minimum over passes drops it.
+  """
+  by_name = {d.name: d for d in drafts}
+  out = [dict(r, times=[]) for r in shapes]
+  for pas in range(passes):
+    for i, row in enumerate(shapes):
+      d = by_name.get(row.get("draft"))
+      c, p = (d.cfg, d.params) if d is not None and d.cfg is not None else (cfg, params)
+      kind = "ring" if row["role"].startswith("draft_") else "linear"
+      m = time_step(p, c, row["batch"], row["kv_context"], row["new_tokens"], kind, repeats)
+      r = out[i]
+      r["times"] += m["times"]
+      if pas == 0:
+        r["first_call_s"] = m["first_call_s"]
+        r["config"] = json.loads(c.to_json())
+      r["seconds"], r["median_s"] = float(min(r["times"])), float(np.median(r["times"]))
+      if log:
+        log(f"calibrate pass {pas + 1}/{passes} [{i + 1}/{len(shapes)}] {row['role']:>12} b{row['batch']} "
+            f"kv{row['kv_context']} t{row['new_tokens']}: {r['seconds'] * 1e3:.2f} ms "
+            f"(median {r['median_s'] * 1e3:.2f})")
+  return out
+
+
+def step_rows(measurements: Sequence[dict]) -> list[costmodel.StepRow]:
+  """Profile measurements -> costmodel.StepRow (the config is stored with every measurement)."""
+  rows = []
+  for m in measurements:
+    cfg = ModelConfig.from_json(json.dumps(m["config"]))
+    rows.append(costmodel.StepRow(cfg, int(m["batch"]), int(m["kv_context"]), int(m["new_tokens"]),
+                                  float(m["seconds"]), cfg.dtype, m.get("role", "")))
+  return rows
+
+
+def holdout_errors(rows: Sequence[costmodel.StepRow], *, tile: int = 128) -> np.ndarray:
+  """Leave-one-out relative errors: row i predicted by a fit on every other row."""
+  errs = []
+  for i in range(len(rows)):
+    hw = costmodel.fit_step_model("loo", [r for j, r in enumerate(rows) if j != i], tile=tile)
+    errs.append(costmodel.relative_errors(hw, [rows[i]])[0])
+  return np.asarray(errs)
+
+
+def fit_profile(name: str, measurements: Sequence[dict], *, tile: int = 128,
+                memory_bytes: float = math.inf) -> dict:
+  """The 'fit' block of a profile: coefficients, training and leave-one-out relative errors."""
+  rows = step_rows(measurements)
+  hw = costmodel.fit_step_model(name, rows, tile=tile, memory_bytes=memory_bytes)
+  train = costmodel.relative_errors(hw, rows)
+  loo = holdout_errors(rows, tile=tile) if len(rows) > 4 else np.zeros(0)
+  stats = lambda e: {"mean": float(e.mean()), "p90": float(np.percentile(e, 90)), "max": float(e.max())} \
+      if e.size else None
+  return dict(hw.to_dict(), feature_doc=dict(costmodel.FEATURE_DOC), train_rel_err=stats(train),
+              holdout_rel_err=dict(stats(loo) or {}, method="leave-one-out") if loo.size else None,
+              per_row_holdout_rel_err=[round(float(e), 4) for e in loo])
+
+
+def device_memory_bytes() -> float:
+  dev = jax.devices()[0]
+  try:
+    limit = (dev.memory_stats() or {}).get("bytes_limit")
+  except Exception:  # noqa: BLE001 - CPU devices may not implement memory_stats
+    limit = None
+  return float(limit) if limit else math.inf
+
+
+def calibrate(params, cfg: ModelConfig, *, drafts: Sequence[DraftUnderTest] = (), model_name: str = "model",
+              batches: Sequence[int] = DEFAULT_BATCHES, contexts: Sequence[int] = DEFAULT_CONTEXTS,
+              tokens: Sequence[int] = DEFAULT_TOKENS, draft_tokens: Sequence[int] = DEFAULT_DRAFT_TOKENS,
+              repeats: int = 5, passes: int = 2, tile: int = 128, acceptance_vector: Sequence[float] | None = None,
+              log: Callable[[str], None] | None = None) -> dict:
+  """Measure the grid and fit: the whole hardware profile as a JSON-ready dict."""
+  t0 = time.perf_counter()
+  dev = jax.devices()[0]
+  load0 = list(os.getloadavg())
+  shapes = grid_rows(batches, contexts, tokens, draft_tokens, drafts)
+  meas = measure(params, cfg, shapes, drafts, repeats=repeats, passes=passes, log=log)
+  name = f"{dev.platform}:{dev.device_kind} (fitted)"
+  mem = device_memory_bytes()
+  prof = {
+      "format": PROFILE_FORMAT, "device": f"{dev.platform}:{dev.device_kind}", "platform": platform.platform(),
+      "jax_version": jax.__version__,
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "host_cpus": os.cpu_count(), "loadavg_start": load0, "model": model_name, "dtype": cfg.dtype,
+      "grid": {"batches": list(batches), "contexts": list(contexts), "tokens": list(tokens),
+               "draft_tokens": list(draft_tokens),
+               "drafts": [{"name": d.name, "kv_tokens": d.kv_tokens,
+                           "model": "target" if d.cfg is None else "draft"} for d in drafts]},
+      "repeats": repeats, "passes": passes,
+      "timing": "min over passes x repeats calls, each pass after one untimed call (the first compiles)",
+      "measurements": meas,
+      "fit": fit_profile(name, meas, tile=tile, memory_bytes=mem),
+  }
+  if acceptance_vector is not None:
+    prof["acceptance_vector"] = [float(x) for x in acceptance_vector]
+  prof["loadavg_end"] = list(os.getloadavg())
+  prof["total_s"] = time.perf_counter() - t0
+  return prof
+
+
+def save_profile(profile: dict, path: str) -> str:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(profile, f, indent=1)
+    f.write("\n")
+  return path
+
+
+def load_profile(path: str) -> tuple[costmodel.FittedHardware, dict]:
+  """(FittedHardware, the whole profile dict) from a profile JSON; ValueError if it is not one."""
+  try:
+    with open(path) as f:
+      prof = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path}: cannot read a hardware profile ({e})") from None
+  if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT or "fit" not in prof:
+    raise ValueError(f"{path}: not a hardware profile (expected 'format': {PROFILE_FORMAT!r} and a 'fit' block; "
+                     "write one with `run.py --mode=calibrate`)")
+  try:
+    hw = costmodel.FittedHardware.from_dict(prof["fit"])
+  except (KeyError, TypeError, ValueError) as e:
+    raise ValueError(f"{path}: bad 'fit' block ({e})") from None
+  return hw, prof
+
+
+def is_profile_path(name) -> bool:
+  return isinstance(name, (str, os.PathLike)) and str(name).endswith(".json")

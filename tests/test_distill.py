@@ -1,0 +1,201 @@
+"""Draft distillation (magicdec_jax.distill): the loss falls, resume is exact, bad input fails early, and the
+trained draft loads and decodes losslessly."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import tiny_model
+from magicdec_jax import checkpoints, distill, distill_data, drafts, engine
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.model import full_forward
+
+SEQ = 32
+CFG = distill.DistillConfig(steps=24, lr=1e-2, warmup_steps=4, batch=4, seq_len=SEQ, checkpoint_every=5,
+                            sink=2, window=8, seed=3, loss="kl")
+
+
+def _target():
+  return tiny_model(0, layers=3, attn_scale=4.0)
+
+
+def _data(n=48, seed=0):
+  return np.random.default_rng(seed).integers(0, 64, size=(n, SEQ)).astype(np.int32)
+
+
+def _heldout():
+  return [np.random.default_rng(99 + i).integers(0, 64, size=48).tolist() for i in range(3)]
+
+
+def _kl64(target, draft, windows) -> float:
+  """KL(target || draft) per position, float64 numpy, from the two models' logits."""
+  tot, n = 0.0, 0
+  for w in windows:
+    arr = np.asarray([w], np.int32)
+    p = np.asarray(full_forward(target.params, target.config, arr), np.float64)[0]
+    q = np.asarray(full_forward(draft.params, draft.config, arr), np.float64)[0]
+    lp = p - np.log(np.exp(p - p.max(-1, keepdims=True)).sum(-1, keepdims=True)) - p.max(-1, keepdims=True)
+    lq = q - np.log(np.exp(q - q.max(-1, keepdims=True)).sum(-1, keepdims=True)) - q.max(-1, keepdims=True)
+    tot += (np.exp(lp) * (lp - lq)).sum()
+    n += len(w)
+  return tot / n
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """One uninterrupted run: (out dir, trained model, history)."""
+  out = str(tmp_path_factory.mktemp("distill") / "full")
+  target = _target()
+  model, hist = distill.distill(target, distill.init_draft(target, layers=1), _data(), out, CFG,
+                                eval_windows=_heldout(), progress=False)
+  return out, model, hist
+
+
+def test_heldout_kl_falls(trained):
+  target = _target()
+  before = _kl64(target, distill.init_draft(target, layers=1), _heldout())
+  after = _kl64(target, trained[1], _heldout())
+  assert after < 0.7 * before, (before, after)
+  assert abs(distill.heldout_kl(target, trained[1], _heldout()) - after) < 1e-6
+  hist = trained[2]
+  assert [h["step"] for h in hist] == [0, CFG.steps] and 0 <= hist[-1]["acceptance"] <= 1
+
+
+def test_resume_after_stop_equals_uninterrupted(trained, tmp_path):
+  target = _target()
+  out = str(tmp_path / "resumed")
+  part, _ = distill.distill(target, distill.init_draft(target, layers=1), _data(), out, CFG, progress=False,
+                            stop_after=7)
+  assert not os.path.exists(os.path.join(out, checkpoints.CONFIG_FILE))      # no final model yet
+  model, _ = distill.distill(target, distill.init_draft(target, layers=1), _data(), out, CFG, progress=False)
+  diff = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
+                      model.params, trained[1].params)
+  assert max(jax.tree.leaves(diff)) <= 1e-6
+
+
+KILL_SCRIPT = """
+import os, sys, numpy as np
+sys.path.insert(0, {tests!r})
+from conftest import tiny_model
+from magicdec_jax import distill
+import test_distill as T
+orig = distill.train_step
+n = [0]
+def killing(*a, **k):
+  n[0] += 1
+  if n[0] == 13:                      # mid-run, right after the async checkpoint of step 10 began
+    os.kill(os.getpid(), 9)
+  return orig(*a, **k)
+distill.train_step = killing
+t = T._target()
+distill.distill(t, distill.init_draft(t, layers=1), T._data(), {out!r}, T.CFG, progress=False)
+"""
+
+
+def test_resume_after_kill_9(trained, tmp_path):
+  out = str(tmp_path / "killed")
+  tests = os.path.dirname(os.path.abspath(__file__))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(tests), tests]))
+  r = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(tests=tests, out=out)], env=env,
+                     capture_output=True, timeout=300)
+  assert r.returncode == -9, r.stderr.decode()[-2000:]
+  assert not os.path.exists(os.path.join(out, checkpoints.CONFIG_FILE))
+  target = _target()
+  model, _ = distill.distill(target, distill.init_draft(target, layers=1), _data(), out, CFG, progress=False)
+  diff = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
+                      model.params, trained[1].params)
+  assert max(jax.tree.leaves(diff)) <= 1e-6
+
+
+def test_trained_dir_loads_and_decodes_losslessly(trained):
+  target = _target()
+  draft_model = checkpoints.load_model(trained[0])
+  assert draft_model.config.num_layers == 1
+  prompts = [np.random.default_rng(5).integers(0, 64, size=n).tolist() for n in (9, 20)]
+  ar = engine.generate(target, prompts, max_new_tokens=12)
+  sd = engine.generate(target, prompts, max_new_tokens=12, gamma=3,
+                       draft=drafts.ModelDraft(draft_model, sink=2, window=8))
+  assert sd.tokens == ar.tokens
+
+
+def test_bad_inputs_raise_before_compiling(tmp_path):
+  target = _target()
+  compiled = distill.train_step._cache_size()
+  draft = distill.init_draft(target, layers=1)
+  (tmp_path / "empty.jsonl").write_text("\n")
+  with pytest.raises(ValueError, match="empty"):
+    distill_data.load_windows(str(tmp_path / "empty.jsonl"), None, 64, SEQ)
+  (tmp_path / "bad.jsonl").write_text(json.dumps({"token_ids": [1, 2, 3]}) + "\n{not json\n")
+  with pytest.raises(ValueError, match="line 2"):
+    distill_data.load_windows(str(tmp_path / "bad.jsonl"), None, 64, SEQ)
+  (tmp_path / "oov.jsonl").write_text(json.dumps({"token_ids": [1, 70]}) + "\n")
+  with pytest.raises(ValueError, match="line 1.*vocabulary"):
+    distill_data.load_windows(str(tmp_path / "oov.jsonl"), None, 64, SEQ)
+  (tmp_path / "short.jsonl").write_text(json.dumps({"token_ids": [1, 2]}) + "\n")
+  with pytest.raises(ValueError, match="fewer than one window"):
+    distill_data.load_windows(str(tmp_path / "short.jsonl"), None, 64, SEQ)
+  other_vocab = distill.init_draft(target, config=target.config.replace(vocab_size=80, num_layers=1))
+  with pytest.raises(ValueError, match="vocabulary"):
+    distill.distill(target, other_vocab, _data(), str(tmp_path / "o1"), CFG, progress=False)
+  bigger = distill.init_draft(target, config=target.config.replace(num_layers=4))
+  with pytest.raises(ValueError, match="larger than the target"):
+    distill.distill(target, bigger, _data(), str(tmp_path / "o2"), CFG, progress=False)
+  (tmp_path / "afile").write_text("x")
+  with pytest.raises(ValueError, match="does not exist|not a directory"):
+    distill.distill(target, draft, _data(), str(tmp_path / "afile" / "out"), CFG, progress=False)
+  with pytest.raises(ValueError, match="seq_len"):
+    distill.distill(target, draft, _data()[:, :16], str(tmp_path / "o3"), CFG, progress=False)
+  assert distill.train_step._cache_size() == compiled
+  assert not any((tmp_path / d).exists() for d in ("o1", "o2", "o3"))
+  # a rerun with other settings into a dir holding checkpoints is refused
+  distill.prepare_out_dir(str(tmp_path / "o4"), {"a": 1})
+  with pytest.raises(ValueError, match="other settings"):
+    distill.prepare_out_dir(str(tmp_path / "o4"), {"a": 2})
+
+
+def test_batch_order_is_a_function_of_seed_and_step():
+  a = [distill_data.batch_indices(10, 4, s, 7).tolist() for s in range(6)]
+  b = [distill_data.batch_indices(10, 4, s, 7).tolist() for s in (3, 4, 5)]
+  assert a[3:] == b
+  flat = sum(a[:5], [])                   # 20 draws = two epochs, each a permutation of the 10 windows
+  assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
+
+
+def test_cli_distill_flags_validated(tmp_path):
+  from absl import app, flags
+  from magicdec_jax import cli_flags
+
+  def check(argv):
+    fv = cli_flags.define_flags(flags.FlagValues())
+    fv(["run.py", "--mode=distill"] + argv)
+    cli_flags.validate(fv)
+
+  data = tmp_path / "d.jsonl"
+  data.write_text(json.dumps({"token_ids": [1, 2, 3]}) + "\n")
+  (tmp_path / "empty.txt").write_text("")
+  (tmp_path / "afile").write_text("x")
+  ok = [f"--distill_data={data}", f"--distill_out={tmp_path / 'out'}", "--draft_layers=1"]
+  check(ok)
+  cases = [
+      ([f"--distill_out={tmp_path / 'out'}", "--draft_layers=1"], "--distill_data"),
+      ([f"--distill_data={tmp_path / 'nope.jsonl'}"] + ok[1:], "no such file"),
+      ([f"--distill_data={tmp_path / 'empty.txt'}"] + ok[1:], "empty file"),
+      (ok[:2], "--draft_layers"),
+      (ok + [f"--draft_config={data}"], "exactly one"),
+      ([ok[0], f"--distill_out={tmp_path / 'afile'}", ok[2]], "not a directory"),
+      ([ok[0], f"--distill_out={tmp_path / 'no' / 'out'}", ok[2]], "does not exist"),
+      (ok + ["--mesh=data:3", "--batch=8"], "--batch=8"),
+  ]
+  for argv, msg in cases:
+    with pytest.raises(app.UsageError, match=msg):
+      check(argv)
+  with pytest.raises(flags.IllegalFlagValueError):
+    check(ok + ["--distill_loss=mse"])
+  with pytest.raises(flags.IllegalFlagValueError):
+    check(ok + ["--distill_steps=0"])
