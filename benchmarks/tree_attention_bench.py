@@ -35,8 +35,9 @@ def random_tree(rng, t: int) -> np.ndarray:
 
 def make_inputs(rng, b, ctx, h, kh, d, t, dtype):
   q = jnp.asarray(rng.standard_normal((b, t, h, d)), dtype)
-  k = jnp.asarray(rng.standard_normal((b, ctx, kh, d)), dtype)
-  v = jnp.asarray(rng.standard_normal((b, ctx, kh, d)), dtype)
+  # the kernel's cache layout: [B, K, S, D] (one contiguous [S, D] block per row and KV head)
+  k = jnp.asarray(rng.standard_normal((b, kh, ctx, d)), dtype)
+  v = jnp.asarray(rng.standard_normal((b, kh, ctx, d)), dtype)
   jitter = rng.integers(0, max(1, ctx // 8), size=b)                     # ragged rows
   base = jnp.asarray(ctx - t - jitter, jnp.int32)
   anc = jnp.asarray(random_tree(rng, t))
@@ -100,6 +101,7 @@ def main(argv=None):
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--repeats", type=int, default=10)
   ap.add_argument("--out", default=None, help="also write the JSON here")
+  ap.add_argument("--strict", action="store_true", help="exit 1 if any backend errors (the smoke test sets it)")
   a = ap.parse_args(argv)
   if a.smoke:
     a.batch, a.context, a.tokens = [2], [256], [1, 4]
@@ -125,6 +127,10 @@ def main(argv=None):
   if a.out:
     with open(a.out, "w") as f:
       f.write(text + "\n")
+  errors = [k for r in rows for k in r if k.endswith("_error")]
+  if a.strict and errors:
+    raise SystemExit(f"tree_attention_bench: {len(errors)} backend errors: {errors}")
+  return doc
 
 
 if __name__ == "__main__":

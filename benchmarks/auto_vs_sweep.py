@@ -1,0 +1,177 @@
+"""Does `gamma="auto"` / `tree="auto"` pick what a sweep finds fastest? SmolLM2-135M, greedy, StreamingDraft, CPU.
+
+For each batch x context shape (Shakespeare prompts): autoregressive, then a sweep of gamma 1..6 and of every
+shipped tree, all in the same process, one `generate` each (jax's compile time is subtracted from decode seconds
+by `generate`). `gamma="auto"` / `tree="auto"` are resolved with the same call generate makes
+(`autotune.choose` with a fitted hardware profile and a measured acceptance vector); a pick that is in the sweep
+is measured by that sweep run (same configuration, same executable), any other pick is run as well. Records tokens/s, auto / best-of-sweep ratios, whether greedy outputs equal autoregressive ones,
+the profile's held-out (leave-one-out) step-time error, the load average, device, jax version and date. The JSON
+is rewritten after every configuration, so an interrupted run keeps what it measured.
+
+  nice -n 0 python benchmarks/auto_vs_sweep.py \
+      --profile benchmarks/results/cpu_profile_smollm2_streaming4+128_2026-11-23.json
+  python benchmarks/auto_vs_sweep.py                  # no --profile: calibrates first (a few minutes)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from magicdec_jax import StreamingDraft, autotune, calibrate, trees  # noqa: E402
+from magicdec_jax.engine import generate  # noqa: E402
+
+DEFAULT_VECTOR = os.path.join(common.RESULTS_DIR, "acceptance_vector_smollm2_streaming4+128_cpu_2026-11-22.json")
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--shapes", type=common.shape_list, default=[(4, 1024), (8, 1024), (8, 2048)])
+  ap.add_argument("--max-new", type=int, default=48)
+  ap.add_argument("--sink", type=int, default=4)
+  ap.add_argument("--window", type=int, default=128)
+  ap.add_argument("--gammas", type=common.int_list, default=[1, 2, 3, 4, 5, 6])
+  ap.add_argument("--trees", default=",".join(n for n in trees.DEFAULT_TREE_NAMES if not n.startswith("chain")),
+                  help="shipped trees to sweep (the shipped chains are in the gamma sweep)")
+  ap.add_argument("--profile", default=None, help="hardware profile JSON (default: calibrate here first)")
+  ap.add_argument("--acceptance", default=DEFAULT_VECTOR, help="acceptance vector JSON for auto")
+  ap.add_argument("--budget-min", type=float, default=60.0, help="start no new configuration after this")
+  ap.add_argument("--output", default=None)
+  ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes: checks the script (CPU, s)")
+  args = ap.parse_args(argv)
+  if args.smoke:
+    args.shapes, args.max_new, args.gammas, args.trees, args.window = [(2, 64)], 8, [1, 2], "sequoia16", 16
+  t_start = time.time()
+  out_path = args.output or str(common.RESULTS_DIR / f"auto_vs_sweep_{common.device_tag()}.json")
+
+  if args.smoke:
+    from magicdec_jax import cli_flags
+    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+  else:
+    model, source = common.load_smollm(allow_random=False)
+  draft = StreamingDraft(sink=args.sink, window=args.window)
+  with open(args.acceptance) as f:
+    vec = json.load(f)["acceptance_vector"]
+  doc = {"benchmark": "auto_vs_sweep", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
+         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window}, "greedy": True,
+         "max_new_tokens": args.max_new, "acceptance_file": args.acceptance, "acceptance_vector": vec,
+         "goal": "auto >= 95% of the best swept tokens/s; fitted step-time error <= 10% held out",
+         "args": {k: v for k, v in vars(args).items()}, "command": " ".join(sys.argv), "shapes": []}
+  if args.profile is None:
+    print("[auto_vs_sweep] calibrating (no --profile) ...", file=sys.stderr, flush=True)
+    prof = calibrate.calibrate(model.params, model.config, model_name=source,
+                               drafts=[calibrate.DraftUnderTest("self", args.sink + args.window)],
+                               batches=(1, 4, 8) if not args.smoke else (1, 2),
+                               contexts=(512, 1024, 2048) if not args.smoke else (64, 128),
+                               tokens=(1, 4, 16, 32) if not args.smoke else (1, 4),
+                               repeats=2 if not args.smoke else 1, passes=2 if not args.smoke else 1,
+                               acceptance_vector=vec)
+    args.profile = os.path.splitext(out_path)[0] + ".profile.json"
+    calibrate.save_profile(prof, args.profile)
+  _, prof = calibrate.load_profile(args.profile)
+  doc["profile"] = {"path": args.profile, "device": prof.get("device"), "date": prof.get("date"),
+                    "holdout_rel_err": prof["fit"].get("holdout_rel_err"),
+                    "train_rel_err": prof["fit"].get("train_rel_err"),
+                    "coef": dict(zip(prof["fit"]["features"], prof["fit"]["coef"]))}
+
+  def save():
+    doc["env"]["loadavg_now"] = list(os.getloadavg())
+    doc["elapsed_s"] = time.time() - t_start
+    with open(out_path, "w") as f:
+      json.dump(doc, f, indent=1, default=common._jsonable)
+      f.write("\n")
+
+  def one(prompts, **kw):
+    if (time.time() - t_start) / 60 > args.budget_min:
+      return None
+    load = os.getloadavg()[0]
+    res = generate(model, prompts, max_new_tokens=args.max_new, eos_token_id=[], **kw)
+    s = res.stats
+    return res, {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "compile_s": s.get("compile_s"),
+                 "mean_accepted_length": s.get("mean_accepted_length"), "tree_nodes": s.get("tree_nodes"),
+                 "auto_plan": s.get("auto_plan"), "loadavg_1min_before": load}
+
+  for b, ctx in args.shapes:
+    prompts, text = common.text_prompts(model, b, ctx, model.config.vocab_size)
+    rec = {"batch": b, "context": ctx, "text": text, "runs": {}}
+    doc["shapes"].append(rec)
+    r = one(prompts)
+    if r is None:
+      break
+    ar, rec["runs"]["autoregressive"] = r
+    # what auto picks (the same call generate(gamma="auto"/tree="auto") makes); a pick that is also in the
+    # sweep is the same configuration and executable: its sweep run is its measurement, not run twice
+    context = max(len(p) for p in prompts) + args.max_new // 2
+    picks = {}
+    for name, want_tree in (("auto_gamma", False), ("auto_tree", True)):
+      tree, info = autotune.choose(model.config, draft, len(prompts), context, want_tree=want_tree,
+                                   hardware=args.profile, acceptance_vector=vec)
+      picks[name] = (tree, {k: v for k, v in info.items() if isinstance(v, (int, float, str))})
+    rec["auto_picks"] = {k: dict(info, nodes=t.num_nodes, depth=t.max_depth, chain=t.is_chain)
+                         for k, (t, info) in picks.items()}
+    configs = [(f"gamma{g}", trees.Tree.chain(g)) for g in args.gammas]
+    configs += [(n, trees.default_tree(n)) for n in args.trees.split(",") if n]
+    for name, (tree, _) in picks.items():
+      if not any(t == tree for _, t in configs):
+        configs.insert(0, (name, tree))
+    for name, tree in configs:
+      r = one(prompts, draft=draft, tree=tree)
+      if r is None:
+        break
+      res, m = r
+      m["identical_to_ar"] = res.tokens == ar.tokens
+      rec["runs"][name] = m
+      print(f"[auto_vs_sweep] b{b} x {ctx} {name}: {m['tokens_per_s']:.1f} tok/s "
+            f"(AR {rec['runs']['autoregressive']['tokens_per_s']:.1f})", file=sys.stderr, flush=True)
+      for pick, (t, _) in picks.items():
+        if t == tree:
+          rec["auto_picks"][pick]["measured_by"] = name
+      _summarize(rec, args)
+      save()
+  save()
+  common.finish(doc, out_path, os.path.basename(out_path))
+
+
+def _summarize(rec: dict, args) -> None:
+  runs, picks = rec["runs"], rec["auto_picks"]
+  ar = runs["autoregressive"]["tokens_per_s"]
+  chains = {k: v["tokens_per_s"] for k, v in runs.items() if k.startswith("gamma")}
+  shipped = {k: v["tokens_per_s"] for k, v in runs.items() if k in args.trees.split(",")}
+  summ = {"ar_tokens_per_s": ar}
+  auto = {k: runs[p["measured_by"]]["tokens_per_s"] for k, p in picks.items() if p.get("measured_by") in runs}
+  if chains:
+    best = max(chains, key=chains.get)
+    summ.update(best_gamma=int(best[5:]), best_gamma_tokens_per_s=chains[best], auto_gamma=picks["auto_gamma"]["gamma"])
+    if "auto_gamma" in auto:
+      summ.update(auto_gamma_tokens_per_s=auto["auto_gamma"], auto_gamma_over_best=auto["auto_gamma"] / chains[best])
+  if shipped:
+    best = max(shipped, key=shipped.get)
+    summ.update(best_shipped_tree=best, best_shipped_tree_tokens_per_s=shipped[best],
+                auto_tree_nodes=picks["auto_tree"]["nodes"], auto_tree_depth=picks["auto_tree"]["depth"])
+    if "auto_tree" in auto:
+      summ.update(auto_tree_tokens_per_s=auto["auto_tree"], auto_tree_over_best_shipped=auto["auto_tree"] / shipped[best])
+  if chains or shipped:
+    allbest = max(list(chains.values()) + list(shipped.values()))
+    summ["best_of_sweep_tokens_per_s"] = allbest
+    for k, v in auto.items():
+      summ[f"{k}_over_best_of_sweep"] = v / allbest
+    # generate's default auto_fallback: where the pick's predicted speedup is below 1 (or the tree has depth 0)
+    # generate decodes autoregressively, so that configuration's measurement is the autoregressive run
+    best_all = max(allbest, ar)
+    summ["best_incl_autoregressive_tokens_per_s"] = best_all
+    for k, p in picks.items():
+      fallback = p["speedup"] < 1 or p["depth"] == 0
+      v = ar if fallback else auto.get(k)
+      if v is not None:
+        summ[f"{k}_with_fallback"] = "autoregressive" if fallback else p.get("measured_by")
+        summ[f"{k}_with_fallback_over_best_incl_ar"] = v / best_all
+  rec["summary"] = summ
+
+
+if __name__ == "__main__":
+  main()
