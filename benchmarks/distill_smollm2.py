@@ -80,8 +80,8 @@ def main():
       "acceptance_untrained": history[0]["acceptance"] if history and history[0]["step"] == 0 else None,
       "acceptance_final": history[-1]["acceptance"] if history else None,
       "curve": history, "wall_s": round(wall, 1), "process_cpu_s": round(cpu, 1),
-      "note": "wall and CPU seconds include model load, compile and held-out evaluations; the 2-core CPU was "
-              "shared with other jobs (load averages in env).",
+      "note": "wall and CPU seconds include model load, compile and held-out evaluations; each curve point's "
+              "wall_s counts from the start of training; load averages at start and end are in env.",
   }
   path = a.json or str(common.RESULTS_DIR / f"distill_smollm2_{a.loss}_{common.device_tag()}.json")
   with open(path, "w") as f:
