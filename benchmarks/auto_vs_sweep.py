@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from magicdec_jax import StreamingDraft, autotune, calibrate, trees  # noqa: E402
+from magicdec_jax import StreamingDraft, autotune, calibrate, cli_flags, trees  # noqa: E402
 from magicdec_jax.engine import generate  # noqa: E402
 
 DEFAULT_VECTOR = os.path.join(common.RESULTS_DIR, "acceptance_vector_smollm2_streaming4+128_cpu_2026-11-22.json")
@@ -50,7 +50,6 @@ def main(argv=None):
   out_path = args.output or str(common.RESULTS_DIR / f"auto_vs_sweep_{common.device_tag()}.json")
 
   if args.smoke:
-    from magicdec_jax import cli_flags
     model, source = cli_flags.random_tiny_model(0), "random-tiny"
   else:
     model, source = common.load_smollm(allow_random=False)
