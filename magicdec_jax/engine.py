@@ -274,8 +274,11 @@ def _prefill(target_params, draft_params, tokens, lengths, *, options=None, **st
 
 def _initial_state(*args, options=None, **static):
   """loop.initial_state as one executable in the LRU (run eagerly, its ops would compile one small
-  executable each per shape and stay in jax's caches for good)."""
-  return compiling.jit_executable("initial_state", loop.initial_state, args, static, options=options)(*args)
+  executable each per shape and stay in jax's caches for good). The prefilled caches are donated: the
+  state takes them over in place (not donated, XLA copies the whole target cache into the state, which
+  measured 0.6 s at SmolLM2 8 x 2048 on CPU, ten AR steps)."""
+  return compiling.jit_executable("initial_state", loop.initial_state, args, static, options=options,
+                                  donate_argnames=("target", "ring"))(*args)
 
 
 def _decode(target_params, draft_params, state, *, options=None, **static):
