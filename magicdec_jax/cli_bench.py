@@ -2,8 +2,8 @@
 
 Every configuration runs on real text (Shakespeare windows, one per row) with the same prompts for both
 methods; with warmup each configuration is run once untimed first; either way `generate` itself reports
-prefill / decode seconds without compile time (and `compile_s` apart), so timings are steady-state;
-CompileTimes only splits the compile seconds into prefill and decode for the report.
+prefill / decode seconds without compile time (and the compile seconds of each phase apart), so timings
+are steady-state.
 `generate` runs decoding as one compiled while_loop, so we report prefill vs decode time; a split of draft
 vs verify time inside the loop is not observable from the host (the JSON says so).
 """
@@ -20,40 +20,6 @@ import numpy as np
 from magicdec_jax import engine, textdata
 
 
-class CompileTimes:
-  """Seconds jax spent tracing, lowering and compiling `prefill` / `decode` (from jax.monitoring events),
-  for reporting the compile split; `generate`'s own stats already exclude compile time."""
-  EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-            "/jax/core/compile/backend_compile_duration")
-  _registered = False
-  totals = {"prefill": 0.0, "decode": 0.0}
-
-  @classmethod
-  def _listener(cls, event, duration, fun_name="", **_):
-    if event in cls.EVENTS:
-      for phase in cls.totals:
-        if phase in str(fun_name):
-          cls.totals[phase] += duration
-
-  @classmethod
-  def snapshot(cls) -> dict:
-    if not cls._registered:
-      jax.monitoring.register_event_duration_secs_listener(cls._listener)
-      cls._registered = True
-    return dict(cls.totals)
-
-  @classmethod
-  def since(cls, snap: dict) -> dict:
-    return {k: cls.totals[k] - snap[k] for k in snap}
-
-
-def steady_stats(stats: dict, compile_s: dict) -> dict:
-  """generate() stats (prefill_s / decode_s / tokens_per_s already exclude compile time: `generate`
-  subtracts what it compiled) with the prefill / decode compile split added. Subtracting `compile_s` again
-  would count compilation twice (a cold first call then reported a decode of ~0 s)."""
-  return dict(stats, prefill_compile_s=compile_s["prefill"], decode_compile_s=compile_s["decode"])
-
-
 def _prompts(model, batch: int, context: int) -> list[list[int]]:
   if model.tokenizer is not None:
     return textdata.shakespeare_prompts(model.tokenizer, batch, context)
@@ -64,8 +30,7 @@ def _prompts(model, batch: int, context: int) -> list[list[int]]:
 def _timed(model, prompts, warmup: bool, **kw) -> dict:
   if warmup:
     engine.generate(model, prompts, **kw)
-  snap = CompileTimes.snapshot()
-  s = steady_stats(engine.generate(model, prompts, **kw).stats, CompileTimes.since(snap))
+  s = engine.generate(model, prompts, **kw).stats
   keys = ("prefill_s", "decode_s", "new_tokens", "tokens_per_s", "verify_steps", "acceptance_rate",
           "mean_accepted_length", "per_position_acceptance", "prefill_compile_s", "decode_compile_s")
   return {k: s.get(k) for k in keys}

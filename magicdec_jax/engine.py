@@ -259,7 +259,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   c2 = compiling.compile_seconds()
   # compilation (first call of a bucket) is reported apart from the prefill / decode times
   result = _result(model, state, out, n_out, n, eos, tree, spec, t1 - t0 - (c1 - c0), t2 - t1 - (c2 - c1))
-  result.stats["compile_s"] = c2 - c0
+  result.stats.update(compile_s=c2 - c0, prefill_compile_s=c1 - c0, decode_compile_s=c2 - c1)
   if plan is not None:
     result.stats["auto_plan"] = {k: v for k, v in plan.items() if isinstance(v, (int, float, str))}
     result.stats["tree_depth"] = tree.max_depth
