@@ -106,13 +106,17 @@ def long_text(min_chars: int) -> str:
     return "\n\n".join(parts)
 
 
-def text_prompts(model, n_prompts: int, n_tokens: int, vocab: int, seed: int = 0) -> tuple[list, str]:
+def text_prompts(model, n_prompts: int, n_tokens: int, vocab: int, seed: int = 0,
+                 held_out: bool = False) -> tuple[list, str]:
   """(n_prompts windows of exactly n_tokens ids, source). Shakespeare through the model's tokenizer,
-  row i starting i * n_tokens tokens in; random ids when the model has no tokenizer."""
+  row i starting i * n_tokens tokens in; random ids when the model has no tokenizer. held_out: the
+  plays read from the end of the list (`textdata.shakespeare_prompts(..., held_out=True)`), no fallback."""
   tok = getattr(model, "tokenizer", None)
   if tok is None:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab, n_tokens).tolist() for _ in range(n_prompts)], "random-ids"
+  if held_out:
+    return textdata.shakespeare_prompts(tok, n_prompts, n_tokens, held_out=True), "shakespeare held-out plays"
   try:
     return textdata.shakespeare_prompts(tok, n_prompts, n_tokens), "shakespeare(textdata)"
   except (ImportError, AttributeError):

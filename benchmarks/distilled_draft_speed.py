@@ -21,9 +21,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-import numpy as np  # noqa: E402
-
-from magicdec_jax import checkpoints, cli_flags, distill, textdata  # noqa: E402
+from magicdec_jax import checkpoints, cli_flags, distill  # noqa: E402
 from magicdec_jax.drafts import ModelDraft, StreamingDraft  # noqa: E402
 from magicdec_jax.engine import generate  # noqa: E402
 
@@ -56,12 +54,7 @@ def main(argv=None):
   drafts = {"self_streaming": StreamingDraft(sink=args.sink, window=args.window),
             "distilled_model": ModelDraft(draft_model, sink=args.sink, window=args.window)}
   for b, ctx in args.shapes:
-    tok = getattr(target, "tokenizer", None)
-    if tok is None:
-      rng = np.random.default_rng(0)
-      prompts, text = [rng.integers(0, target.config.vocab_size, ctx).tolist() for _ in range(b)], "random-ids"
-    else:
-      prompts, text = textdata.shakespeare_prompts(tok, b, ctx, held_out=True), "shakespeare held-out plays"
+    prompts, text = common.text_prompts(target, b, ctx, target.config.vocab_size, held_out=True)
     rec = {"batch": b, "context": ctx, "text": text, "runs": {}}
     doc["shapes"].append(rec)
     ar = generate(target, prompts, max_new_tokens=args.max_new, eos_token_id=[])
