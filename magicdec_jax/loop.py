@@ -18,6 +18,7 @@ from magicdec_jax import drafts
 from magicdec_jax.cache import KVCache, RingCache, gather_slots, put_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import PrefixTree
+from magicdec_jax.layers.prefill_attention import CausalChunk
 from magicdec_jax.model import forward
 from magicdec_jax.sampling import Sampling, probabilities
 from magicdec_jax.trees import Tree
@@ -43,25 +44,30 @@ class LoopState:
   accepted_at: jax.Array  # [B, D] accepted count per tree depth
 
 
+def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, *, cfg: ModelConfig,
+                  window_spec=None, impl: str = "xla") -> KVCache:
+  """Write K/V of one chunk tokens [B, T] at slots start..start+T-1 (start a multiple of T; traced, so one
+  executable serves every chunk of a prompt). The target attends causally, computing only the causal
+  triangle (CausalChunk); a model draft (`window_spec`) with its own sink + window rule."""
+  b, t = tokens.shape
+  pos = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
+  if window_spec is None:
+    spec = CausalChunk(jnp.asarray(start, jnp.int32))
+  else:
+    mask = drafts.windowed_mask(window_spec.sink, window_spec.window, pos, cache.num_slots)
+    spec = drafts.window_attention(window_spec, mask, pos, window_spec.sink)
+  _, cache = forward(params, cfg, tokens, pos, cache, pos, spec, impl=impl, compute_logits=False)
+  return cache
+
+
 def _prefill_linear(params, cfg: ModelConfig, cache: KVCache, tokens: jax.Array, chunk: int,
                     window_spec=None, impl: str = "xla") -> KVCache:
   """Write K/V of tokens [B, P] (P a multiple of `chunk`) into slots 0..P-1, chunk by chunk."""
-  b, p = tokens.shape
-  anc = jnp.tril(jnp.ones((chunk, chunk), bool))
-
   def body(cache, c):
-    start = c * chunk
-    toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
-    pos = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
-    if window_spec is None:
-      spec = PrefixTree(jnp.full((b,), start, jnp.int32), anc)
-    else:
-      mask = drafts.windowed_mask(window_spec.sink, window_spec.window, pos, cache.num_slots)
-      spec = drafts.window_attention(window_spec, mask, pos, window_spec.sink)
-    _, cache = forward(params, cfg, toks, pos, cache, pos, spec, impl=impl, compute_logits=False)
-    return cache, None
+    toks = jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, axis=1)
+    return prefill_chunk(params, cache, toks, c * chunk, cfg=cfg, window_spec=window_spec, impl=impl), None
 
-  cache, _ = jax.lax.scan(body, cache, jnp.arange(p // chunk))
+  cache, _ = jax.lax.scan(body, cache, jnp.arange(tokens.shape[1] // chunk, dtype=jnp.int32))
   return cache
 
 
@@ -74,8 +80,19 @@ def prefill(target_params, draft_params, tokens: jax.Array, lengths: jax.Array, 
   """
   b = tokens.shape[0]
   target = _prefill_linear(target_params, cfg, KVCache.zeros(cfg, b, num_slots), tokens, chunk, impl=impl)
+  return target, prefill_draft.__wrapped__(target_params, draft_params, target, tokens, lengths, cfg=cfg,
+                                           spec=spec, tree=tree, chunk=chunk)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "chunk"))
+def prefill_draft(target_params, draft_params, target: KVCache, tokens: jax.Array, lengths: jax.Array, *,
+                  cfg: ModelConfig, spec, tree: Tree, chunk: int) -> RingCache | None:
+  """The draft's ring for prompts whose target cache is prefilled (None when `spec` is None): copied from
+  the target's K/V (self drafts; SnapKV selects with the observation window's attention), or computed by
+  the draft model's own chunked, windowed prefill."""
+  b = tokens.shape[0]
   if spec is None:
-    return target, None
+    return None
   dcfg = cfg if drafts.is_self(spec) else spec.config
   ring = drafts.empty_ring(spec, dcfg, b, tree)
   if isinstance(spec, drafts.SnapKVDraft):
@@ -87,12 +104,12 @@ def prefill(target_params, draft_params, tokens: jax.Array, lengths: jax.Array, 
                            PrefixTree(base, jnp.tril(jnp.ones((obs, obs), bool))),
                            compute_logits=False, return_scores=True)
     ring = drafts.snapkv_select(spec, ring, target, scores, lengths)
-    return target, drafts.prefill_from_target(spec, ring, target, lengths)
+    return drafts.prefill_from_target(spec, ring, target, lengths)
   if drafts.is_self(spec):
-    return target, drafts.prefill_from_target(spec, ring, target, lengths)
+    return drafts.prefill_from_target(spec, ring, target, lengths)
   draft_linear = _prefill_linear(draft_params, dcfg, KVCache.zeros(dcfg, b, tokens.shape[1]), tokens,
                                  chunk, window_spec=spec)
-  return target, drafts.prefill_from_target(spec, ring, draft_linear, lengths)
+  return drafts.prefill_from_target(spec, ring, draft_linear, lengths)
 
 
 def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec, tree: Tree,

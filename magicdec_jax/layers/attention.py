@@ -1,10 +1,12 @@
 """Grouped-query attention over an explicit KV cache passed in and returned.
 
 The new tokens' keys/values are written into the cache at per-row slots first, then every query attends
-to the cache under a visibility rule. Two rules cover every caller:
+to the cache under a visibility rule. Three rules cover every caller:
   * `PrefixTree(base, anc)` — a linear cache: slots [0, base) are the row's prefix, the T new tokens sit at
     slots base + j and see each other through the ancestor mask `anc` (causal chunk, chain, or tree);
-  * `DenseMask(mask)` — any explicit [B, T, S] mask (the draft's sink + window ring buffer).
+  * `DenseMask(mask)` — any explicit [B, T, S] mask (the draft's sink + window ring buffer);
+  * `CausalChunk(start)` — a prefill chunk (layers/prefill_attention.py): only the causal triangle is
+    computed, block by block.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 
 from magicdec_jax import pallas
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers.prefill_attention import CausalChunk, causal_chunk_attention
 from magicdec_jax.layers.rope import apply_rope, rope_frequencies
 from magicdec_jax.pallas.xla_attention import dot_operands, fold_queries, unfold_queries, visibility_mask
 
@@ -104,8 +107,11 @@ class Attention(nn.Module):
     if write_slots is not None:
       cache_k = write_rows(cache_k, write_slots, k)
       cache_v = write_rows(cache_v, write_slots, v)
-    res = attend(q, cache_k, cache_v, spec, self.impl, return_scores, q_alt)
-    out, scores = res if return_scores else (res, None)
+    if isinstance(spec, CausalChunk):
+      out, scores = causal_chunk_attention(q, k, v, cache_k, cache_v, spec.start), None
+    else:
+      res = attend(q, cache_k, cache_v, spec, self.impl, return_scores, q_alt)
+      out, scores = res if return_scores else (res, None)
     b, t = out.shape[:2]
     # [B, T, N*H] x [N*H, Dm]: both reshapes are free, and XLA then never transposes the weight (with a
     # "BTNH,NHD" contraction XLA:CPU copied every layer's o weight into [H, N, Dm] order each step)

@@ -1,0 +1,80 @@
+"""Causal attention for one prefill chunk, computed only where the causal mask lets a query look.
+
+A prompt is prefilled in chunks of T tokens; chunk c sits at slots [cT, cT + T) of every row. Attending
+over the whole cache (as the decode-time rule does) spends half of a long prefill's attention work on
+slots the causal mask removes and builds a [B, K, T*G, S] logits tensor for every chunk. Here:
+
+  * the diagonal block (the chunk against itself) uses the chunk's own fresh K/V and a static [T, T]
+    causal mask;
+  * the prefix [0, cT) is read in blocks of T slots by a loop whose trip count is c, each block merged
+    into running (max, sum, output) accumulators (online softmax), with no mask: every prefix slot is a
+    committed prompt position of the row (padding rows only ever see their own garbage, never emitted).
+
+Work is proportional to the causal triangle, each block's logits are [B, K, T*G, T], and there is a single
+compiled body whatever the chunk index (`start` is traced).
+"""
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from magicdec_jax.pallas.xla_attention import dot_operands, fold_queries, unfold_queries
+
+NEG_BIG = -1e30
+
+
+@flax.struct.dataclass
+class CausalChunk:
+  """Visibility rule of a prefill chunk: the T new tokens sit at slots start..start+T-1 of every row
+  (start a multiple of T, the same for all rows), see each other causally and see every slot < start."""
+  start: jax.Array  # [] int32
+
+
+def _precision(dtype):
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def causal_chunk_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cache_k: jax.Array,
+                           cache_v: jax.Array, start: jax.Array) -> jax.Array:
+  """q [B,T,H,D], the chunk's k/v [B,T,K,D], one layer's cache [B,K,S,D], start [] -> out [B,T,H,D].
+
+  Slots [0, start) of the cache must hold the prefix's K/V; float32 math, output in q.dtype.
+  """
+  b, t, h, d = q.shape
+  kh = cache_k.shape[1]
+  g = h // kh
+  out_dtype = q.dtype
+  scale = d ** -0.5
+  q, k_new, v_new = dot_operands(q, k_new, v_new)
+  prec = _precision(q.dtype)
+  qf = fold_queries(q, kh)                                                      # [B, K, T*G, D]
+  kn, vn = jnp.swapaxes(k_new, 1, 2), jnp.swapaxes(v_new, 1, 2)                 # [B, K, T, D]
+
+  def scores(kb):
+    return jnp.einsum("BKQD,BKSD->BKQS", qf, kb.astype(qf.dtype), preferred_element_type=jnp.float32,
+                      precision=prec) * scale
+
+  def values(p, vb):
+    return jnp.einsum("BKQS,BKSD->BKQD", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32,
+                      precision=_precision(vb.dtype))
+
+  causal = jnp.repeat(jnp.tril(jnp.ones((t, t), bool)), g, axis=0)            # row t*G+j -> token t
+  s = jnp.where(causal, scores(kn), NEG_BIG)
+  m = s.max(-1, keepdims=True)
+  p = jnp.exp(s - m)
+  init = (values(p, vn), m, p.sum(-1, keepdims=True))
+
+  def block(i, carry):
+    o, m, l = carry
+    kb = jax.lax.dynamic_slice_in_dim(cache_k, i * t, t, axis=2)
+    vb = jax.lax.dynamic_slice_in_dim(cache_v, i * t, t, axis=2)
+    s = scores(kb)
+    m_new = jnp.maximum(m, s.max(-1, keepdims=True))
+    p = jnp.exp(s - m_new)
+    a = jnp.exp(m - m_new)
+    vb = dot_operands(vb)[0]
+    return o * a + values(p, vb), m_new, l * a + p.sum(-1, keepdims=True)
+
+  o, _, l = jax.lax.fori_loop(0, start // t, block, init)
+  return unfold_queries(o / l, t).astype(out_dtype)
