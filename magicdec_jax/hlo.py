@@ -136,3 +136,53 @@ def loop_body_copies(text: str, shapes) -> list[Instr]:
       if ins.shape in shapes or any(r.size == ins.size for r in reads):
         bad.append(ins)
   return bad
+
+
+READERS = ("dot", "gather", "custom-call")   # read only what they use: the attention dots, the commit's gather
+_PASS_THROUGH = ("bitcast", "reshape", "copy-start", "get-tuple-element")
+
+
+def _param_users_ok(comps, fused: str, index: int) -> bool:
+  """Within fusion computation `fused`, parameter `index` reaches only READERS or in-place writes (through
+  bitcasts / reshapes)."""
+  instrs = comps.get(fused, [])
+  param = next((i for i in instrs if i.op == "parameter" and re.search(rf"parameter\({index}\)", i.line)), None)
+  if param is None:
+    return False
+  frontier, seen = [param.name], set()
+  while frontier:
+    name = frontier.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    for user in (i for i in instrs if name in i.operands):
+      if user.op in _PASS_THROUGH:
+        frontier.append(user.name)
+      elif user.op not in READERS + IN_PLACE:
+        return False
+  return True
+
+
+def loop_body_cache_passes(text: str, shapes) -> list[Instr]:
+  """Ops inside any while body that read a whole buffer with dims in `shapes` (a layer's KV cache) other than
+  the attention dots, gathers and in-place writes: a masked `where`, a reduction or an elementwise pass over
+  the cache costs a full extra read of it every round. A fusion counts as a reader only if the cache
+  parameter reaches something other than a dot / gather / in-place write inside it."""
+  comps, body = while_body_computations(text)
+  shapes = {tuple(s) for s in shapes}
+  bad = []
+  for c in body:
+    by_name = {i.name: i for i in comps[c]}
+    for ins in comps[c]:
+      if ins.op in NEUTRAL or ins.op in IN_PLACE or ins.op in READERS:
+        continue
+      if ins.op == "fusion" and _fusion_root_op(comps, ins) in IN_PLACE:   # an in-place write
+        continue
+      big = [k for k, o in enumerate(ins.operands) if o in by_name and by_name[o].shape in shapes]
+      if not big:
+        continue
+      m = re.search(r"calls=%?([\w.\-]+)", ins.line)
+      if ins.op == "fusion" and m and all(_param_users_ok(comps, m.group(1), k) for k in big):
+        continue
+      bad.append(ins)
+  return bad

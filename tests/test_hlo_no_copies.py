@@ -63,6 +63,10 @@ def test_decode_loop_copies_no_weight_or_cache(case):
   shapes = big_shapes(params, target, ring) | (big_shapes(dparams) if dparams is not None else set())
   bad = hlo.loop_body_copies(text, shapes)
   assert not bad, "\n".join(f"{i.op} {i.shape}: {i.line[:200]}" for i in bad)
+  # no op re-reads a whole cache layer besides the attention dots, the commit's gather and the writes
+  cache_shapes = {tuple(c.k[0].shape) for c in (target, ring) if c is not None}
+  passes = hlo.loop_body_cache_passes(text, cache_shapes)
+  assert not passes, "\n".join(f"{i.op} {i.shape}: {i.line[:200]}" for i in passes)
   # the cache writes are really there, in place
   writes = sum(1 for c in bodies for i in hlo.computations(text)[c]
                if i.shape == tuple(target.k[0].shape) and i.op in ("fusion", "scatter"))
@@ -91,3 +95,29 @@ def test_detector_flags_the_stacked_layout():
   text = f.lower(jnp.ones((b, dm)), cache, w).compile().as_text()
   flagged = {i.shape for i in hlo.loop_body_copies(text, {(dm, dm), (b, k, s, d)})}
   assert flagged == {(dm, dm), (b, k, s, d)}, f"the detector missed a per-layer slice: {flagged}"
+
+
+def test_detector_flags_an_extra_pass_over_the_cache():
+  """Control: a masked `where` over the cache (an elementwise pass inside the loop body) is flagged, while
+  the dot reading the same cache is not."""
+  b, k, s, d = 2, 2, 128, 8
+  cache = jax.random.normal(jax.random.key(1), (b, k, s, d))
+
+  def step(carry):
+    i, x, c = carry
+    masked = jnp.where(jnp.arange(s)[None, None, :, None] < i + 64, c, 0.0)
+    y = jnp.einsum("bksd,bkd->bks", masked, x).sum(-1)[..., None] + x
+    return i + 1, y, c.at[:, :, i].set(1.0)
+
+  f = jax.jit(lambda x, c: jax.lax.while_loop(lambda t: t[0] < 4, step, (0, x, c)))
+  text = f.lower(jnp.ones((b, k, d)), cache).compile().as_text()
+  assert hlo.loop_body_cache_passes(text, {(b, k, s, d)}), "the detector missed a masked pass over the cache"
+
+  def clean(carry):     # write first, then read (as the engine does): nothing to copy
+    i, x, c = carry
+    c = c.at[:, :, i].set(1.0)
+    return i + 1, jnp.einsum("bksd,bkd->bks", c, x).sum(-1)[..., None] + x, c
+
+  g = jax.jit(lambda x, c: jax.lax.while_loop(lambda t: t[0] < 4, clean, (0, x, c)))
+  text = g.lower(jnp.ones((b, k, d)), cache).compile().as_text()
+  assert not hlo.loop_body_cache_passes(text, {(b, k, s, d)})
