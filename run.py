@@ -26,7 +26,7 @@ import jax
 
 import numpy as np
 
-from magicdec_jax import (acceptance, calibrate, checkpoints, cli_bench, cli_flags, costmodel, datagen,
+from magicdec_jax import (acceptance, calibrate, checkpoints, cli_bench, cli_demo, cli_flags, costmodel, datagen,
                           distill, distill_data, drafts, engine, shapes, textdata)
 from magicdec_jax import compile as compiling
 from magicdec_jax.autotune import detect_hardware
@@ -55,40 +55,16 @@ def load_target():
 # ---- demo ---------------------------------------------------------------------------------------------------
 
 def mode_demo():
+  """The main job (magicdec_jax/cli_demo.py): prefill once, decode AR and MagicDec, print the comparison.
+  Unless given, batch and prompt length are where MagicDec should win on this backend, 128 new tokens."""
   model = load_target()
-  kw = cli_flags.gen_kwargs(FLAGS, model)
-  b, n = FLAGS.batch_size, FLAGS.prompt_tokens
-  prompts = textdata.shakespeare_prompts(model.tokenizer, b, n)
-  log(f"{b} Shakespeare prompts of {n} tokens, {FLAGS.max_new_tokens} new tokens each, draft "
-      f"{type(kw['draft']).__name__}(sink={FLAGS.sink}, window={FLAGS.window}), gamma={FLAGS.gamma}")
-  results, steady = {}, {}
-  for name, draft in (("autoregressive", None), ("MagicDec", kw["draft"])):
-    log(f"{name}: prefill + decode (each one compiled call; compile time is measured and excluded) ...")
-    t = time.perf_counter()
-    res = engine.generate(model, prompts, **dict(kw, draft=draft))
-    s = steady[name] = res.stats
-    log(f"{name}: prefill {s['prefill_s']:.1f}s + {s['prefill_compile_s']:.1f}s compile, decode "
-        f"{s['decode_s']:.1f}s + {s['decode_compile_s']:.1f}s compile ({time.perf_counter() - t:.1f}s wall)")
-    results[name] = res
-  ar, md = steady["autoregressive"], steady["MagicDec"]
-  same = results["autoregressive"].tokens == results["MagicDec"].tokens
-  print(f"\nMagicDec demo: {model.name}, batch {b} x {n}-token prompts, {FLAGS.max_new_tokens} new tokens, "
-        f"temperature {FLAGS.temperature}, gamma {FLAGS.gamma}, draft sink {FLAGS.sink} + window {FLAGS.window}")
-  print(f"  autoregressive : {ar['tokens_per_s']:8.1f} tokens/s  (decode {ar['decode_s']:.2f}s, "
-        f"{ar['verify_steps'] / b:.0f} steps/row)")
-  print(f"  MagicDec       : {md['tokens_per_s']:8.1f} tokens/s  (decode {md['decode_s']:.2f}s, "
-        f"{md['verify_steps'] / b:.1f} verify steps/row)")
-  print(f"  speedup        : {md['tokens_per_s'] / ar['tokens_per_s']:.2f}x   acceptance rate "
-        f"{md['acceptance_rate']:.3f}   mean accepted length {md['mean_accepted_length']:.2f}")
-  if FLAGS.temperature == 0:
-    print(f"  greedy outputs identical to autoregressive: {same}")
-  print(f"  prefill        : {ar['prefill_s']:.1f}s autoregressive, {md['prefill_s']:.1f}s MagicDec (also fills "
-        "the draft cache)")
-  print("  (seconds exclude jax compile time, reported apart; --mode=bench for a grid, "
-        "--mode=plan for GPU predictions)")
-  text = results["MagicDec"].texts[0] if results["MagicDec"].texts else results["MagicDec"].tokens[0]
-  print(f"\n--- prompt 0 ends with ---\n...{model.tokenizer.decode(prompts[0][-40:])}")
-  print(f"--- MagicDec continuation ---\n{text}\n")
+  batch, prompt_tokens = cli_demo.default_shape()
+  given = lambda name: FLAGS[name].present
+  cli_demo.run(model, batch=FLAGS.batch_size if given("batch_size") else batch,
+               prompt_tokens=FLAGS.prompt_tokens if given("prompt_tokens") else prompt_tokens,
+               max_new_tokens=FLAGS.max_new_tokens if given("max_new_tokens") else 128,
+               gamma=FLAGS.gamma, sink=FLAGS.sink, window=FLAGS.window, temperature=FLAGS.temperature,
+               seed=FLAGS.seed, progress=FLAGS.progress, log=log, root=os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---- generate -----------------------------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def resolve_eos(model: Model, eos_token_id) -> tuple[int, ...]:
   return tuple(int(t) for t in ids)
 
 
-def _resolve_draft(model: Model, draft, gamma, tree):
+def resolve_draft(model: Model, draft, gamma, tree):
   """(static spec, draft params, tree or the string 'auto'), validated."""
   if draft is None:
     return None, None, AR_TREE
@@ -186,7 +186,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
   sampling = Sampling(float(temperature), int(top_k), float(top_p))
-  spec, draft_params, tree = _resolve_draft(model, draft, gamma, tree)
+  spec, draft_params, tree = resolve_draft(model, draft, gamma, tree)
   ids = prompt_ids(model, prompts, lengths=lengths, attention_mask=attention_mask)
   options = compiling.engine_options(xla_options)
   cfg = model.config
@@ -234,7 +234,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   keys = jax.vmap(lambda s: jax.random.fold_in(base_key, s))(
       jnp.asarray(stream_ids + [2**31 - 1 - i for i in range(b - n)], jnp.uint32))
 
-  prefill_fn, decode_fn = _prefill, _decode
+  prefill_fn, decode_fn = _prefill, decode_loop
   if mesh is not None:
     prefill_fn, decode_fn = (functools.partial(f, mesh) for f in (sharding.prefill, sharding.decode))
   compiling.ensure_persistent_cache()
@@ -249,7 +249,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   init_args = (tokens_j, lengths_j, jnp.asarray(max_new), jnp.asarray(eos_arr), keys, target, ring)
   init_static = dict(out_len=new_bucket + tree.num_nodes, tree=tree)
   if mesh is None:    # one executable in the LRU; with a mesh the inputs are sharded: eager, as placed
-    state = _initial_state(*init_args, options=options, **init_static)
+    state = initial_state(*init_args, options=options, **init_static)
   else:
     state = loop.initial_state(*init_args, **init_static)
   state = decode_fn(model.params, draft_params, state, cfg=cfg, spec=spec, tree=tree,
@@ -258,7 +258,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   t2 = time.perf_counter()
   c2 = compiling.compile_seconds()
   # compilation (first call of a bucket) is reported apart from the prefill / decode times
-  result = _result(model, state, out, n_out, n, eos, tree, spec, t1 - t0 - (c1 - c0), t2 - t1 - (c2 - c1))
+  result = collect_result(model, state, out, n_out, n, eos, tree, spec, t1 - t0 - (c1 - c0), t2 - t1 - (c2 - c1))
   result.stats.update(compile_s=c2 - c0, prefill_compile_s=c1 - c0, decode_compile_s=c2 - c1)
   if plan is not None:
     result.stats["auto_plan"] = {k: v for k, v in plan.items() if isinstance(v, (int, float, str))}
@@ -272,7 +272,7 @@ def _prefill(target_params, draft_params, tokens, lengths, *, options=None, **st
   return compiling.jit_executable("prefill", loop.prefill, args, static, options=options)(*args)
 
 
-def _initial_state(*args, options=None, **static):
+def initial_state(*args, options=None, **static):
   """loop.initial_state as one executable in the LRU (run eagerly, its ops would compile one small
   executable each per shape and stay in jax's caches for good). The prefilled caches are donated: the
   state takes them over in place (not donated, XLA copies the whole target cache into the state, which
@@ -281,7 +281,7 @@ def _initial_state(*args, options=None, **static):
                                   donate_argnames=("target", "ring"))(*args)
 
 
-def _decode(target_params, draft_params, state, *, options=None, **static):
+def decode_loop(target_params, draft_params, state, *, options=None, **static):
   """loop.decode through the executable LRU; the LoopState is donated (caches updated in place)."""
   args = (target_params, draft_params, state)
   return compiling.jit_executable("decode", loop.decode, args, static, options=options,
@@ -298,7 +298,7 @@ def _check_memory(cfg, mesh, draft, tree, b, num_slots, p_bucket, chunk, device_
   planner.check_fits(plan, int(limit))
 
 
-def _result(model, state, out, n_out, n, eos, tree, spec, prefill_s, decode_s) -> GenerateResult:
+def collect_result(model, state, out, n_out, n, eos, tree, spec, prefill_s, decode_s) -> GenerateResult:
   rounds, accepted = np.asarray(state.rounds)[:n], np.asarray(state.accepted)[:n]
   acc_at = np.asarray(state.accepted_at)[:n]
   toks = [out[i, :n_out[i]].tolist() for i in range(n)]

@@ -75,7 +75,7 @@ def collectives(model, prompts, mesh_spec: str, case: dict, max_new_tokens: int)
   ids = [list(p) for p in prompts]
   b = sharding.pad_batch(engine.bucket(len(ids), 1), mesh)
   p_bucket, new_bucket = engine.bucket(max(map(len, ids))), engine.bucket(max_new_tokens)
-  spec, dparams, tree = engine._resolve_draft(model, case["draft"], case.get("gamma", 4), case.get("tree"))
+  spec, dparams, tree = engine.resolve_draft(model, case["draft"], case.get("gamma", 4), case.get("tree"))
   tokens = np.zeros((b, p_bucket), np.int32)
   lengths = np.ones((b,), np.int32)
   for i, p in enumerate(ids):
@@ -131,7 +131,7 @@ def planner_facts(model, prompts, mesh_spec: str) -> dict:
   out = {}
   for name, draft in (("streaming", md.StreamingDraft(sink=1, window=4)),
                       ("model", md.ModelDraft(md.truncate_layers(model, 1), sink=1, window=4))):
-    spec, dparams, tree = engine._resolve_draft(model, draft, 2, None)
+    spec, dparams, tree = engine.resolve_draft(model, draft, 2, None)
     sm = sharding.shard_model(model, mesh)
     dparams = None if dparams is None else sharding.place_params(dparams, spec.config, mesh)
     b = sharding.pad_batch(engine.bucket(len(prompts), 1), mesh)

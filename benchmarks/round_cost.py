@@ -1,0 +1,113 @@
+"""Does a round of the compiled loop cost the sum of its steps? SmolLM2-135M, StreamingDraft, CPU or GPU.
+
+For each batch x context: the in-loop time of an autoregressive step and of a gamma round (loop.decode over a
+zero-filled cache of that context, `rounds` rounds: decode seconds / rounds run), next to the same steps timed
+alone with the calibrate harness (`calibrate.time_step`: the target's forward of 1 and gamma+1 tokens over the
+cache, the draft's forward of 1 token over its sink + window ring). ratio = in-loop / (gamma * draft + verify);
+a ratio well above 1 means the loop body does work no step explains (the HLO test
+tests/test_hlo_no_copies.py asserts no op in the body copies or re-reads a cache layer besides the
+attention dots, the in-place writes and the commit's gather). Medians of `--repeats` runs; JSON.
+
+  python benchmarks/round_cost.py --shapes 8x4096,4x8000 --gammas 3
+  python benchmarks/round_cost.py --smoke       # random tiny model, seconds
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from magicdec_jax import calibrate, cli_flags, drafts, loop  # noqa: E402
+from magicdec_jax.cache import KVCache, aligned_slots  # noqa: E402
+from magicdec_jax.sampling import Sampling  # noqa: E402
+from magicdec_jax.trees import Tree  # noqa: E402
+
+
+def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: int, repeats: int) -> dict:
+  """Median seconds per round of loop.decode (compiled once) over a zero cache of `context` tokens."""
+  cfg, params = model.config, model.params
+  slots = aligned_slots(context + rounds * tree.num_nodes + tree.num_nodes + 1)
+  ring_fn = jax.jit(lambda t, l: drafts.prefill_from_target(spec, drafts.empty_ring(spec, cfg, batch, tree), t, l))
+
+  def state():
+    lengths = jnp.full((batch,), context, jnp.int32)
+    target = KVCache.zeros(cfg, batch, slots)
+    ring = ring_fn(target, lengths) if spec is not None else None
+    s = loop.initial_state(jnp.ones((batch, context), jnp.int32), lengths, jnp.full((batch,), rounds, jnp.int32),
+                           jnp.array([-1], jnp.int32), jax.random.split(jax.random.key(0), batch), target, ring,
+                           rounds + tree.num_nodes, tree)
+    return jax.block_until_ready(s)
+
+  t0 = time.perf_counter()
+  comp = loop.decode.lower(params, None, state(), cfg=cfg, spec=spec, tree=tree, sampling=Sampling()).compile()
+  compile_s = time.perf_counter() - t0
+  per_round = []
+  for _ in range(repeats):
+    s = state()
+    t0 = time.perf_counter()
+    out = comp(params, None, s)
+    jax.block_until_ready(out.out)
+    per_round.append((time.perf_counter() - t0) / int(out.step))
+  return {"median_s": statistics.median(per_round), "times": per_round, "compile_s": compile_s}
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--shapes", type=common.shape_list, default=[(8, 4096), (4, 8000)])
+  ap.add_argument("--gammas", type=common.int_list, default=[3])
+  ap.add_argument("--sink", type=int, default=4)
+  ap.add_argument("--window", type=int, default=256)
+  ap.add_argument("--rounds", type=int, default=24, help="rounds per in-loop run")
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--output", default=None)
+  ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes (checks the script)")
+  args = ap.parse_args(argv)
+  if args.smoke:
+    args.shapes, args.gammas, args.window, args.rounds, args.repeats = [(2, 64)], [2], 16, 4, 1
+    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+  else:
+    model, source = common.load_smollm(allow_random=False)
+  out_path = args.output or str(common.RESULTS_DIR / f"round_cost_{common.device_tag()}.json")
+  spec = drafts.StreamingDraft(args.sink, args.window)
+  doc = {"benchmark": "round_cost", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
+         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window}, "rows": []}
+  cfg, params = model.config, model.params
+  for b, n in args.shapes:
+    iso = lambda t, kind="linear", ctx=n: calibrate.time_step(params, cfg, b, ctx, t, kind, repeats=args.repeats + 2)
+    ar_alone = iso(1)
+    ar_loop = in_loop_round_s(model, b, n, None, Tree((-1,)), args.rounds, args.repeats)
+    row = {"batch": b, "context": n, "ar_alone_s": ar_alone["median_s"], "ar_alone_min_s": ar_alone["seconds"],
+           "ar_in_loop_s": ar_loop["median_s"], "ar_ratio": ar_loop["median_s"] / ar_alone["median_s"],
+           "draft_alone_s": None, "gammas": []}
+    draft = iso(1, "ring", args.sink + args.window)
+    row["draft_alone_s"] = draft["median_s"]
+    for g in args.gammas:
+      verify = iso(g + 1)
+      rnd = in_loop_round_s(model, b, n, spec, Tree.chain(g), args.rounds, args.repeats)
+      parts = g * draft["median_s"] + verify["median_s"]
+      row["gammas"].append({"gamma": g, "verify_alone_s": verify["median_s"], "sum_of_steps_s": parts,
+                            "round_in_loop_s": rnd["median_s"], "ratio": rnd["median_s"] / parts,
+                            "round_times": rnd["times"], "loop_compile_s": rnd["compile_s"]})
+      print(f"{b}x{n} gamma {g}: round {1e3 * rnd['median_s']:.1f} ms in the loop vs {1e3 * parts:.1f} ms of "
+            f"steps ({g} x draft {1e3 * draft['median_s']:.1f} + verify {1e3 * verify['median_s']:.1f}): "
+            f"{rnd['median_s'] / parts:.2f}x", flush=True)
+    print(f"{b}x{n} AR: {1e3 * ar_loop['median_s']:.1f} ms in the loop vs {1e3 * ar_alone['median_s']:.1f} alone",
+          flush=True)
+    doc["rows"].append(row)
+    doc["env"]["loadavg_end"] = list(os.getloadavg())
+    with open(out_path, "w") as f:
+      json.dump(doc, f, indent=1)
+  print(json.dumps({k: doc[k] for k in ("benchmark", "model")} | {"output": out_path}))
+
+
+if __name__ == "__main__":
+  main()

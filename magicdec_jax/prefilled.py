@@ -1,0 +1,137 @@
+"""Prefill a batch once, then decode it several ways from the same caches (the demo, the context sweep).
+
+At long context the prefill costs far more than the decode being compared (8 x 4096 tokens: minutes on a
+CPU), and comparing methods through separate `generate` calls prefills the same prompts again for each.
+`prefill` runs the target's chunked prefill as one jitted call per chunk — a single executable, since the
+chunk's start is traced — so a progress bar can follow it. `decode` copies the prefilled target cache,
+builds the draft's ring from it (`loop.prefill_draft`: self drafts copy it, a model draft runs its own
+windowed prefill) and runs the compiled decode loop: every method sees identical prompts and K/V.
+
+Executables go through the engine's bounded LRU (compile.py); compile seconds are reported apart.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from magicdec_jax import compile as compiling
+from magicdec_jax import drafts, engine, loop
+from magicdec_jax.cache import KVCache, aligned_slots
+from magicdec_jax.model import Model
+from magicdec_jax.sampling import Sampling
+from magicdec_jax.trees import Tree
+
+MAX_TREE_NODES = 16     # room left in the cache for any chain / tree up to this many nodes
+
+
+@dataclasses.dataclass
+class Prefilled:
+  """A prefilled batch: prompts padded to [B, P], the target cache after the prefill, and its timing."""
+  tokens: jax.Array        # [B, P] int32, right-padded
+  lengths: jax.Array       # [B] int32
+  target: KVCache          # slots 0..P-1 hold the prompts' K/V; room for max_new_tokens + a tree after it
+  chunk: int               # prefill chunk (P is a multiple of it)
+  num_prompts: int         # real rows (B may be padded)
+  max_new_tokens: int
+  prefill_s: float         # seconds without compilation
+  compile_s: float
+
+  @property
+  def batch(self) -> int:
+    return int(self.tokens.shape[0])
+
+
+def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, chunk: int = 256,
+            max_tree_nodes: int = MAX_TREE_NODES, progress: bool = True, options: dict | None = None
+            ) -> Prefilled:
+  """Prefill token-id prompts (ragged is fine) chunk by chunk, with a progress bar over the tokens."""
+  ids = engine.prompt_ids(model, list(prompts))
+  cfg = model.config
+  if not isinstance(chunk, int) or chunk < 1:
+    raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
+  longest = max(len(p) for p in ids)
+  if longest + max_new_tokens > cfg.max_position_embeddings:
+    raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's context "
+                     f"of {cfg.max_position_embeddings}")
+  n = len(ids)
+  b = engine.bucket(n, 1)
+  p = -(-longest // chunk) * chunk
+  num_slots = aligned_slots(p + engine.bucket(max_new_tokens) + max_tree_nodes + 1)
+  tokens = np.zeros((b, p), np.int32)
+  lengths = np.ones((b,), np.int32)
+  for i, row in enumerate(ids):
+    tokens[i, :len(row)] = row
+    lengths[i] = len(row)
+  compiling.ensure_persistent_cache()
+  options = compiling.engine_options(options)
+  c0 = compiling.compile_seconds()
+  cache = KVCache.zeros(cfg, b, num_slots)
+  step_args = lambda c: (model.params, cache, jnp.asarray(tokens[:, c * chunk:(c + 1) * chunk]),
+                         jnp.int32(c * chunk))
+  step = compiling.jit_executable("prefill_chunk", loop.prefill_chunk, step_args(0), {"cfg": cfg},
+                                  options=options, donate_argnames=("cache",))
+  compile_s = compiling.compile_seconds() - c0
+  t0 = time.perf_counter()
+  with tqdm(total=b * p, desc=f"prefill {n} x {longest} tokens", unit="tok", disable=not progress,
+            leave=False) as bar:
+    for c in range(p // chunk):
+      cache = step(*step_args(c))
+      jax.block_until_ready(cache.k[-1])
+      bar.update(b * chunk)
+  return Prefilled(jnp.asarray(tokens), jnp.asarray(lengths), cache, chunk, n, int(max_new_tokens),
+                   time.perf_counter() - t0, compile_s)
+
+
+def decode(model: Model, pre: Prefilled, *, draft=None, gamma: int = 4, tree: Tree | None = None,
+           temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_token_id=None,
+           max_new_tokens: int | None = None, options: dict | None = None) -> engine.GenerateResult:
+  """Decode the prefilled batch (its caches are copied, so it can be decoded again). Same arguments and
+  result as `engine.generate`; `stats["ring_s"]` is the time taken to build the draft's cache."""
+  max_new = pre.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+  if not 1 <= max_new <= pre.max_new_tokens:
+    raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got {max_new}")
+  spec, draft_params, tree = engine.resolve_draft(model, draft, gamma, tree)
+  if isinstance(tree, str):
+    raise ValueError("decode takes a fixed gamma or trees.Tree; 'auto' is resolved by generate")
+  if tree.num_nodes > pre.target.num_slots - int(pre.tokens.shape[1]) - engine.bucket(pre.max_new_tokens):
+    raise ValueError(f"tree of {tree.num_nodes} nodes does not fit the prefill's room")
+  sampling = Sampling(float(temperature), int(top_k), float(top_p))
+  cfg, b, n = model.config, pre.batch, pre.num_prompts
+  eos = engine.resolve_eos(model, eos_token_id)
+  eos_arr = np.full((max(len(eos), 1),), -1, np.int32)
+  eos_arr[:len(eos)] = eos
+  budget = np.zeros((b,), np.int32)
+  budget[:n] = max_new
+  base_key = jax.random.key(seed)
+  keys = jax.vmap(lambda s: jax.random.fold_in(base_key, s))(
+      jnp.asarray(list(range(n)) + [2**31 - 1 - i for i in range(b - n)], jnp.uint32))
+  options = compiling.engine_options(options)
+  c0 = compiling.compile_seconds()
+  t0 = time.perf_counter()
+  target = jax.tree.map(jnp.copy, pre.target)
+  ring_args = (model.params, draft_params, target, pre.tokens, pre.lengths)
+  ring = compiling.jit_executable("prefill_draft", loop.prefill_draft, ring_args,
+                                  {"cfg": cfg, "spec": spec, "tree": tree, "chunk": pre.chunk}, options=options
+                                  )(*ring_args) if spec is not None else None
+  jax.block_until_ready((target, ring))
+  t1 = time.perf_counter()
+  c1 = compiling.compile_seconds()
+  state = engine.initial_state(pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), jnp.asarray(eos_arr),
+                               keys, target, ring, out_len=engine.bucket(pre.max_new_tokens) + tree.num_nodes,
+                               tree=tree, options=options)
+  state = engine.decode_loop(model.params, draft_params, state, cfg=cfg, spec=spec, tree=tree,
+                             sampling=sampling, impl="xla", options=options)
+  out, n_out = np.asarray(state.out), np.asarray(state.n_out)
+  t2 = time.perf_counter()
+  c2 = compiling.compile_seconds()
+  res = engine.collect_result(model, state, out, n_out, n, eos, tree, spec, pre.prefill_s,
+                              t2 - t1 - (c2 - c1))
+  res.stats.update(ring_s=t1 - t0 - (c1 - c0), compile_s=c2 - c0, prefill_compile_s=pre.compile_s,
+                   decode_compile_s=c2 - c1)
+  return res

@@ -1,0 +1,68 @@
+"""Prefill once, decode several ways (magicdec_jax/prefilled.py): every decode gives the tokens a plain
+autoregressive `generate` gives (greedy), decoding twice from one prefill gives the same tokens (the caches
+are copied, not consumed), and the benchmark scripts built on it run end to end (--smoke)."""
+import json
+import os
+import sys
+
+import pytest
+
+import magicdec_jax as md
+from magicdec_jax import prefilled
+from magicdec_jax.trees import Tree
+from conftest import random_prompts, tiny_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import context_sweep  # noqa: E402
+import round_cost  # noqa: E402
+
+
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_every_draft_decodes_the_autoregressive_tokens(chunk):
+  model = tiny_model(3, attn_scale=8.0)
+  prompts = random_prompts([70, 41, 96], model.config.vocab_size, seed=5)
+  want = md.generate(model, prompts, max_new_tokens=12).tokens            # independent: prefill + AR inside generate
+  pre = prefilled.prefill(model, prompts, max_new_tokens=12, chunk=chunk, progress=False)
+  assert prefilled.decode(model, pre).tokens == want
+  assert prefilled.decode(model, pre).tokens == want                      # the prefill is reusable
+  draft_model = md.truncate_layers(tiny_model(3, attn_scale=8.0), 1)
+  for draft, kw in [(md.StreamingDraft(2, 8), {"gamma": 3}), (md.SnapKVDraft(8, 8, 4), {"gamma": 2}),
+                    (md.ModelDraft(draft_model, 2, 8), {"gamma": 2}),
+                    (md.StreamingDraft(2, 8), {"tree": Tree((-1, 0, 0, 1))})]:
+    res = prefilled.decode(model, pre, draft=draft, **kw)
+    assert res.tokens == want, (draft, kw)
+    assert res.stats["verify_steps"] > 0
+
+
+def test_bad_arguments_are_refused():
+  model = tiny_model(3)
+  pre = prefilled.prefill(model, [[1, 2, 3]], max_new_tokens=4, chunk=16, progress=False)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    prefilled.decode(model, pre, max_new_tokens=9)
+  with pytest.raises(ValueError, match="chunk"):
+    prefilled.prefill(model, [[1, 2, 3]], max_new_tokens=4, chunk=0)
+  with pytest.raises(ValueError, match="context"):
+    prefilled.prefill(model, [[1] * 500], max_new_tokens=40)
+
+
+def test_context_sweep_smoke(tmp_path):
+  out = tmp_path / "sweep.json"
+  context_sweep.main(["--smoke", "--output", str(out)])
+  doc = json.loads(out.read_text())
+  assert doc["env"]["device"] and doc["env"]["date"] and len(doc["points"]) == 4
+  for p in doc["points"]:
+    assert all(f["identical_to_ar"] for f in p["spec"])
+    assert p["ar"]["decode_tok_s"] > 0 and p["best_decode_speedup"] > 0
+  assert set(doc["crossover"]) == {"1", "2"}
+  assert doc["crossover"]["1"]["label"].startswith("predicted")
+  assert (tmp_path / "sweep.png").exists()
+
+
+def test_round_cost_smoke(tmp_path):
+  out = tmp_path / "round.json"
+  round_cost.main(["--smoke", "--output", str(out)])
+  (row,) = json.loads(out.read_text())["rows"]
+  (g,) = row["gammas"]
+  assert row["ar_in_loop_s"] > 0 and g["round_in_loop_s"] > 0 and g["sum_of_steps_s"] > 0
