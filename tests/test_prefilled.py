@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import context_sweep  # noqa: E402
+import prefill_bench  # noqa: E402
 import round_cost  # noqa: E402
 
 
@@ -66,3 +67,12 @@ def test_round_cost_smoke(tmp_path):
   (row,) = json.loads(out.read_text())["rows"]
   (g,) = row["gammas"]
   assert row["ar_in_loop_s"] > 0 and g["round_in_loop_s"] > 0 and g["sum_of_steps_s"] > 0
+
+
+def test_prefill_bench_smoke(tmp_path):
+
+  out = tmp_path / "prefill.json"
+  prefill_bench.main(["--smoke", "--output", str(out)])
+  doc = json.loads(out.read_text())
+  assert doc["engine"]["tokens_per_s"] > 0 and doc["previous_rule"]["tokens_per_s"] > 0
+  assert 0 < doc["engine"]["share_of_matmul_rate"]
