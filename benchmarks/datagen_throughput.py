@@ -83,6 +83,7 @@ def run_config(model, source: str, config: str, args) -> dict:
       "lengths": lengths, "eos_fraction": sum(r.finish_reason == "eos" for r in results) / len(results),
       "outputs_sha256": digest, "wall_s": wall, "compile_s": compile_s, "run_s": run_s,
       "useful_tokens_per_s": sum(lengths) / run_s, "slot_utilization": st["slot_utilization"],
+      "sample_verify_steps": sum(r.stats["verify_steps"] for r in results),
       "rounds": st["rounds"], "row_rounds": st["row_rounds"], "active_row_rounds": st["active_row_rounds"],
       "prefill_s": st["prefill_s"], "insert_s": st["insert_s"], "decode_s": st["decode_s"],
       "prefill_share": st["prefill_s"] / run_s, "insert_share": st["insert_s"] / run_s,

@@ -150,6 +150,8 @@ class Generator:
     args = (jnp.asarray(engine.eos_array(st.eos)),)
     static = dict(cfg=self.model.config, spec=st.spec, tree=st.tree, batch=self.batch, num_slots=num_slots,
                   out_len=new_bucket + st.tree.num_nodes)
+    if self.mesh is not None:
+      return sharding.empty_state(self.mesh, *args, options=st.options, **static)
     return compiling.jit_executable("empty_state", slots.empty_state, args, static, options=st.options)(*args)
 
   def _prefill(self, jobs: list[_Job]):
@@ -177,6 +179,9 @@ class Generator:
     max_new = np.where(slot_a < b, self.settings.max_new_tokens, 0).astype(np.int32)
     args = (state, *pre, jnp.asarray(slot_a, jnp.int32), jnp.asarray(row_a, jnp.int32),
             jnp.asarray(sid_a, jnp.uint32), jnp.asarray(max_new), jnp.asarray(self.seed, jnp.uint32))
+    if self.mesh is not None:
+      return self._timed("insert_s", sharding.insert, self.mesh, *args, cfg=self.model.config,
+                         spec=self.settings.spec, options=self.settings.options)
     fn = compiling.jit_executable("insert", slots.insert, args, {}, options=self.settings.options,
                                   donate_argnames=("state",))
     return self._timed("insert_s", fn, *args)
