@@ -8,6 +8,11 @@ slots, more samples than slots, a lazily consumed iterator whose prompts outgrow
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -19,6 +24,7 @@ from magicdec_jax.stream import Request, generate_stream
 from conftest import random_prompts, tiny_model
 from test_generate import reference_greedy
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 NEW = 12
 LENGTHS = (5, 9, 3, 12, 7, 14, 4, 6, 11, 8)
 
@@ -144,3 +150,18 @@ def test_bad_arguments(model, prompts):
     list(generate_stream(model, iter([[1, 2], [99]]), max_new_tokens=4))
   with pytest.raises(ValueError, match="request 0: stream_ids"):
     list(generate_stream(model, [Request([1, 2], stream_ids=[])], max_new_tokens=4))
+
+
+def test_meshes_same_tokens_as_one_device():
+  """generate_stream with mesh= (data:2,model:2 and data:4,model:1 on 4 CPU devices, in a subprocess: this
+  process already started jax with one device) gives single-device generate's tokens."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, os.path.join(HERE, "stream_mesh_worker.py")], env=env, capture_output=True,
+                     text=True, cwd=os.path.dirname(HERE), timeout=600)
+  lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+  assert r.returncode == 0 and lines, r.stderr[-4000:]
+  out = json.loads(lines[-1][len("RESULT "):])
+  assert out.pop("devices") == 4 and len(out) == 6
+  for case, facts in out.items():
+    assert all(facts["equal"]), (case, facts)
+    assert 0 < facts["utilization"] <= 1
