@@ -7,7 +7,8 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]      # this checkout's magicdec_jax, and conftest
 
 import jax  # noqa: E402
 
