@@ -134,7 +134,7 @@ def mode_datagen():
   index, count = jax.process_index(), jax.process_count()
   try:
     summary = datagen.run(model, FLAGS.input, FLAGS.output, batch_size=FLAGS.batch_size,
-                          num_samples=FLAGS.num_samples_per_prompt, on_error=FLAGS.on_error,
+                          refill_at=FLAGS.refill_at, num_samples=FLAGS.num_samples_per_prompt, on_error=FLAGS.on_error,
                           truncate=FLAGS.truncate, chat=FLAGS.chat, progress=FLAGS.progress, config=config,
                           process_index=index, process_count=count, **kw)
     if count > 1:        # every process has written its shard; process 0 merges them into --output

@@ -6,4 +6,5 @@ from magicdec_jax.sampling import Sampling
 from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft, truncate_layers
 from magicdec_jax.engine import GenerateResult, generate, logits
 from magicdec_jax.checkpoints import load_model
+from magicdec_jax.stream import Generator, Request, StreamResult, generate_stream
 from magicdec_jax import trees

@@ -69,8 +69,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_float("top_p", 1.0, "1 = off.", lower_bound=1e-6, upper_bound=1.0, **d)
   flags.DEFINE_integer("seed", 0, "Random seed.", lower_bound=0, upper_bound=2**31 - 1, **d)
   flags.DEFINE_integer("max_new_tokens", 64, "New tokens per prompt.", lower_bound=1, upper_bound=1 << 20, **d)
-  flags.DEFINE_integer("batch_size", 4, "Rows per generate call (demo, datagen).", lower_bound=1,
+  flags.DEFINE_integer("batch_size", 4, "Rows per generate call (demo); decode slots (datagen).", lower_bound=1,
                        upper_bound=4096, **d)
+  flags.DEFINE_integer("refill_at", 1, "datagen: the decode loop returns to refill its slots once this many "
+                       "rows have finished (--batch_size: static batching).", lower_bound=1, upper_bound=4096, **d)
   flags.DEFINE_integer("prompt_tokens", 7900, "Demo prompt length in tokens (Shakespeare); unless given, the "
                        "demo picks where MagicDec wins on this backend (cli_demo.default_shape).", lower_bound=16,
                        upper_bound=1 << 20, **d)
@@ -226,6 +228,8 @@ def validate(fv) -> None:
     _need(fv, mode, "input", "output")
     _readable_file("input", fv.input)
     _writable_target("output", fv.output)
+    if fv.refill_at > fv.batch_size:
+      raise app.UsageError(f"--refill_at={fv.refill_at} is larger than --batch_size={fv.batch_size}")
     if os.path.abspath(fv.input) == os.path.abspath(fv.output):
       raise app.UsageError("--input and --output are the same file")
   elif mode == "convert":

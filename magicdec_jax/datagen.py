@@ -1,10 +1,11 @@
 """Resumable, crash-safe offline generation: JSONL prompts in, one JSONL record per (id, sample) out.
 
-Why this shape: long offline jobs get killed. Every batch's records are written whole, flushed and fsynced
-before the next batch starts; on start a torn tail (a SIGKILL mid-write) is truncated away and every
-(id, sample) already in the output is skipped, so a resumed run ends with each exactly once. A sample's
-random stream depends only on (seed, id, sample index) (`stream_id`), and every batch is padded to the same
-shape, so what a record holds never depends on which run or batch produced it.
+Why this shape: long offline jobs get killed. Generation runs on `stream.generate_stream` (continuous
+batching: a finished row's slot is refilled at once), and each record is written whole, flushed and
+fsynced as soon as its sample finishes; on start a torn tail (a SIGKILL mid-write) is truncated away and
+every (id, sample) already in the output is skipped, so a resumed run ends with each exactly once. A
+sample's random stream depends only on (seed, id, sample index) (`stream_id`) and its own round count, so
+what a record holds never depends on which run, slot or neighbours produced it.
 """
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ import os
 import time
 from typing import Any
 
+from tqdm import tqdm
+
 from magicdec_jax import engine
 from magicdec_jax import tokenizer as tok_lib
+from magicdec_jax.stream import Request, generate_stream
 from magicdec_jax.model import Model
 
 CONFIG_KEYS = ("model", "draft", "gamma", "tree", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
@@ -181,14 +185,15 @@ def _open_output(path: str):
 
 
 def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int, batch_size: int = 4,
-        num_samples: int = 1, on_error: str = "fail", truncate: str = "none", chat: bool = False,
-        progress: bool = True, config: dict | None = None, process_index: int = 0, process_count: int = 1,
+        refill_at: int = 1, num_samples: int = 1, on_error: str = "fail", truncate: str = "none",
+        chat: bool = False, progress: bool = True, config: dict | None = None, process_index: int = 0, process_count: int = 1,
         **gen) -> dict:
   """Generate every missing (id, sample) of `input_path` into `output_path`; returns the summary dict.
 
-  gen: generate() keyword arguments (draft, gamma, tree, temperature, top_k, top_p, seed, attention_impl,
-  mesh). With process_count > 1 this process takes every process_count-th record from process_index and
-  writes shard_path(output_path, ...) (merged by merge_shards once every process is done).
+  batch_size: decode slots; refill_at: finished rows that send the loop back to refill them (batch_size:
+  static batching). gen: generate() keyword arguments (draft, gamma, tree, temperature, top_k, top_p,
+  seed, attention_impl, mesh). With process_count > 1 this process takes every process_count-th record
+  from process_index and writes shard_path(output_path, ...) (merged by merge_shards once every process is done).
   """
   if process_count > 1:
     output_path = shard_path(output_path, process_index, process_count)
@@ -216,9 +221,10 @@ def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int,
     out_f.close()
     done, cut = repair_output(output_path)
     out_f = _open_output(output_path)
-    jobs = [(it, s) for it in items for s in range(num_samples) if (it.key, s) not in done]
-    jobs.sort(key=lambda j: (engine.bucket(len(j[0].ids)), j[0].line, j[1]))
-    stats = _generate_jobs(model, jobs, out_f, batch_size, max_new_tokens, progress, len(done), gen)
+    jobs = [(it, [s for s in range(num_samples) if (it.key, s) not in done]) for it in items]
+    jobs = sorted((j for j in jobs if j[1]), key=lambda j: (engine.bucket(len(j[0].ids)), j[0].line))
+    stats = _generate_jobs(model, jobs, out_f, dict(gen, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                                    refill_at=refill_at), progress, len(done))
   finally:
     out_f.close()
   wall = time.perf_counter() - t_start
@@ -227,7 +233,7 @@ def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int,
       "input": input_path, "output": output_path, "records_total": len(done) + stats["records"],
       "records_written": stats["records"], "records_skipped_existing": len(done),
       "bad_lines": len(errors), "torn_bytes_repaired": cut, "new_tokens": stats["tokens"],
-      "wall_s": wall, "generate_s": stats["gen_s"],
+      "wall_s": wall, "generate_s": stats["gen_s"], "slot_utilization": stats["slot_utilization"],
       "tokens_per_s": stats["tokens"] / stats["gen_s"] if stats["gen_s"] > 0 else None,
       "verify_steps": stats["steps"], "accepted_tokens": stats["accepted"],
       "acceptance_rate": stats["accepted"] / depth_steps if depth_steps else None,
@@ -237,58 +243,44 @@ def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int,
   return summary
 
 
-def _generate_jobs(model, jobs, out_f, batch_size, max_new_tokens, progress, already, gen) -> dict:
-  """Run jobs in same-bucket batches padded to batch_size rows; one write + fsync per batch."""
-  from tqdm import tqdm
-  tot = dict(records=0, tokens=0, steps=0, accepted=0, drafted=0, gen_s=0.0)
-  bar = tqdm(total=len(jobs) + already, initial=already, unit="rec", disable=not progress, dynamic_ncols=True)
-  i = 0
-  while i < len(jobs):
-    bucket = engine.bucket(len(jobs[i][0].ids))
-    batch = [jobs[i]]
-    while len(batch) < batch_size and i + len(batch) < len(jobs) and \
-        engine.bucket(len(jobs[i + len(batch)][0].ids)) == bucket:
-      batch.append(jobs[i + len(batch)])
-    i += len(batch)
-    rows = batch + [batch[0]] * (batch_size - len(batch))   # pad: same shape every call
-    res = engine.generate(model, [it.ids for it, _ in rows], max_new_tokens=max_new_tokens,
-                          stream_ids=[stream_id(it.id, s) for it, s in rows], **gen)
-    lines = []
-    depth = _depth(res.stats, gen)
-    for r, (it, s) in enumerate(batch):
-      toks, reason, rs = res.tokens[r], res.finish_reasons[r], res.row_stats[r]
-      body = toks[:-1] if reason == "eos" else toks
-      lines.append(json.dumps({
-          "id": it.id, "sample": s, "completion": model.tokenizer.decode(body, skip_special_tokens=False),
-          "token_ids": toks, "finish_reason": reason, "prompt_tokens": len(it.ids),
-          "truncated_tokens": it.truncated,
-          "stats": {"new_tokens": rs["new_tokens"], "verify_steps": rs["verify_steps"],
-                    "accepted_tokens": rs["accepted_tokens"]}}, ensure_ascii=False) + "\n")
-      tot["tokens"] += len(toks)
-      tot["steps"] += rs["verify_steps"]
-      tot["accepted"] += rs["accepted_tokens"]
-      tot["drafted"] += rs["verify_steps"] * depth
-    out_f.write("".join(lines).encode("utf-8"))
+def _record(model: Model, it: Item, sample: int, res) -> str:
+  toks, reason, rs = res.tokens, res.finish_reason, res.stats
+  body = toks[:-1] if reason == "eos" else toks
+  return json.dumps({
+      "id": it.id, "sample": sample, "completion": model.tokenizer.decode(body, skip_special_tokens=False),
+      "token_ids": toks, "finish_reason": reason, "prompt_tokens": len(it.ids), "truncated_tokens": it.truncated,
+      "stats": {"new_tokens": rs["new_tokens"], "verify_steps": rs["verify_steps"],
+                "accepted_tokens": rs["accepted_tokens"]}}, ensure_ascii=False) + "\n"
+
+
+def _generate_jobs(model, jobs, out_f, gen, progress, already) -> dict:
+  """jobs: (item, missing sample indices), sorted by prompt bucket; the stream consumes them lazily (its
+  cache grows bucket by bucket). Each record is written, flushed and fsynced as its sample finishes."""
+  requests = (Request(it.ids, stream_ids=[stream_id(it.id, s) for s in samples], tag=(it, samples))
+              for it, samples in jobs)
+  stream = generate_stream(model, requests, **gen)
+  depth = stream.settings.tree.max_depth
+  tot = dict(records=0, tokens=0, steps=0, accepted=0, drafted=0)
+  bar = tqdm(total=sum(len(j[1]) for j in jobs) + already, initial=already, unit="rec", disable=not progress,
+             dynamic_ncols=True)
+  for res in stream:
+    it, samples = res.tag
+    out_f.write(_record(model, it, samples[res.sample], res).encode("utf-8"))
     out_f.flush()
     os.fsync(out_f.fileno())
-    tot["records"] += len(batch)
-    tot["gen_s"] += res.stats["prefill_s"] + res.stats["decode_s"]
-    acc = tot["accepted"] / tot["drafted"] if tot["drafted"] else None
-    bar.update(len(batch))
-    bar.set_postfix(tok_s=f"{tot['tokens'] / max(tot['gen_s'], 1e-9):.1f}",
-                    acc="-" if acc is None else f"{acc:.2f}")
+    tot["records"] += 1
+    tot["tokens"] += len(res.tokens)
+    tot["steps"] += res.stats["verify_steps"]
+    tot["accepted"] += res.stats["accepted_tokens"]
+    tot["drafted"] += res.stats["verify_steps"] * depth
+    st = stream.stats
+    bar.update(1)
+    bar.set_postfix(tok_s=f"{st['tokens_per_s'] or 0:.1f}", util=f"{st['slot_utilization'] or 0:.2f}",
+                    acc="-" if not tot["drafted"] else f"{tot['accepted'] / tot['drafted']:.2f}")
   bar.close()
+  st = stream.stats
+  tot.update(gen_s=st["prefill_s"] + st["insert_s"] + st["decode_s"], slot_utilization=st["slot_utilization"])
   return tot
-
-
-def _depth(stats: dict, gen: dict) -> int:
-  """Drafted tokens per verify step (the tree depth; 0 for autoregressive)."""
-  if gen.get("draft") is None:
-    return 0
-  if stats.get("tree_depth"):
-    return int(stats["tree_depth"])
-  tree = gen.get("tree")
-  return tree.max_depth if hasattr(tree, "max_depth") else int(gen.get("gamma", 4))
 
 
 # ------------------------------------------------------------------ multi-host: per-process shards

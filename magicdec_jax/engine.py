@@ -155,6 +155,79 @@ def resolve_draft(model: Model, draft, gamma, tree):
   return drafts.static_spec(draft), params, tree
 
 
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """generate()'s validated decoding settings, shared with stream.generate_stream."""
+  max_new_tokens: int
+  sampling: Sampling
+  spec: Any                  # static draft spec (drafts.static_spec) or None
+  draft_params: Any
+  draft: Any                 # the user's draft object (for the memory planner) or None
+  tree: Any                  # a Tree, or "auto" / "auto-chain" until resolve_auto
+  eos: tuple[int, ...]
+  options: dict
+
+
+def settings(model: Model, *, max_new_tokens, temperature=0.0, top_k=0, top_p=1.0, eos_token_id=None,
+             draft=None, gamma=4, tree=None, xla_options=None) -> Settings:
+  """Validate generate()'s decoding arguments (ValueErrors naming the value) before anything compiles."""
+  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+  sampling = Sampling(float(temperature), int(top_k), float(top_p))
+  spec, draft_params, tree = resolve_draft(model, draft, gamma, tree)
+  return Settings(int(max_new_tokens), sampling, spec, draft_params, draft, tree,
+                  resolve_eos(model, eos_token_id), compiling.engine_options(xla_options))
+
+
+def check_prompts(model: Model, st: Settings, ids: Sequence[Sequence[int]], first: int = 0):
+  """Each prompt fits the context with max_new_tokens, and is long enough for a SnapKV draft."""
+  limit = model.config.max_position_embeddings
+  for i, p in enumerate(ids, first):
+    if len(p) + st.max_new_tokens > limit:
+      raise ValueError(f"prompt {i}: {len(p)} prompt tokens + max_new_tokens={st.max_new_tokens} exceed the "
+                       f"model's context of {limit}")
+  if isinstance(st.spec, drafts.SnapKVDraft) and ids:
+    need = max(st.spec.budget + st.spec.window, st.spec.observation_window) + 1
+    short = min(len(p) for p in ids)
+    if short < need:
+      raise ValueError(f"SnapKVDraft budget={st.spec.budget} + window={st.spec.window} is larger than the "
+                       f"shortest prompt ({short} tokens; needs >= {need})")
+
+
+def resolve_auto(model: Model, st: Settings, batch: int, context: int, hardware, acceptance,
+                 auto_fallback: bool) -> tuple[Settings, dict | None]:
+  """gamma / tree = "auto": the cost model's choice for this batch and context -> (settings, plan)."""
+  if not isinstance(st.tree, str):
+    return st, None
+  tree, plan = autotune.choose(model.config, st.spec, batch, context, want_tree=(st.tree == "auto"),
+                               hardware=hardware, acceptance_vector=acceptance,
+                               allow_autoregressive=auto_fallback)
+  st = dataclasses.replace(st, tree=tree)
+  if not plan["speculate"]:          # predicted to lose: plain decoding (same distribution, no draft)
+    st = dataclasses.replace(st, spec=None, draft_params=None, draft=None)
+  return st, plan
+
+
+def eos_array(eos: tuple[int, ...]) -> np.ndarray:
+  """Stop ids as the loop's [E] int32 array (-1 padded, at least one entry)."""
+  out = np.full((max(len(eos), 1),), -1, np.int32)
+  out[:len(eos)] = eos
+  return out
+
+
+def stream_keys(seed: int, stream_ids: Sequence[int]) -> jax.Array:
+  """Per-row PRNG keys: row i's stream is fold_in(key(seed), stream_ids[i]), whatever its slot."""
+  base_key = jax.random.key(seed)
+  return jax.vmap(lambda s: jax.random.fold_in(base_key, s))(jnp.asarray(list(stream_ids), jnp.uint32))
+
+
+def device_fns(mesh):
+  """(prefill, decode) for one device (executable LRU) or for `mesh` (sharding.runtime)."""
+  if mesh is None:
+    return _prefill, decode_loop
+  return functools.partial(sharding.prefill, mesh), functools.partial(sharding.decode, mesh)
+
+
 def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id=None, draft=None, gamma: int = 4,
              tree: Tree | str | None = None, attention_impl: str = "auto",
@@ -183,32 +256,16 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   False}); on GPU they extend compile.GPU_DECODE_OPTIONS. Never set through XLA_FLAGS, so nothing else in
   the process is affected. Executables are kept in a bounded LRU (compile.py, MAGICDEC_MAX_EXECUTABLES).
   """
-  if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-  sampling = Sampling(float(temperature), int(top_k), float(top_p))
-  spec, draft_params, tree = resolve_draft(model, draft, gamma, tree)
+  st = settings(model, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                eos_token_id=eos_token_id, draft=draft, gamma=gamma, tree=tree, xla_options=xla_options)
   ids = prompt_ids(model, prompts, lengths=lengths, attention_mask=attention_mask)
-  options = compiling.engine_options(xla_options)
-  cfg = model.config
-  for i, p in enumerate(ids):
-    if len(p) + max_new_tokens > cfg.max_position_embeddings:
-      raise ValueError(f"prompt {i}: {len(p)} prompt tokens + max_new_tokens={max_new_tokens} exceed the "
-                       f"model's context of {cfg.max_position_embeddings}")
-  if isinstance(spec, drafts.SnapKVDraft):
-    need = max(spec.budget + spec.window, spec.observation_window) + 1
-    short = min(len(p) for p in ids)
-    if short < need:
-      raise ValueError(f"SnapKVDraft budget={spec.budget} + window={spec.window} is larger than the "
-                       f"shortest prompt ({short} tokens; needs >= {need})")
-  eos = resolve_eos(model, eos_token_id)
+  check_prompts(model, st, ids)
   n = len(ids)
-  plan = None
-  if isinstance(tree, str):
-    context = max(len(p) for p in ids) + max_new_tokens // 2
-    tree, plan = autotune.choose(cfg, spec, n, context, want_tree=(tree == "auto"), hardware=hardware,
-                                 acceptance_vector=acceptance, allow_autoregressive=auto_fallback)
-    if not plan["speculate"]:          # predicted to lose: plain decoding (same distribution, no draft)
-      spec, draft_params, draft = None, None, None
+  st, plan = resolve_auto(model, st, n, max(len(p) for p in ids) + max_new_tokens // 2, hardware, acceptance,
+                          auto_fallback)
+  sampling, spec, draft_params, draft, tree, eos, options = (st.sampling, st.spec, st.draft_params, st.draft,
+                                                             st.tree, st.eos, st.options)
+  cfg = model.config
   stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
@@ -228,15 +285,8 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
     row_lengths[i] = len(p)
   max_new = np.zeros((b,), np.int32)
   max_new[:n] = max_new_tokens
-  eos_arr = np.full((max(len(eos), 1),), -1, np.int32)
-  eos_arr[:len(eos)] = eos
-  base_key = jax.random.key(seed)
-  keys = jax.vmap(lambda s: jax.random.fold_in(base_key, s))(
-      jnp.asarray(stream_ids + [2**31 - 1 - i for i in range(b - n)], jnp.uint32))
-
-  prefill_fn, decode_fn = _prefill, decode_loop
-  if mesh is not None:
-    prefill_fn, decode_fn = (functools.partial(f, mesh) for f in (sharding.prefill, sharding.decode))
+  keys = stream_keys(seed, stream_ids + [2**31 - 1 - i for i in range(b - n)])
+  prefill_fn, decode_fn = device_fns(mesh)
   compiling.ensure_persistent_cache()
   c0 = compiling.compile_seconds()
   t0 = time.perf_counter()
@@ -246,7 +296,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   jax.block_until_ready(target)
   t1 = time.perf_counter()
   c1 = compiling.compile_seconds()
-  init_args = (tokens_j, lengths_j, jnp.asarray(max_new), jnp.asarray(eos_arr), keys, target, ring)
+  init_args = (tokens_j, lengths_j, jnp.asarray(max_new), jnp.asarray(eos_array(eos)), keys, target, ring)
   init_static = dict(out_len=new_bucket + tree.num_nodes, tree=tree)
   if mesh is None:    # one executable in the LRU; with a mesh the inputs are sharded: eager, as placed
     state = initial_state(*init_args, options=options, **init_static)
@@ -298,19 +348,21 @@ def _check_memory(cfg, mesh, draft, tree, b, num_slots, p_bucket, chunk, device_
   planner.check_fits(plan, int(limit))
 
 
+def row_stat(new_tokens: int, rounds: int, accepted: int, depth: int) -> dict[str, Any]:
+  """One row's figures: verify steps, accepted draft tokens, acceptance rate, mean accepted length."""
+  drafted = rounds * depth
+  return {"new_tokens": new_tokens, "verify_steps": rounds, "accepted_tokens": accepted,
+          "acceptance_rate": accepted / drafted if drafted else None,
+          "mean_accepted_length": (accepted + rounds) / rounds if rounds else None}
+
+
 def collect_result(model, state, out, n_out, n, eos, tree, spec, prefill_s, decode_s) -> GenerateResult:
   rounds, accepted = np.asarray(state.rounds)[:n], np.asarray(state.accepted)[:n]
   acc_at = np.asarray(state.accepted_at)[:n]
   toks = [out[i, :n_out[i]].tolist() for i in range(n)]
   reasons = ["eos" if t and t[-1] in eos else "length" for t in toks]
   depth = tree.max_depth
-  row_stats = []
-  for i in range(n):
-    drafted = int(rounds[i]) * depth
-    row_stats.append({
-        "new_tokens": len(toks[i]), "verify_steps": int(rounds[i]), "accepted_tokens": int(accepted[i]),
-        "acceptance_rate": accepted[i] / drafted if drafted else None,
-        "mean_accepted_length": (accepted[i] + rounds[i]) / rounds[i] if rounds[i] else None})
+  row_stats = [row_stat(len(toks[i]), int(rounds[i]), int(accepted[i]), depth) for i in range(n)]
   total_new = sum(len(t) for t in toks)
   total_rounds = int(rounds.sum())
   stats = {

@@ -35,13 +35,14 @@ class LoopState:
   done: jax.Array        # [B] bool
   max_new: jax.Array     # [B] per-row budget
   eos: jax.Array         # [E] stop token ids (-1 padded)
-  keys: jax.Array        # [B] per-row PRNG keys; round r uses fold_in(key, r)
+  keys: jax.Array        # [B] per-row PRNG keys; a row's own round r uses fold_in(key, r)
   step: jax.Array        # [] rounds run
   target: KVCache
   ring: RingCache | None
   rounds: jax.Array      # [B] verify steps while active
   accepted: jax.Array    # [B] accepted draft tokens
   accepted_at: jax.Array  # [B, D] accepted count per tree depth
+  refill_at: jax.Array   # [] decode returns once this many rows are done (B: when all are; traced)
 
 
 def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, *, cfg: ModelConfig,
@@ -116,7 +117,7 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
            sampling: Sampling, impl: str) -> LoopState:
   b = state.lengths.shape[0]
   rows = jnp.arange(b)
-  keys = jax.vmap(jax.random.fold_in)(state.keys, jnp.broadcast_to(state.step, (b,)))
+  keys = jax.vmap(jax.random.fold_in)(state.keys, state.rounds)   # the row's own round: slot-independent
   draft_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
   verify_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2))(keys)
   base = state.lengths - 1
@@ -172,11 +173,12 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
                    donate_argnames=("state",))
 def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, spec, tree: Tree,
            sampling: Sampling, impl: str = "xla") -> LoopState:
-  """Run rounds until every row is done: one `lax.while_loop`, no host round trip."""
+  """Run rounds until `state.refill_at` rows are done (all of them: refill_at = B): one `lax.while_loop`,
+  no host round trip. Every active row emits >= 1 token a round, so no row runs more than M rounds."""
   max_rounds = state.out.shape[1]
 
   def cond(s):
-    return (~s.done.all()) & (s.step < max_rounds)
+    return (s.done.sum() < s.refill_at) & (s.rounds.max() < max_rounds)
 
   return jax.lax.while_loop(
       cond, lambda s: _round(s, target_params, draft_params, cfg, spec, tree, sampling, impl), state)
@@ -192,4 +194,4 @@ def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos
       last=tokens[rows, lengths - 1], prev=tokens[rows, jnp.maximum(lengths - 2, 0)],
       done=max_new <= 0, max_new=max_new, eos=eos, keys=keys, step=jnp.zeros((), jnp.int32),
       target=target, ring=ring, rounds=jnp.zeros((b,), jnp.int32), accepted=jnp.zeros((b,), jnp.int32),
-      accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32))
+      accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32), refill_at=jnp.asarray(b, jnp.int32))

@@ -104,13 +104,9 @@ def decode(model: Model, pre: Prefilled, *, draft=None, gamma: int = 4, tree: Tr
   sampling = Sampling(float(temperature), int(top_k), float(top_p))
   cfg, b, n = model.config, pre.batch, pre.num_prompts
   eos = engine.resolve_eos(model, eos_token_id)
-  eos_arr = np.full((max(len(eos), 1),), -1, np.int32)
-  eos_arr[:len(eos)] = eos
   budget = np.zeros((b,), np.int32)
   budget[:n] = max_new
-  base_key = jax.random.key(seed)
-  keys = jax.vmap(lambda s: jax.random.fold_in(base_key, s))(
-      jnp.asarray(list(range(n)) + [2**31 - 1 - i for i in range(b - n)], jnp.uint32))
+  keys = engine.stream_keys(seed, list(range(n)) + [2**31 - 1 - i for i in range(b - n)])
   options = compiling.engine_options(options)
   c0 = compiling.compile_seconds()
   t0 = time.perf_counter()
@@ -122,7 +118,7 @@ def decode(model: Model, pre: Prefilled, *, draft=None, gamma: int = 4, tree: Tr
   jax.block_until_ready((target, ring))
   t1 = time.perf_counter()
   c1 = compiling.compile_seconds()
-  state = engine.initial_state(pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), jnp.asarray(eos_arr),
+  state = engine.initial_state(pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), jnp.asarray(engine.eos_array(eos)),
                                keys, target, ring, out_len=engine.bucket(pre.max_new_tokens) + tree.num_nodes,
                                tree=tree, options=options)
   state = engine.decode_loop(model.params, draft_params, state, cfg=cfg, spec=spec, tree=tree,

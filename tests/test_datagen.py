@@ -129,12 +129,16 @@ def test_stream_id_stable():
 
 
 def test_kill9_then_resume_exactly_once(tmp_path):
-  n = 64
-  inp = write(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Record {i} says hello"} for i in range(n)])
+  """Killed mid-run under continuous batching (3 slots, refill after every finished row, 2 samples a
+  prompt), resumed: the same records as one uninterrupted static-batching run (2 slots, refill_at = 2)."""
+  prompts, samples = 32, 2
+  n = prompts * samples
+  inp = write(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Record {i} says hello"} for i in range(prompts)])
   out = str(tmp_path / "out.jsonl")
   args = [sys.executable, os.path.join(ROOT, "run.py"), "--mode=datagen", "--model=random-tiny",
-          f"--input={inp}", f"--output={out}", "--batch_size=2", "--max_new_tokens=8", "--gamma=2", "--sink=2",
-          "--window=8", "--temperature=1", "--seed=3", "--noprogress"]
+          f"--input={inp}", f"--output={out}", "--batch_size=3", "--refill_at=1", "--max_new_tokens=8",
+          f"--num_samples_per_prompt={samples}", "--gamma=2", "--sink=2", "--window=8", "--temperature=1",
+          "--seed=3", "--noprogress"]
   proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
@@ -151,7 +155,7 @@ def test_kill9_then_resume_exactly_once(tmp_path):
   got = read_records(out)
   # The reference: an uninterrupted run in this process (same random-tiny weights, same settings).
   ref_out = str(tmp_path / "ref.jsonl")
-  datagen.run(tiny(), inp, ref_out, batch_size=2, progress=False, **GEN)
+  datagen.run(tiny(), inp, ref_out, batch_size=2, refill_at=2, num_samples=samples, progress=False, **GEN)
   ref = read_records(ref_out)
   assert len(got) == n and len({(r["id"], r["sample"]) for r in got}) == n
   assert as_set(got) == as_set(ref)

@@ -4,7 +4,7 @@
   model = sharding.shard_model(model, mesh)            # params into their shards, once
   res = magicdec_jax.generate(model, prompts, max_new_tokens=64, draft=..., mesh=mesh)
 
-mesh.py (meshes from flags), rules.py (partition rules), runtime.py (sharded prefill / decode),
+mesh.py (meshes from flags), rules.py (partition rules), runtime.py (sharded prefill / decode / slot insert),
 kernels.py (Pallas under shard_map), planner.py (bytes per device), distributed.py (jax.distributed,
 per-process datagen shards and their merge).
 """
@@ -12,5 +12,5 @@ from magicdec_jax.sharding.mesh import AXES, DATA, MODEL, axis_sizes, describe, 
 from magicdec_jax.sharding.planner import DoesNotFit, MemoryPlan, check_fits, device_memory, plan_memory
 from magicdec_jax.sharding.rules import (ModelLayout, abstract_param_shardings, layout_for,
                                          param_shardings)
-from magicdec_jax.sharding.runtime import (count_collectives, compiled_text, decode, load_orbax_sharded,
-                                           pad_batch, place_params, prefill, shard_model)
+from magicdec_jax.sharding.runtime import (count_collectives, compiled_text, decode, empty_state, insert,
+                                           load_orbax_sharded, pad_batch, place_params, prefill, shard_model)

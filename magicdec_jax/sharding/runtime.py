@@ -19,7 +19,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from magicdec_jax import checkpoints, drafts, loop
+from magicdec_jax import checkpoints, drafts, loop, slots
 from magicdec_jax import compile as compiling
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.sharding import kernels, rules   # kernels: the Pallas kernel runs per shard
@@ -117,6 +117,38 @@ def decode(mesh: Mesh, target_params, draft_params, state, **static):
   with jax.set_mesh(mesh):
     fn, args = _decode_fn(mesh, target_params, draft_params, state, **static)
     return fn(*args)
+
+
+def empty_state(mesh: Mesh, eos, *, cfg, spec, tree, options=None, **static):
+  """slots.empty_state built straight into its shards (each device allocates only its part of the caches)."""
+  tl, rl = layouts(mesh, cfg, spec)
+  fn = functools.partial(slots.empty_state, cfg=cfg, spec=spec, tree=tree, **static)
+  key = ("empty_state", mesh, cfg, spec, tree, tuple(sorted(static.items())), compiling.signature(eos))
+  eos = jax.device_put(eos, NamedSharding(mesh, P()))
+
+  def lower():
+    return jax.jit(fn, out_shardings=_state_sh(jax.eval_shape(fn, eos), mesh, tl, rl)).lower(eos)
+
+  with jax.set_mesh(mesh):
+    return compiling.executable(key, lower, options)(eos)
+
+
+def insert(mesh: Mesh, state, target, ring, *rest, cfg, spec, options=None):
+  """slots.insert on `mesh`: the donated state keeps its shardings (caches split per rules.state_spec), the
+  prefilled rows come in as sharded by `prefill`, the slot / row / stream arrays are replicated."""
+  tl, rl = layouts(mesh, cfg, spec)
+  st = _state_sh(state, mesh, tl, rl)
+  pre = rules.shardings((target, ring), mesh, lambda keys, ndim: rules.state_spec(keys, ndim, tl, rl))
+  rep = tuple(NamedSharding(mesh, P()) for _ in rest)
+  in_sh = (st, *pre, *rep)
+  args = jax.device_put((state, target, ring, *rest), in_sh)
+  key = ("insert", mesh, cfg, spec, compiling.signature(*args))
+
+  def lower():
+    return jax.jit(slots.insert, in_shardings=in_sh, out_shardings=st, donate_argnums=0).lower(*args)
+
+  with jax.set_mesh(mesh):
+    return compiling.executable(key, lower, options)(*args)
 
 
 def compiled_text(kind: str, mesh: Mesh, *args, **static) -> str:

@@ -1,0 +1,311 @@
+"""`generate_stream`: continuous batching around the compiled speculative loop; results as rows finish.
+
+Why: a static batch keeps every finished row idle until its longest row ends (with sampling and natural
+EOS, often most of the batch's row-steps). Here the decode `while_loop` returns once `refill_at` rows have
+finished (a traced threshold in the state: one executable for any value; refill_at = batch reproduces
+static batching), the host copies the finished rows out, prefills the next prompts as a small fixed-shape
+batch (`prefill_batch` rows, prompt length bucketed) and writes them into the free slots with one donated
+`slots.insert`, then re-enters the loop. Speculation and the ragged per-row accept run unchanged inside.
+
+A row's random stream depends only on (seed, stream id) and its own round count (loop._round), so a
+sample's tokens are the same whatever slot, batch size, refill threshold or neighbours it gets, and the
+same as `generate(..., stream_ids=[id])`. n samples of one prompt are one prefill inserted into n slots.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import time
+from typing import Any, Iterable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from magicdec_jax import compile as compiling
+from magicdec_jax import engine, sharding, slots
+from magicdec_jax.cache import aligned_slots
+from magicdec_jax.model import Model
+
+
+@dataclasses.dataclass
+class Request:
+  """One prompt (text or token ids); stream_ids: one random-stream id per sample (default: request i gets
+  i * num_samples + s for sample s, so with one sample the ids of `generate`); tag: returned untouched."""
+  prompt: Any
+  stream_ids: Sequence[int] | None = None
+  tag: Any = None
+
+
+@dataclasses.dataclass
+class StreamResult:
+  index: int                 # the request's position in `requests`
+  sample: int                # position in the request's stream ids
+  stream_id: int
+  tag: Any
+  tokens: list[int]          # new token ids
+  text: str | None
+  finish_reason: str         # "eos" | "length"
+  stats: dict[str, Any]      # engine.row_stat figures
+
+
+@dataclasses.dataclass
+class _Job:
+  index: int
+  ids: list[int]
+  stream_ids: list[int]
+  tag: Any
+  taken: int = 0             # samples already placed in a slot
+
+
+class Generator:
+  """An iterator of StreamResult over `requests`, in completion order; `.stats` holds running figures
+  (records, new tokens, rounds, slot utilization = active row-rounds / all row-rounds, prefill / insert /
+  decode / compile seconds). See `generate_stream` for the arguments."""
+
+  def __init__(self, model: Model, requests: Iterable, *, max_new_tokens: int, batch_size: int = 8,
+               refill_at: int = 1, prefill_batch: int | None = None, num_samples: int = 1,
+               max_prompt_tokens: int | None = None, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, eos_token_id=None, draft=None, gamma=4, tree=None,
+               attention_impl: str = "auto", hardware=None, acceptance=None, auto_fallback: bool = True,
+               mesh=None, device_memory: int | None = None, xla_options: dict | None = None):
+    for name, v, lo in (("batch_size", batch_size, 1), ("refill_at", refill_at, 1),
+                        ("num_samples", num_samples, 1), ("prefill_batch", prefill_batch or 1, 1),
+                        ("max_prompt_tokens", max_prompt_tokens or 1, 1)):
+      if not isinstance(v, (int, np.integer)) or v < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if refill_at > batch_size:
+      raise ValueError(f"refill_at={refill_at} is larger than batch_size={batch_size}")
+    st = engine.settings(model, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                         top_p=top_p, eos_token_id=eos_token_id, draft=draft, gamma=gamma, tree=tree,
+                         xla_options=xla_options)
+    if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)) and max_prompt_tokens is None:
+      max_prompt_tokens = max((len(self._ids(model, r, i)) for i, r in enumerate(requests)), default=1)
+    context = (max_prompt_tokens or 0) + max_new_tokens // 2
+    self.settings, self.plan = engine.resolve_auto(model, st, batch_size, context, hardware, acceptance,
+                                                   auto_fallback)
+    self.model, self.mesh, self.seed, self.impl = model, mesh, int(seed), attention_impl
+    self.batch = sharding.pad_batch(batch_size, mesh)     # whole rows on every data shard
+    self.refill_at, self.num_samples, self.device_memory = int(refill_at), int(num_samples), device_memory
+    self.prefill_batch = int(prefill_batch or min(self.batch, engine.bucket(-(-refill_at // num_samples), 1)))
+    self.max_prompt_tokens = max_prompt_tokens
+    self._requests = enumerate(requests)
+    self.stats = dict(records=0, new_tokens=0, rounds=0, row_rounds=0, active_row_rounds=0, slot_utilization=None,
+                      prefills=0, prefill_s=0.0, insert_s=0.0, decode_s=0.0, compile_s=0.0, decode_calls=0,
+                      wall_s=0.0, tokens_per_s=None)
+    self._it = self._run()
+
+  def __iter__(self) -> Iterator[StreamResult]:
+    return self
+
+  def __next__(self) -> StreamResult:
+    return next(self._it)
+
+  # ---------------------------------------------------------------------------------------------- requests
+
+  @staticmethod
+  def _ids(model: Model, r, i: int) -> list[int]:
+    prompt = r.prompt if isinstance(r, Request) else r
+    try:
+      return engine.tokenize_prompts(model, [prompt])[0]
+    except ValueError as e:
+      raise ValueError(f"request {i}: {e}") from None
+
+  def _next_job(self) -> _Job | None:
+    try:
+      i, r = next(self._requests)
+    except StopIteration:
+      return None
+    ids = self._ids(self.model, r, i)
+    try:
+      engine.check_prompts(self.model, self.settings, [ids])
+    except ValueError as e:
+      raise ValueError(f"request {i}: {e}") from None
+    sids = r.stream_ids if isinstance(r, Request) else None
+    if sids is None:
+      sids = [i * self.num_samples + s for s in range(self.num_samples)]
+    sids = [int(s) for s in sids]
+    if not sids or any(not 0 <= s < 2**32 for s in sids):
+      raise ValueError(f"request {i}: stream_ids must be a non-empty list of ints in [0, 2**32), got {sids}")
+    return _Job(i, ids, sids, r.tag if isinstance(r, Request) else None)
+
+  # ---------------------------------------------------------------------------------------------- device
+
+  def _timed(self, key: str, fn, *args, **kw):
+    c0, t0 = compiling.compile_seconds(), time.perf_counter()
+    out = fn(*args, **kw)
+    jax.block_until_ready(out)
+    dc = compiling.compile_seconds() - c0
+    self.stats[key] += time.perf_counter() - t0 - dc
+    self.stats["compile_s"] += dc
+    return out
+
+  def _new_state(self, p_cap: int):
+    st = self.settings
+    new_bucket = engine.bucket(st.max_new_tokens)
+    num_slots = aligned_slots(p_cap + new_bucket + st.tree.num_nodes + 1)
+    engine._check_memory(self.model.config, self.mesh, st.draft, st.tree, self.batch, num_slots, p_cap,
+                         min(p_cap, engine.MAX_CHUNK), self.device_memory)
+    args = (jnp.asarray(engine.eos_array(st.eos)),)
+    static = dict(cfg=self.model.config, spec=st.spec, tree=st.tree, batch=self.batch, num_slots=num_slots,
+                  out_len=new_bucket + st.tree.num_nodes)
+    if self.mesh is not None:
+      return sharding.empty_state(self.mesh, *args, options=st.options, **static)
+    return compiling.jit_executable("empty_state", slots.empty_state, args, static, options=st.options)(*args)
+
+  def _prefill(self, jobs: list[_Job]):
+    """One fixed-shape prefill of up to prefill_batch prompts -> (target, ring, tokens, lengths)."""
+    st = self.settings
+    p_bucket = engine.bucket(max(len(j.ids) for j in jobs))
+    tokens = np.zeros((self.prefill_batch, p_bucket), np.int32)
+    lengths = np.ones((self.prefill_batch,), np.int32)
+    for r, j in enumerate(jobs):
+      tokens[r, :len(j.ids)] = j.ids
+      lengths[r] = len(j.ids)
+    tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
+    prefill_fn = engine.device_fns(self.mesh)[0]
+    target, ring = self._timed("prefill_s", prefill_fn, self.model.params, st.draft_params, tokens_j, lengths_j,
+                               cfg=self.model.config, spec=st.spec, tree=st.tree, num_slots=aligned_slots(p_bucket),
+                               chunk=min(p_bucket, engine.MAX_CHUNK), impl=self.impl, options=st.options)
+    self.stats["prefills"] += 1
+    return target, ring, tokens_j, lengths_j
+
+  def _insert(self, state, pre, entries):
+    """entries: (slot, prefilled row, stream id), padded to the batch size (one executable)."""
+    b = self.batch
+    pad = [(b, 0, 0)] * (b - len(entries))
+    slot_a, row_a, sid_a = (np.asarray(x) for x in zip(*(entries + pad)))
+    max_new = np.where(slot_a < b, self.settings.max_new_tokens, 0).astype(np.int32)
+    args = (state, *pre, jnp.asarray(slot_a, jnp.int32), jnp.asarray(row_a, jnp.int32),
+            jnp.asarray(sid_a, jnp.uint32), jnp.asarray(max_new), jnp.asarray(self.seed, jnp.uint32))
+    if self.mesh is not None:
+      return self._timed("insert_s", sharding.insert, self.mesh, *args, cfg=self.model.config,
+                         spec=self.settings.spec, options=self.settings.options)
+    fn = compiling.jit_executable("insert", slots.insert, args, {}, options=self.settings.options,
+                                  donate_argnames=("state",))
+    return self._timed("insert_s", fn, *args)
+
+  def _decode(self, state):
+    st = self.settings
+    decode_fn = engine.device_fns(self.mesh)[1]
+    return self._timed("decode_s", decode_fn, self.model.params, st.draft_params, state, cfg=self.model.config,
+                       spec=st.spec, tree=st.tree, sampling=st.sampling, impl=self.impl, options=st.options)
+
+  # ---------------------------------------------------------------------------------------------- host loop
+
+  def _run(self) -> Iterator[StreamResult]:
+    t_start = time.perf_counter()
+    b = self.batch
+    occupant: list[tuple[_Job, int] | None] = [None] * b
+    seen_rounds = np.zeros((b,), np.int64)
+    queue: collections.deque[_Job] = collections.deque()
+    exhausted = False
+    state, p_cap, pre, pre_jobs = None, 0, None, []
+
+    def refill_queue():
+      nonlocal exhausted
+      while not exhausted and len(queue) < self.prefill_batch:
+        job = self._next_job()
+        if job is None:
+          exhausted = True
+        else:
+          queue.append(job)
+
+    while True:
+      refill_queue()
+      free = [s for s in range(b) if occupant[s] is None]
+      entries = []
+      while free:
+        left = [(r, j) for r, j in enumerate(pre_jobs) if j.taken < len(j.stream_ids)]
+        if left:                                   # more samples of an already prefilled prompt
+          r, j = left[0]
+          s = free.pop(0)
+          entries.append((s, r, j.stream_ids[j.taken]))
+          occupant[s] = (j, j.taken)
+          seen_rounds[s] = 0
+          j.taken += 1
+          continue
+        refill_queue()
+        if not queue:
+          break
+        jobs = list(itertools.islice(queue, self.prefill_batch))
+        need = engine.bucket(max(max(len(j.ids) for j in jobs), self.max_prompt_tokens or 0))
+        if state is not None and need > p_cap:
+          if any(o is not None for o in occupant) or entries:
+            break                                  # drain, then rebuild the state for longer prompts
+          state = None
+        if entries:
+          state = self._insert(state, pre, entries)
+          entries = []
+        if state is None:
+          p_cap = need
+          state = self._new_state(p_cap)
+          seen_rounds[:] = 0
+        for _ in jobs:
+          queue.popleft()
+        pre, pre_jobs = self._prefill(jobs), jobs
+      if entries:
+        state = self._insert(state, pre, entries)
+      n_free = sum(o is None for o in occupant)
+      if n_free == b:
+        break
+      state = state.replace(refill_at=jnp.asarray(n_free + min(self.refill_at, b - n_free), jnp.int32))
+      step0 = int(state.step)
+      state = self._decode(state)
+      done, n_out = np.asarray(state.done), np.asarray(state.n_out)
+      rounds = np.asarray(state.rounds)
+      self.stats["decode_calls"] += 1
+      self.stats["rounds"] += int(state.step) - step0
+      self.stats["row_rounds"] += b * (int(state.step) - step0)
+      busy = np.asarray([o is not None for o in occupant])
+      self.stats["active_row_rounds"] += int((rounds - seen_rounds)[busy].sum())
+      seen_rounds = rounds.astype(np.int64)
+      finished = [s for s in range(b) if occupant[s] is not None and done[s]]
+      if not finished:
+        continue
+      out, accepted = np.asarray(state.out), np.asarray(state.accepted)
+      results = [self._result(occupant[s], out[s, :n_out[s]].tolist(), int(rounds[s]), int(accepted[s]))
+                 for s in finished]
+      for s in finished:
+        occupant[s] = None
+      self._update_stats(results, t_start)
+      yield from results
+    self._update_stats([], t_start)
+
+  def _result(self, occ, toks: list[int], rounds: int, accepted: int) -> StreamResult:
+    job, sample = occ
+    st = self.settings
+    text = None
+    if self.model.tokenizer is not None:
+      text = self.model.tokenizer.decode(toks, skip_special_tokens=False)
+    reason = "eos" if toks and toks[-1] in st.eos else "length"
+    return StreamResult(job.index, sample, job.stream_ids[sample], job.tag, toks, text, reason,
+                        engine.row_stat(len(toks), rounds, accepted, st.tree.max_depth))
+
+  def _update_stats(self, results, t_start):
+    s = self.stats
+    s["records"] += len(results)
+    s["new_tokens"] += sum(len(r.tokens) for r in results)
+    s["wall_s"] = time.perf_counter() - t_start
+    s["slot_utilization"] = s["active_row_rounds"] / s["row_rounds"] if s["row_rounds"] else None
+    busy = s["prefill_s"] + s["insert_s"] + s["decode_s"]
+    s["tokens_per_s"] = s["new_tokens"] / busy if busy > 0 else None
+
+
+def generate_stream(model: Model, requests: Iterable, *, max_new_tokens: int, batch_size: int = 8,
+                    refill_at: int = 1, **kwargs) -> Generator:
+  """Continuous-batching generation: yields a StreamResult per (request, sample) as soon as it finishes.
+
+  requests: any iterable (consumed lazily) of prompts (text or token-id lists) or `Request`s.
+  batch_size: decode slots. refill_at: the loop returns to the host to refill once this many rows have
+  finished (batch_size: static batching). prefill_batch: rows per prefill call (default: enough for
+  refill_at finished rows). num_samples: samples per request (one prefill, n slots, n streams).
+  max_prompt_tokens: size the cache for prompts this long (default: the longest prompt when `requests`
+  is a list; otherwise the cache grows to each new prompt-length bucket, draining the slots first).
+  Every other keyword is `generate`'s (temperature, top_k, top_p, seed, eos_token_id, draft, gamma, tree,
+  attention_impl, hardware, acceptance, auto_fallback, mesh, device_memory, xla_options); sample s of
+  request i is the sample `generate(..., stream_ids=[id])` gives for its stream id.
+  """
+  return Generator(model, requests, max_new_tokens=max_new_tokens, batch_size=batch_size, refill_at=refill_at,
+                   **kwargs)
