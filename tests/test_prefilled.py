@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import prefilled
+from magicdec_jax import cli_demo, cli_flags, prefilled
 from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
 
@@ -76,3 +76,13 @@ def test_prefill_bench_smoke(tmp_path):
   doc = json.loads(out.read_text())
   assert doc["engine"]["tokens_per_s"] > 0 and doc["previous_rule"]["tokens_per_s"] > 0
   assert 0 < doc["engine"]["share_of_matmul_rate"]
+
+
+def test_demo_runs_and_checks_its_own_tokens(capsys):
+  """The main job's code path (cli_demo.run) on a random tiny model: greedy MagicDec equals AR there."""
+  model = cli_flags.random_tiny_model(0)
+  res = cli_demo.run(model, batch=2, prompt_tokens=64, max_new_tokens=8, gamma=2, sink=2, window=16,
+                     temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT)
+  assert res["identical"] and res["speedup"] > 0
+  out = capsys.readouterr().out
+  assert "speedup" in out and "identical greedy tokens: True" in out and "crossover" in out
