@@ -32,6 +32,7 @@ def test_gpu_suite_smoke(tmp_path):
   for s in steps:
     assert s["ar_step_s"] > 0 and s["ar_floor_s"] > 0
     assert all(v > 0 for k, v in s.items() if k.endswith("_over_ar"))
+    assert s["draft_feature_over_ar"] > 0                                 # the feature head's step
   fit = doc["fitted_model"]
   assert len(fit["coef"]) == 8 and fit["steps"] >= 10 and "holdout_rel_err_mean" in fit
   assert (tmp_path / "smoke.profile.json").exists()                     # a hardware profile beside it
