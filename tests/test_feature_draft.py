@@ -170,3 +170,31 @@ def test_bad_inputs_named():
     dfm.FeatureDistillConfig(ttt=0).validate()
   with pytest.raises(ValueError, match="no feature head"):
     feature_head.load_head(tempfile.gettempdir() + "/definitely_not_a_head_dir")
+
+
+def test_cli_distill_then_generate(tmp_path):
+  """run.py --mode=distill --draft=feature writes a head that --draft=feature --draft_model=DIR loads; the
+  greedy text equals --draft=none's (the random tiny byte-level model)."""
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root)
+  text = tmp_path / "text.txt"
+  text.write_text("To be, or not to be, that is the question. " * 40)
+  head_dir = tmp_path / "head"
+  base = [sys.executable, "run.py", "--model=random-tiny:0"]
+  r = subprocess.run(base + ["--mode=distill", "--draft=feature", f"--distill_data={text}",
+                             f"--distill_out={head_dir}", "--distill_steps=3", "--batch=2", "--seq_len=32",
+                             "--window=16", "--checkpoint_every=2", "--noprogress"],
+                     capture_output=True, text=True, cwd=root, env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert os.path.isfile(head_dir / feature_head.HEAD_FILE)
+  gen = base + ["--mode=generate", "--prompt=To be, or", "--max_new_tokens=12"]
+  outs = [subprocess.run(gen + extra, capture_output=True, text=True, cwd=root, env=env, timeout=600)
+          for extra in (["--draft=none"], ["--draft=feature", f"--draft_model={head_dir}", "--window=16"])]
+  for o in outs:
+    assert o.returncode == 0, o.stderr[-3000:]
+  assert outs[0].stdout == outs[1].stdout and outs[0].stdout.strip()
+  bad = subprocess.run(base + ["--mode=generate", "--prompt=x", "--draft=feature"], capture_output=True,
+                       text=True, cwd=root, env=env, timeout=600)
+  assert bad.returncode != 0 and "--draft=feature needs --draft_model" in bad.stderr
