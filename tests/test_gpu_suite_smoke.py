@@ -17,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_gpu_suite_smoke(tmp_path):
   out = tmp_path / "smoke.json"
   proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"), "--smoke",
-                         "--output", str(out)], capture_output=True, text=True, timeout=900)
+                         "--output", str(out)], capture_output=True, text=True, timeout=900,
+                        env=dict(os.environ, PYTHONPATH=ROOT))     # this checkout's magicdec_jax
   assert proc.returncode == 0, proc.stderr[-3000:]
   doc = json.loads(out.read_text())
   assert doc["env"]["jax_version"] and doc["env"]["device"] and doc["env"]["date"]
