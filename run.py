@@ -5,6 +5,8 @@ calibrate.
   python run.py --mode=generate --prompt="To be, or not to be" --draft=streaming --gamma=3
   python run.py --mode=datagen --input=prompts.jsonl --output=out.jsonl --batch_size=8
   python run.py --mode=distill --distill_data=out.jsonl --distill_out=draft --draft_layers=8
+  python run.py --mode=distill --draft=feature --distill_data=text.txt --distill_out=head
+  python run.py --mode=generate --draft=feature --draft_model=head --prompt="To be, or not to be"
   python run.py --mode=calibrate --output=profile.json   # measure this device -> hardware profile
   python run.py --mode=plan --hardware=profile.json      # plan with it (datasheet column beside)
   python run.py --helpfull                        # every flag
@@ -27,7 +29,8 @@ import jax
 import numpy as np
 
 from magicdec_jax import (acceptance, calibrate, checkpoints, cli_bench, cli_demo, cli_flags, costmodel, datagen,
-                          distill, distill_data, drafts, engine, shapes, textdata)
+                          distill, distill_data, distill_feature, drafts, engine, feature_head, shapes,
+                          textdata)
 from magicdec_jax import compile as compiling
 from magicdec_jax.autotune import detect_hardware
 from magicdec_jax.sampling import Sampling
@@ -224,8 +227,43 @@ def mode_profile_acceptance():
   print(json.dumps(out, indent=1))
 
 
+def mode_distill_feature(model):
+  """--mode=distill --draft=feature: train a feature head (distill_feature.py) into --distill_out."""
+  if FLAGS.mesh:
+    raise app.UsageError("--mode=distill --draft=feature runs on one device (no --mesh)")
+  cfg = distill_feature.FeatureDistillConfig(
+      steps=FLAGS.distill_steps, lr=FLAGS.lr, warmup_steps=FLAGS.warmup_steps, batch=FLAGS.batch,
+      seq_len=FLAGS.seq_len, seed=FLAGS.seed, checkpoint_every=FLAGS.checkpoint_every,
+      eval_every=FLAGS.eval_every, sink=FLAGS.sink, window=FLAGS.window)
+  v = model.config.vocab_size
+  eos = model.config.eos_token_ids[0] if model.config.eos_token_ids else None
+  try:
+    data = distill_data.load_windows(FLAGS.distill_data, model.tokenizer, v, cfg.seq_len, eos)
+    held = _heldout_windows(model)
+    head = feature_head.init_head(model, seed=FLAGS.seed)
+    log(f"training a feature head (layers {list(head.layers)}) on {data.shape[0]} windows of {cfg.seq_len} "
+        f"tokens, {cfg.steps} steps of {cfg.batch} -> {FLAGS.distill_out}")
+    _, history = distill_feature.train(model, head, data, FLAGS.distill_out, cfg, eval_windows=held,
+                                       progress=FLAGS.progress)
+  except ValueError as e:
+    raise app.UsageError(f"distill: {e}") from None
+  print(json.dumps({"out": FLAGS.distill_out, "steps": cfg.steps, "history": history}, indent=1))
+
+
+def _heldout_windows(model):
+  n_eval = min(1024, model.config.max_position_embeddings)
+  if FLAGS.distill_heldout:
+    return distill_data.load_windows(FLAGS.distill_heldout, model.tokenizer, model.config.vocab_size,
+                                     n_eval)[:2].tolist()
+  if model.tokenizer is not None:
+    return textdata.shakespeare_prompts(model.tokenizer, 2, n_eval, held_out=True)
+  return None
+
+
 def mode_distill():
   model = load_target()
+  if FLAGS.draft == "feature":
+    return mode_distill_feature(model)
   cfg = distill.DistillConfig(
       steps=FLAGS.distill_steps, lr=FLAGS.lr, warmup_steps=FLAGS.warmup_steps, batch=FLAGS.batch,
       seq_len=FLAGS.seq_len, loss=FLAGS.distill_loss, seed=FLAGS.seed, checkpoint_every=FLAGS.checkpoint_every,
@@ -242,13 +280,7 @@ def mode_distill():
                          f"{model.config.num_layers} layers")
       draft = distill.init_draft(model, layers=FLAGS.draft_layers)
     data = distill_data.load_windows(FLAGS.distill_data, model.tokenizer, v, cfg.seq_len, eos)
-    n_eval = min(1024, model.config.max_position_embeddings)
-    if FLAGS.distill_heldout:
-      held = distill_data.load_windows(FLAGS.distill_heldout, model.tokenizer, v, n_eval)[:2].tolist()
-    elif model.tokenizer is not None:
-      held = textdata.shakespeare_prompts(model.tokenizer, 2, n_eval, held_out=True)
-    else:
-      held = None
+    held = _heldout_windows(model)
     log(f"distilling a {draft.config.num_layers}-layer draft on {data.shape[0]} windows of {cfg.seq_len} "
         f"tokens, {cfg.steps} steps of {cfg.batch}, loss {cfg.loss} -> {FLAGS.distill_out}")
     _, history = distill.distill(model, draft, data, FLAGS.distill_out, cfg, eval_windows=held,

@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax import calibrate, costmodel, drafts, engine, loop, shapes, trees, verify  # noqa: E402
+from magicdec_jax import calibrate, costmodel, drafts, engine, feature_head, loop, shapes, trees, verify  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax.cache import KVCache  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
@@ -322,6 +322,7 @@ def run(args) -> dict:
   model = Model(cfg, init_params(cfg, jax.random.key(0)), name=doc["model_shape"])
   small = Model(dcfg, init_params(dcfg, jax.random.key(1)), name=doc["draft_shape"])
   dobj = draft_objects(args, model, small)
+  head = feature_head.init_head(model)      # random weights: only its step time is measured
   steps, rows = [], []
   for ctx in args.contexts:
     for b in args.batches:
@@ -349,6 +350,10 @@ def run(args) -> dict:
           td = time_step(dp, dc, b, cd.kv_tokens(ctx), w, "ring", args.repeats)["median_s"]
           rec[f"draft_{name}{'' if w == 1 else f'_w{w}'}_over_ar"] = td / t_ar
           rows.append(_step_row(dc, b, cd.kv_tokens(ctx), w, td, f"draft_{name}"))
+      for w in args.draft_tokens:     # the feature head (FeatureDraft): fc + one layer + the target's head
+        tf = calibrate.time_feature_step(head, model.params, b, args.sink + args.window, w, args.repeats)
+        rec[f"draft_feature{'' if w == 1 else f'_w{w}'}_over_ar"] = tf["median_s"] / t_ar
+        gc.collect()
       if args.gemm == "both" and jax.default_backend() == "gpu":   # GPU option names: GPU only
         for choice, opts in GEMM_CHOICES.items():
           for tok in (1, max(args.gammas) + 1):

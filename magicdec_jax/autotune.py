@@ -64,7 +64,7 @@ def cost_draft(spec) -> costmodel.Draft:
   """The cost model's view of a draft's static spec."""
   if isinstance(spec, drafts.SnapKVDraft):
     return costmodel.Draft("snapkv", budget=spec.budget, window=spec.window, sink=0)
-  if isinstance(spec, drafts.ModelSpec):
+  if isinstance(spec, (drafts.ModelSpec, drafts.FeatureSpec)):   # a feature head: a 1-layer model draft
     return costmodel.Draft("model", draft_cfg=spec.config, sink=spec.sink, window=spec.window)
   return costmodel.Draft("self", sink=spec.sink, window=spec.window)
 

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import costmodel
+from magicdec_jax import costmodel, feature_head
 from magicdec_jax.cache import KVCache, aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
@@ -89,6 +89,41 @@ def time_step(params, cfg: ModelConfig, batch: int, kv_context: int, t: int, kin
     jax.block_until_ready(logits)
     times.append(time.perf_counter() - t0)
   del cache, logits
+  steady = times[1:]
+  return {"seconds": float(min(steady)), "median_s": float(np.median(steady)),
+          "times": [round(x, 6) for x in steady], "first_call_s": times[0]}
+
+
+@functools.lru_cache(maxsize=16)
+def _feature_step_fn(cfg: ModelConfig, t: int):
+  """Jitted feature-head step (feature_head.step) of t tokens per row against its one-layer ring, every
+  slot visible, the new tokens in the last t slots (as _step_fn's 'ring' kind); the buffers donated."""
+  def step(hparams, tparams, cache_k, cache_v, tokens, g):
+    s = cache_k.shape[2]
+    slots = jnp.broadcast_to(s - t + jnp.arange(t), tokens.shape)
+    spec = DenseMask(jnp.ones((tokens.shape[0], t, s), bool))
+    logits, _, cache_k, cache_v = feature_head.step(cfg, hparams, tparams, g, tokens, slots, cache_k,
+                                                    cache_v, slots, spec)
+    return logits, cache_k, cache_v
+  return jax.jit(step, donate_argnums=(2, 3))
+
+
+def time_feature_step(head, target_params, batch: int, kv_tokens: int, t: int = 1, repeats: int = 5) -> dict:
+  """time_step's figures for a feature head's draft step (feature_draft.FeatureDraft): t tokens per row
+  through fc + its decoder layer + norm + the target's LM head, against a ring of kv_tokens (sink +
+  window) + t slots, rounded as the engine rounds it."""
+  cfg = head.config
+  cache = KVCache.zeros(cfg, batch, aligned_slots(kv_tokens + t))
+  k, v = cache.k[0], cache.v[0]
+  tokens = jnp.zeros((batch, t), jnp.int32)
+  g = jnp.zeros((batch, t, cfg.hidden_size), cfg.jnp_dtype)
+  f = _feature_step_fn(cfg, t)
+  times = []
+  for _ in range(repeats + 1):
+    t0 = time.perf_counter()
+    logits, k, v = f(head.params, target_params, k, v, tokens, g)
+    jax.block_until_ready(logits)
+    times.append(time.perf_counter() - t0)
   steady = times[1:]
   return {"seconds": float(min(steady)), "median_s": float(np.median(steady)),
           "times": [round(x, 6) for x in steady], "first_call_s": times[0]}

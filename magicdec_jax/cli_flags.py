@@ -17,14 +17,15 @@ import numpy as np
 from absl import app, flags
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from magicdec_jax import calibrate, checkpoints, drafts, shapes, sharding, trees
+from magicdec_jax import calibrate, checkpoints, drafts, feature_head, shapes, sharding, trees
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.feature_draft import FeatureDraft
 from magicdec_jax.model import Model, init_params
 
 MODES = ("demo", "generate", "bench", "datagen", "convert", "plan", "profile_acceptance", "distill",
          "calibrate")
-DRAFTS = ("none", "streaming", "snapkv", "model")
+DRAFTS = ("none", "streaming", "snapkv", "model", "feature")
 HARDWARE = ("cpu", "a100", "h100", "h200")
 IMPLS = ("auto", "xla", "pallas_interpret", "pallas_triton")
 RANDOM_PREFIX = "random-tiny"   # test/debug model names: random-tiny or random-tiny:SEED
@@ -38,8 +39,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
                       f"file ('{RANDOM_PREFIX}[:SEED]': a tiny random model with a byte tokenizer, for tests).", **d)
   flags.DEFINE_enum("draft", "streaming", DRAFTS, "none = autoregressive; streaming = self-speculation "
                     "with a StreamingLLM cache (MagicDec); snapkv = self-speculation with a SnapKV cache; "
-                    "model = a separate draft model (--draft_model and/or --draft_layers).", **d)
-  flags.DEFINE_string("draft_model", None, "Draft model (same naming as --model) for --draft=model.", **d)
+                    "model = a separate draft model (--draft_model and/or --draft_layers); feature = a trained feature "
+                    "head (EAGLE-style, --draft_model=DIR from --mode=distill --draft=feature).", **d)
+  flags.DEFINE_string("draft_model", None, "Draft model (same naming as --model) for --draft=model; the "
+                      "head's directory for --draft=feature.", **d)
   flags.DEFINE_integer("draft_layers", None, "--draft=model: keep only the first N layers of the draft "
                        "model (of the target when --draft_model is unset).", lower_bound=1, **d)
   flags.DEFINE_integer("sink", 4, "Draft StreamingLLM sink tokens.", lower_bound=0, upper_bound=4096, **d)
@@ -192,9 +195,15 @@ def validate(fv) -> None:
   mode = fv.mode
   if fv.draft == "model" and not (fv.draft_model or fv.draft_layers):
     raise app.UsageError("--draft=model needs --draft_model and/or --draft_layers")
+  if fv.draft == "feature" and mode != "distill":
+    if not fv.draft_model or fv.draft_layers:
+      raise app.UsageError("--draft=feature needs --draft_model=DIR (a trained head) and no --draft_layers")
+    if not os.path.isfile(os.path.join(fv.draft_model, feature_head.HEAD_FILE)):
+      raise app.UsageError(f"--draft_model={fv.draft_model}: no {feature_head.HEAD_FILE} there (not a "
+                           "finished feature head)")
   if mode == "distill":
     _validate_distill(fv)
-  elif fv.draft != "model" and (fv.draft_model or fv.draft_layers):
+  elif fv.draft not in ("model", "feature") and (fv.draft_model or fv.draft_layers):
     raise app.UsageError(f"--draft_model/--draft_layers only apply to --draft=model (got --draft={fv.draft})")
   if fv.tree:
     parse_tree(fv.tree)
@@ -263,7 +272,11 @@ def _validate_distill(fv):
     _readable_file("distill_data", p)
     if os.path.getsize(p) == 0:
       raise app.UsageError(f"--distill_data={p}: empty file")
-  if bool(fv.draft_layers) == bool(fv.draft_config):
+  if fv.draft == "feature":
+    if fv.draft_layers or fv.draft_config or fv.draft_model:
+      raise app.UsageError("--mode=distill --draft=feature trains a new head: no --draft_layers, "
+                           "--draft_config or --draft_model")
+  elif bool(fv.draft_layers) == bool(fv.draft_config):
     raise app.UsageError("--mode=distill needs exactly one of --draft_layers (the target's first N layers) "
                          "or --draft_config (a config JSON for a random draft)")
   if fv.draft_config:
@@ -397,6 +410,8 @@ def build_draft(fv, target):
     return drafts.StreamingDraft(sink=fv.sink, window=fv.window)
   if fv.draft == "snapkv":
     return drafts.SnapKVDraft(budget=fv.budget, window=fv.window)
+  if fv.draft == "feature":
+    return FeatureDraft(feature_head.load_head(fv.draft_model), sink=fv.sink, window=fv.window)
   dm = load(fv.draft_model) if fv.draft_model else target
   if fv.draft_layers:
     if fv.draft_layers > dm.config.num_layers:

@@ -71,6 +71,19 @@ class SnapKVDraft:
 
 
 @dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+  """The static part of a feature_draft.FeatureDraft: the head's one-layer config, the target layers it
+  reads, its ring (its propose / commit live in feature_draft.py)."""
+  config: ModelConfig
+  layers: tuple[int, ...]
+  sink: int
+  window: int
+  positions = "absolute"
+
+  num_static = property(lambda self: self.sink)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """The static part of a ModelDraft (hashable, a jit static argument)."""
   config: ModelConfig
@@ -128,16 +141,19 @@ def truncate_layers(model: Model, n: int) -> Model:
 
 def static_spec(draft) -> Any:
   """What the compiled loop needs to know about a draft (hashable)."""
-  return draft.spec if isinstance(draft, ModelDraft) else draft
+  if isinstance(draft, ModelDraft) or isinstance(getattr(draft, "spec", None), FeatureSpec):
+    return draft.spec
+  return draft
 
 
 def is_self(spec) -> bool:
-  return not isinstance(spec, ModelSpec)
+  """Drafts that run the target's own weights (their ring holds the target's K/V)."""
+  return not isinstance(spec, (ModelSpec, FeatureSpec))
 
 
 def needs_prev(spec) -> bool:
   """A model draft re-encodes the previous token each round (its K/V may be missing after a full accept)."""
-  return not is_self(spec)
+  return isinstance(spec, ModelSpec)
 
 
 # ---------------------------------------------------------------------------------------------------------

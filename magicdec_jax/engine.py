@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import autotune, drafts, loop, sharding
+from magicdec_jax import autotune, drafts, feature_draft, loop, sharding
 from magicdec_jax import compile as compiling
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.model import Model, full_forward
@@ -141,10 +141,11 @@ def resolve_draft(model: Model, draft, gamma, tree):
   """(static spec, draft params, tree or the string 'auto'), validated."""
   if draft is None:
     return None, None, AR_TREE
-  if isinstance(draft, drafts.ModelDraft):
+  if isinstance(draft, (drafts.ModelDraft, feature_draft.FeatureDraft)):
     draft.check_compatible(model)
   elif not isinstance(draft, (drafts.StreamingDraft, drafts.SnapKVDraft)):
-    raise ValueError(f"draft must be StreamingDraft, SnapKVDraft, ModelDraft or None, got {draft!r}")
+    raise ValueError(f"draft must be StreamingDraft, SnapKVDraft, ModelDraft, FeatureDraft or None, "
+                     f"got {draft!r}")
   if tree is None:
     if gamma != "auto" and (not isinstance(gamma, (int, np.integer)) or gamma < 1):
       raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {gamma!r}")
@@ -152,6 +153,8 @@ def resolve_draft(model: Model, draft, gamma, tree):
   elif tree != "auto" and not isinstance(tree, Tree):
     raise ValueError(f"tree must be a trees.Tree or 'auto', got {tree!r}")
   params = draft.model.params if isinstance(draft, drafts.ModelDraft) else None
+  if isinstance(draft, feature_draft.FeatureDraft):
+    params = draft.head.params
   return drafts.static_spec(draft), params, tree
 
 
@@ -236,7 +239,8 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
              attention_mask=None, xla_options: dict | None = None) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 
-  draft: None (autoregressive), StreamingDraft, SnapKVDraft or ModelDraft; gamma: chain length, or "auto"
+  draft: None (autoregressive), StreamingDraft, SnapKVDraft, ModelDraft or FeatureDraft; gamma: chain length,
+  or "auto"
   (cost model, see autotune.py; `hardware` names the device or is a hardware profile JSON path from
   `run.py --mode=calibrate`, default detected; `acceptance` an acceptance vector or its JSON path from
   `run.py --mode=profile_acceptance`, for "auto" only; with auto_fallback, "auto" decodes autoregressively,

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import drafts
+from magicdec_jax import drafts, feature_draft
 from magicdec_jax.cache import KVCache, RingCache, gather_slots, put_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import PrefixTree
@@ -94,6 +94,8 @@ def prefill_draft(target_params, draft_params, target: KVCache, tokens: jax.Arra
   b = tokens.shape[0]
   if spec is None:
     return None
+  if feature_draft.is_feature(spec):
+    return feature_draft.prefill(spec, draft_params, target_params, cfg, target, tokens, lengths, tree)
   dcfg = cfg if drafts.is_self(spec) else spec.config
   ring = drafts.empty_ring(spec, dcfg, b, tree)
   if isinstance(spec, drafts.SnapKVDraft):
@@ -122,25 +124,30 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   verify_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2))(keys)
   base = state.lengths - 1
   ring, q = state.ring, None
+  feature = feature_draft.is_feature(spec)
   if spec is None:
     node_tokens = state.last[:, None]
   else:
-    node_tokens, draft_logits, ring = drafts.propose(spec, tree, sampling, target_params, cfg,
-                                                     draft_params, ring, state.last, state.prev,
-                                                     state.lengths, draft_keys)
+    node_tokens, draft_logits, ring = (feature_draft.propose if feature else drafts.propose)(
+        spec, tree, sampling, target_params, cfg, draft_params, ring, state.last, state.prev,
+        state.lengths, draft_keys)
     q = None if sampling.greedy else probabilities(draft_logits, sampling)
   n_nodes = tree.num_nodes
   positions = base[:, None] + jnp.asarray(tree.depths)[None, :]
   slots = base[:, None] + jnp.arange(n_nodes)[None, :]
-  logits, target = forward(target_params, cfg, node_tokens, positions, state.target, slots,
-                           PrefixTree(base, jnp.asarray(tree.ancestor_mask)), impl=impl)
+  logits, target, *feats = forward(target_params, cfg, node_tokens, positions, state.target, slots,
+                                   PrefixTree(base, jnp.asarray(tree.ancestor_mask)), impl=impl,
+                                   feature_layers=spec.layers if feature else ())
   p = logits if sampling.greedy else probabilities(logits, sampling)
   path, n, nxt, acc_at = accept(tree, sampling.greedy, p, q, node_tokens, verify_keys)
   if not tree.is_chain:   # move the accepted path's K/V to consecutive slots (a chain already is)
     k, v = gather_slots(target.k, target.v, base[:, None] + path)
     dst = base[:, None] + jnp.arange(path.shape[1])[None, :]
     target = target.replace(k=put_slots(target.k, dst, k), v=put_slots(target.v, dst, v))
-  if spec is not None:
+  if feature:     # the verify pass's features at the accepted path are the head's next inputs
+    ring = feature_draft.commit(spec, ring, tree, target_params, cfg, draft_params, feats[0], node_tokens,
+                                path, n, state.lengths)
+  elif spec is not None:
     ring = drafts.commit(spec, ring, tree, target, path, n, state.lengths)
 
   # tokens emitted this round: the accepted candidates, then the bonus / residual token

@@ -77,32 +77,43 @@ def init_params(cfg: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
 
 def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Array, cache,
             write_slots: jax.Array | None, spec, *, impl: str = "xla", compute_logits: bool = True,
-            return_scores: bool = False):
-  """tokens/positions/write_slots [B, T] -> (logits float32 [B, T, V] or None, cache[, scores L x [B,K,S]]).
+            return_scores: bool = False, feature_layers: tuple[int, ...] = ()):
+  """tokens/positions/write_slots [B, T] -> (logits float32 [B, T, V] or None, cache[, scores L x [B,K,S]]
+  [, features]).
 
   `cache` is any pytree with `.k`/`.v` tuples of L per-layer [B, K, S, D] buffers (KVCache or RingCache);
   `spec` is a PrefixTree or DenseMask visibility rule (see layers/attention.py). Slots out of range, or
-  every slot when `write_slots` is None, are not written.
+  every slot when `write_slots` is None, are not written. With `feature_layers` (layer indices), the
+  hidden states after those layers come back last, concatenated: [B, T, len(feature_layers) * D] (what a
+  feature-head draft reads, feature_draft.py).
   """
   x = jnp.take(params["embed"], tokens, axis=0)
   block = Block(cfg, impl)
-  ks, vs, scores = [], [], []
-  for lp, ck, cv in zip(params["layers"], cache.k, cache.v, strict=True):
+  ks, vs, scores, feats = [], [], [], {}
+  for i, (lp, ck, cv) in enumerate(zip(params["layers"], cache.k, cache.v, strict=True)):
     x, ck, cv, sc = block.apply({"params": lp}, x, positions, ck, cv, write_slots, spec, return_scores)
     ks.append(ck)
     vs.append(cv)
     scores.append(sc)
+    if i in feature_layers:
+      feats[i] = x
   cache = cache.replace(k=tuple(ks), v=tuple(vs))
-  logits = None
-  if compute_logits:
-    x = rms_norm(x, params["final_norm"]["scale"], cfg.rms_norm_eps)
-    # a tied head reads the embedding [V, D] as it lies (a transposed copy would cost V x D more memory)
-    head, eq = (params["embed"], "BTD,VD->BTV") if cfg.tie_embeddings else (params["lm_head"], "BTD,DV->BTV")
-    logits = jnp.einsum(eq, x, head, preferred_element_type=jnp.float32,
-                        precision=matmul_precision(head.dtype))
+  logits = lm_logits(params, cfg, x, params["final_norm"]["scale"]) if compute_logits else None
+  out = (logits, cache)
   if return_scores:
-    return logits, cache, tuple(scores)
-  return logits, cache
+    out += (tuple(scores),)
+  if feature_layers:
+    out += (jnp.concatenate([feats[i] for i in feature_layers], axis=-1),)
+  return out
+
+
+def lm_logits(params: dict, cfg: ModelConfig, x: jax.Array, norm_scale: jax.Array) -> jax.Array:
+  """Hidden states [B, T, D] -> float32 logits [B, T, V]: RMS norm with `norm_scale`, then the LM head of
+  `params` (its embedding when tied)."""
+  x = rms_norm(x, norm_scale, cfg.rms_norm_eps)
+  # a tied head reads the embedding [V, D] as it lies (a transposed copy would cost V x D more memory)
+  head, eq = (params["embed"], "BTD,VD->BTV") if cfg.tie_embeddings else (params["lm_head"], "BTD,DV->BTV")
+  return jnp.einsum(eq, x, head, preferred_element_type=jnp.float32, precision=matmul_precision(head.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

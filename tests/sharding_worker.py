@@ -221,6 +221,12 @@ def main(which: str, tmpdir: str):
                                    attention_impl="pallas_interpret")}
     out["pallas"] = mesh_tokens(model, prompts, pallas, meshes=("data:2,model:4",), max_new_tokens=8,
                                 refs={"chain_pallas": out["greedy"]["chain"]["ref"]})   # vs one-device XLA
+    head = md.init_head(model, seed=1)
+    feature = {"greedy_chain": dict(draft=md.FeatureDraft(head, sink=1, window=4), gamma=2),
+               "greedy_tree": dict(draft=md.FeatureDraft(head, sink=1, window=4), tree=md.Tree.kary([2, 2])),
+               "sampled_chain": dict(draft=md.FeatureDraft(head, sink=1, window=4), gamma=3, temperature=1.0,
+                                     seed=3)}
+    out["feature"] = mesh_tokens(model, prompts, feature, max_new_tokens=8)
     out["collectives"] = collectives(model, prompts, "data:2,model:4", modes(4)["chain"], 8)
     out["planner"] = planner_facts(model, prompts, "data:2,model:4")
     out["orbax"] = orbax_facts(model, tmpdir, "data:2,model:4")

@@ -17,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_gpu_suite_smoke(tmp_path):
   out = tmp_path / "smoke.json"
   proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_suite.py"), "--smoke",
-                         "--output", str(out)], capture_output=True, text=True, timeout=900)
+                         "--output", str(out)], capture_output=True, text=True, timeout=900,
+                        env=dict(os.environ, PYTHONPATH=ROOT))     # this checkout's magicdec_jax
   assert proc.returncode == 0, proc.stderr[-3000:]
   doc = json.loads(out.read_text())
   assert doc["env"]["jax_version"] and doc["env"]["device"] and doc["env"]["date"]
@@ -32,6 +33,7 @@ def test_gpu_suite_smoke(tmp_path):
   for s in steps:
     assert s["ar_step_s"] > 0 and s["ar_floor_s"] > 0
     assert all(v > 0 for k, v in s.items() if k.endswith("_over_ar"))
+    assert s["draft_feature_over_ar"] > 0                                 # the feature head's step
   fit = doc["fitted_model"]
   assert len(fit["coef"]) == 8 and fit["steps"] >= 10 and "holdout_rel_err_mean" in fit
   assert (tmp_path / "smoke.profile.json").exists()                     # a hardware profile beside it

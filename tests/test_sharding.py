@@ -30,7 +30,8 @@ MESHES = ("data:1,model:8", "data:2,model:4", "data:4,model:2", "data:8,model:1"
 
 def worker(which: str) -> dict:
   """sharding_worker.py's facts for `which` model ("tiny" or "smollm2"), from an 8-device subprocess."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))   # this checkout's code
   with tempfile.TemporaryDirectory(prefix="shard_worker_") as tmp:
     r = subprocess.run([sys.executable, os.path.join(HERE, "sharding_worker.py"), which, tmp], env=env,
                        capture_output=True, text=True, cwd=ROOT, timeout=600)
@@ -73,6 +74,9 @@ def test_tiny_model_on_every_mesh():
     assert 0 < out["greedy"][case]["acceptance"] < 1, out["greedy"][case]["acceptance"]
 
   check_same_on_every_mesh(out["sampling"])
+  check_same_on_every_mesh(out["feature"])           # the feature-head draft: greedy chain / tree, sampled
+  assert out["feature"]["greedy_chain"]["ref"] == out["greedy"]["chain"]["ref"]       # = autoregressive
+  assert out["feature"]["sampled_chain"]["acceptance"] > 0
   assert out["sampling"]["chain_t0.8"]["ref"] != out["greedy"]["chain"]["ref"]     # really sampled
   check_same_on_every_mesh(out["pallas"], meshes=("data:2,model:4",))               # vs one-device XLA
 

@@ -9,9 +9,9 @@ chi2(df = bins - 1) under the null. A correct engine passes when p-value > ALPHA
 the outcome is deterministic; a correct engine would fail for a fresh seed choice with probability 1e-3).
 Any draw of a zero-probability sequence (a token outside top-k / top-p) fails outright.
 
-The draft is a different random model (q far from p, acceptance well below 1) or a narrow streaming
-window, so the rejection / residual paths carry real probability mass. The last test swaps the residual
-max(p - q, 0) for p (a classic bug) and checks that the same statistic rejects it with p-value < 1e-6
+The draft is a different random model (q far from p, acceptance well below 1), a narrow streaming
+window or a random feature head (FeatureDraft), so the rejection / residual paths carry real probability
+mass. The last test swaps the residual max(p - q, 0) for p (a classic bug) and checks that the same statistic rejects it with p-value < 1e-6
 (measured: chi2 ~ 42000 on 63 df with 10^5 draws, TV 0.25; the correct engine: TV ~ 0.01-0.02).
 """
 from __future__ import annotations
@@ -27,6 +27,8 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import verify
 from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft
 from magicdec_jax.engine import generate
+from magicdec_jax.feature_draft import FeatureDraft
+from magicdec_jax.feature_head import init_head
 from magicdec_jax.model import full_forward
 from magicdec_jax.trees import Tree, default_tree
 
@@ -48,6 +50,11 @@ def _target():   # one layer: the draws are the cost (prefill pads prompts to 16
 def _other_draft():
   return ModelDraft(tiny_model(1, vocab=V, scale=0.3, attn_scale=10.0, hidden=16, heads=2, kv_heads=1,
                                layers=1), sink=1, window=2)
+
+
+def _feature_draft(sink: int, window: int):
+  """A random feature head on the target (acceptance well inside (0, 1) at V = 8)."""
+  return FeatureDraft(init_head(_target(), seed=3), sink=sink, window=window)
 
 
 def _filter64(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
@@ -120,6 +127,8 @@ CASES = {
                                           temperature=0.8, top_p=0.9),
     "chain2-model-t1.3-topk4": dict(draft="other", gamma=2, temperature=1.3, top_k=4),
     "tree-model-t1": dict(draft="other", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
+    "chain3-feature-t0.9-topk6": dict(draft="feature", gamma=3, temperature=0.9, top_k=6),
+    "tree-feature-t1": dict(draft="feature", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
 }
 
 
@@ -137,6 +146,8 @@ def _kwargs(case):
   kw = dict(CASES.get(case) or SLOW_CASES[case])
   if kw["draft"] == "other":
     kw["draft"] = _other_draft()
+  elif kw["draft"] == "feature":
+    kw["draft"] = _feature_draft(sink=1, window=2)
   return kw
 
 

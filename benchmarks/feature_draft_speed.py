@@ -1,0 +1,100 @@
+"""The feature-head draft's cost and speed on SmolLM2-135M, greedy, one run: step ratios and decode tokens/s.
+
+Step costs (calibrate harness, minimum over repeats after a compiling call): the target's AR step at batch
+B and each context, the feature head's draft step (calibrate.time_feature_step: fc + one decoder layer +
+the target's LM head against a sink + window ring), and the self-draft's step (the target's weights against
+the same ring) for comparison. The head's shape does not depend on the context; its ratio to AR is
+reported per context. Decode: for each batch x context shape, autoregressive, `StreamingDraft(sink,
+window)` and `FeatureDraft(head, sink, window)` at each gamma; tokens/s from `generate`'s stats (compile
+excluded), mean accepted length, per-depth acceptance, and whether the greedy output equals AR's.
+Prompts: held-out Shakespeare (the last plays, never in the head's training text).
+
+  python benchmarks/feature_draft_speed.py --head-dir out/feature_head_smollm2 --shapes 8x2048
+  python benchmarks/feature_draft_speed.py --smoke         # random tiny target and head (CPU, seconds)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from magicdec_jax import calibrate, cli_flags, feature_head  # noqa: E402
+from magicdec_jax.drafts import StreamingDraft  # noqa: E402
+from magicdec_jax.engine import generate  # noqa: E402
+from magicdec_jax.feature_draft import FeatureDraft  # noqa: E402
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--head-dir", default=None, help="trained head (feature_head.save_head dir)")
+  ap.add_argument("--shapes", type=common.shape_list, default=[(8, 2048)])
+  ap.add_argument("--step-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
+  ap.add_argument("--gammas", type=common.int_list, default=[3, 4])
+  ap.add_argument("--self-gamma", type=int, default=3)
+  ap.add_argument("--sink", type=int, default=4)
+  ap.add_argument("--window", type=int, default=256)
+  ap.add_argument("--max-new", type=int, default=128)
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--output", default=None)
+  ap.add_argument("--smoke", action="store_true", help="random tiny target and head, tiny shapes")
+  args = ap.parse_args(argv)
+  if args.smoke:
+    target, source = cli_flags.random_tiny_model(0), "random-tiny"
+    head = feature_head.init_head(target)
+    args.shapes, args.step_contexts, args.max_new, args.gammas, args.window = [(2, 64)], [64], 8, [2], 16
+  else:
+    if not args.head_dir:
+      ap.error("--head-dir is required (a directory written by distill_feature / --mode=distill --draft=feature)")
+    target, source = common.load_smollm(allow_random=False)
+    head = feature_head.load_head(args.head_dir)
+  t_start = time.time()
+  b_steps = args.shapes[0][0]
+  ring = args.sink + args.window
+  doc = {"benchmark": "feature_draft_speed", "env": common.env_info(), "model": source,
+         "dtype": target.config.dtype, "head_dir": args.head_dir, "head_layers": list(head.layers),
+         "greedy": True, "max_new_tokens": args.max_new, "sink": args.sink, "window": args.window,
+         "command": " ".join(sys.argv), "steps": {}, "shapes": []}
+  # step costs: one process, one quiet run
+  fs = calibrate.time_feature_step(head, target.params, b_steps, ring, 1, args.repeats)
+  ss = calibrate.time_step(target.params, target.config, b_steps, ring, 1, "ring", args.repeats)
+  doc["steps"] = {"batch": b_steps, "feature_step_s": fs["seconds"], "self_draft_step_s": ss["seconds"],
+                  "by_context": []}
+  for ctx in args.step_contexts:
+    ar = calibrate.time_step(target.params, target.config, b_steps, ctx, 1, "linear", args.repeats)
+    doc["steps"]["by_context"].append({"context": ctx, "ar_step_s": ar["seconds"],
+                                       "feature_over_ar": fs["seconds"] / ar["seconds"],
+                                       "self_over_ar": ss["seconds"] / ar["seconds"]})
+    print(f"[feature_draft_speed] b{b_steps} ctx {ctx}: AR {ar['seconds'] * 1e3:.1f} ms, head "
+          f"{fs['seconds'] * 1e3:.1f} ms ({fs['seconds'] / ar['seconds']:.3f}), self {ss['seconds'] * 1e3:.1f} "
+          f"ms", file=sys.stderr, flush=True)
+  drafts = [("self_streaming", StreamingDraft(sink=args.sink, window=args.window), [args.self_gamma]),
+            ("feature_head", FeatureDraft(head, sink=args.sink, window=args.window), args.gammas)]
+  for b, ctx in args.shapes:
+    prompts, text = common.text_prompts(target, b, ctx, target.config.vocab_size, held_out=True)
+    rec = {"batch": b, "context": ctx, "text": text, "runs": {}}
+    doc["shapes"].append(rec)
+    ar = generate(target, prompts, max_new_tokens=args.max_new, eos_token_id=[])
+    rec["runs"]["autoregressive"] = {"tokens_per_s": ar.stats["tokens_per_s"], "decode_s": ar.stats["decode_s"]}
+    for name, draft, gammas in drafts:
+      for g in gammas:
+        res = generate(target, prompts, max_new_tokens=args.max_new, eos_token_id=[], draft=draft, gamma=g)
+        s = res.stats
+        run = {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "gamma": g,
+               "mean_accepted_length": s["mean_accepted_length"],
+               "per_position_acceptance": s["per_position_acceptance"],
+               "speedup_vs_ar": s["tokens_per_s"] / ar.stats["tokens_per_s"],
+               "identical_to_ar": res.tokens == ar.tokens}
+        rec["runs"][f"{name}_gamma{g}"] = run
+        print(f"[feature_draft_speed] b{b} x {ctx} {name} gamma {g}: {run['tokens_per_s']:.1f} tok/s "
+              f"(AR {ar.stats['tokens_per_s']:.1f}, x{run['speedup_vs_ar']:.2f}), accepted length "
+              f"{run['mean_accepted_length']:.2f}, identical {run['identical_to_ar']}", file=sys.stderr, flush=True)
+  doc["elapsed_s"] = time.time() - t_start
+  common.finish(doc, args.output, f"feature_draft_speed_{common.device_tag()}.json")
+
+
+if __name__ == "__main__":
+  main()

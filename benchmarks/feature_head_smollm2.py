@@ -1,0 +1,105 @@
+"""Train an EAGLE-style feature head (FeatureDraft) for SmolLM2-135M on Shakespeare, in resumable chunks.
+
+  flock /tmp/magicdec_cpu.lock python benchmarks/feature_head_smollm2.py --steps=400 --max_seconds=420
+
+Each call trains until `--max_seconds` have passed (checkpointing), so a 30-minute run is a few calls,
+each resuming from the orbax checkpoint in --out_dir (other work can use the CPU in between). Training
+text: the plays in textdata order from the front; held-out: `held_out=True` windows (the last play(s)),
+which the training tokens never reach (checked). The held-out metric is the head's teacher-forced greedy
+acceptance at draft depth 1, 2, 3 (distill_feature.heldout_acceptance: sink 4 + window 256, positions
+>= sink + window). Writes benchmarks/results/feature_head_smollm2_<device>_<date>.json after every call
+(`finished` says whether all steps are done); `train_s` sums the steps' seconds over every call,
+compilation excluded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+from magicdec_jax import checkpoints, distill_feature, feature_head, textdata  # noqa: E402
+
+
+def held_out_plays(tok, train: np.ndarray, held) -> tuple[int, int]:
+  """(plays the training text reaches from the front, plays the held-out windows take from the back)."""
+  plays = textdata.play_paths()
+  train_chars, cum, train_plays = len(tok.decode(train.tolist())), 0, 0
+  while cum < train_chars:
+    cum += len(textdata._play(train_plays))
+    train_plays += 1
+  held_chars, cum, held_plays = sum(len(tok.decode(w)) for w in held), 0, 0
+  while cum < held_chars:
+    cum += len(textdata._play(len(plays) - 1 - held_plays))
+    held_plays += 1
+  assert train_plays + held_plays <= len(plays), "training text overlaps the held-out plays"
+  return train_plays, held_plays
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--steps", type=int, default=400)
+  ap.add_argument("--batch", type=int, default=4)
+  ap.add_argument("--seq_len", type=int, default=256)
+  ap.add_argument("--lr", type=float, default=1e-3)
+  ap.add_argument("--warmup", type=int, default=10)
+  ap.add_argument("--ttt", type=int, default=3)
+  ap.add_argument("--eval_every", type=int, default=50)
+  ap.add_argument("--eval_windows", type=int, default=2)
+  ap.add_argument("--eval_tokens", type=int, default=1024)
+  ap.add_argument("--train_tokens", type=int, default=400_000)
+  ap.add_argument("--max_seconds", type=float, default=420.0, help="stop this call after this long")
+  ap.add_argument("--out_dir", default="out/feature_head_smollm2")
+  ap.add_argument("--json", default=None)
+  a = ap.parse_args()
+  env = common.env_info()
+  t0 = time.perf_counter()
+  target = checkpoints.load_model("smollm2-135m", dtype="float32")
+  tok = target.tokenizer
+  train = np.asarray(textdata.shakespeare_prompt(tok, a.train_tokens), np.int32)
+  n = len(train) // a.seq_len
+  data = train[:n * a.seq_len].reshape(n, a.seq_len)
+  held = textdata.shakespeare_prompts(tok, a.eval_windows, a.eval_tokens, held_out=True)
+  train_plays, held_plays = held_out_plays(tok, train, held)
+  cfg = distill_feature.FeatureDistillConfig(
+      steps=a.steps, lr=a.lr, warmup_steps=a.warmup, batch=a.batch, seq_len=a.seq_len, ttt=a.ttt,
+      checkpoint_every=a.eval_every, eval_every=a.eval_every, sink=4, window=256)
+  head = feature_head.init_head(target)
+  head, history = distill_feature.train(target, head, data, a.out_dir, cfg, eval_windows=held,
+                                        stop_after_s=a.max_seconds)
+  finished = os.path.isfile(os.path.join(a.out_dir, feature_head.HEAD_FILE))
+  plays = textdata.play_paths()
+  out = {
+      "benchmark": "feature_head_smollm2", "env": dict(env, loadavg_end=list(os.getloadavg())),
+      "target": "smollm2-135m (GGUF dequantized, float32)",
+      "head": {"layers": list(head.layers), "params": int(sum(x.size for x in jax.tree.leaves(head.params))),
+               "what": "fuse(3 x 576 -> 576) + fc(2 x 576 -> 576) + one SmolLM2 decoder layer + norm; the "
+                       "target's frozen tied embedding / LM head"},
+      "config": vars(a), "distill_config": cfg.__dict__, "train_windows": int(n),
+      "train_tokens": int(n * a.seq_len), "finished": finished,
+      "heldout": {"windows": a.eval_windows, "tokens_each": a.eval_tokens, "sink": 4, "window": 256,
+                  "source": f"textdata held_out=True: the last {held_plays} play(s) of {len(plays)} "
+                            f"({plays[-1].name}); training text: the first {train_plays} play(s)",
+                  "metric": "teacher-forced greedy acceptance per draft depth (head argmax == target argmax "
+                            "for token t+2; depth k reads its own features for k-1 steps), positions >= "
+                            "sink + window"},
+      "curve": history,
+      "train_s_total": history[-1]["train_s"] if history else None,
+      "this_call_wall_s": round(time.perf_counter() - t0, 1),
+  }
+  path = a.json or str(common.RESULTS_DIR / f"feature_head_smollm2_{common.device_tag()}.json")
+  with open(path, "w") as f:
+    json.dump(common._jsonable(out), f, indent=1)
+  print(json.dumps({"finished": finished, "last": history[-1] if history else None}))
+  print(path)
+
+
+if __name__ == "__main__":
+  main()

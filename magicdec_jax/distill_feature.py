@@ -1,0 +1,295 @@
+"""Training a feature head (feature_head.py) against its frozen target.
+
+    head = feature_head.init_head(target)                        # reads default_layers(L)
+    data = distill_data.load_windows("text.txt", target.tokenizer, V, seq_len=256)
+    head, history = distill_feature.train(target, head, data, "head_dir", FeatureDistillConfig(steps=300))
+    md.generate(target, prompts, draft=md.FeatureDraft(feature_head.load_head("head_dir"), 4, 256))
+
+The jitted step runs the target once over the batch (its features at the head's layers and its logits,
+stop_gradient: the target is frozen) and the head `ttt` times, EAGLE-3's "training-time test": unroll step
+0 reads the target's true features at every position; step k reads the head's own step-(k-1) output one
+position back, and its queries see true-feature keys up to t-k plus the unrolled keys of steps 1..k on
+their own speculative chain, exactly what the draft's tree node at depth k sees in the loop (ring up to
+L-2, then its ancestors in the scratch slots). Every step is trained on the target's distribution at t+1
+(soft cross-entropy -sum p log q over the vocabulary), weighted decay^k (0.8), positions t >= k. The same
+sink + window mask as the draft's ring is applied throughout.
+
+Optimizer, schedule, checkpoints and resume are distill.py's: AdamW + warm-up / cosine, an orbax
+CheckpointManager under OUT/checkpoints (atomic), the batch of step s a pure function of (seed, s), so a
+run cut into chunks (`stop_after` steps or `stop_after_s` seconds per call) ends where one uninterrupted
+run ends. The finished head is written with feature_head.save_head into OUT.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from tqdm import tqdm
+
+from magicdec_jax import compile as compiling
+from magicdec_jax import distill, distill_data, feature_head
+from magicdec_jax.cache import KVCache
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.feature_head import FeatureHead
+from magicdec_jax.layers.attention import DenseMask, PrefixTree
+from magicdec_jax.model import Model, forward
+
+HISTORY_FILE = "distill_history.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureDistillConfig:
+  steps: int = 300
+  lr: float = 1e-3
+  warmup_steps: int = 20
+  final_lr_fraction: float = 0.1
+  weight_decay: float = 0.0
+  clip_norm: float = 1.0
+  batch: int = 4
+  seq_len: int = 256
+  ttt: int = 3                 # training-time-test unroll steps (1 = plain teacher forcing)
+  decay: float = 0.8           # step k's loss weight decay**k
+  seed: int = 0
+  checkpoint_every: int = 20
+  eval_every: int = 0          # 0: evaluate only at the start and the end
+  sink: int = 4                # the head's StreamingLLM ring (training mask and held-out evaluation)
+  window: int = 256
+
+  def validate(self):
+    for name in ("steps", "batch", "checkpoint_every", "ttt", "window"):
+      v = getattr(self, name)
+      if not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"feature distill {name} must be an integer >= 1, got {v!r}")
+    if not isinstance(self.seq_len, (int, np.integer)) or self.seq_len < self.ttt + 2:
+      raise ValueError(f"feature distill seq_len must be an integer >= ttt + 2 = {self.ttt + 2}, "
+                       f"got {self.seq_len!r}")
+    if self.sink < 0 or self.warmup_steps < 0 or self.eval_every < 0:
+      raise ValueError("feature distill sink, warmup_steps and eval_every must be >= 0")
+    if not 0 < self.decay <= 1:
+      raise ValueError(f"feature distill decay must be in (0, 1], got {self.decay!r}")
+    distill.DistillConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps,
+                          final_lr_fraction=self.final_lr_fraction, weight_decay=self.weight_decay,
+                          clip_norm=self.clip_norm).validate()
+
+  def optimizer(self) -> optax.GradientTransformation:
+    return distill.make_optimizer(distill.DistillConfig(
+        steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, final_lr_fraction=self.final_lr_fraction,
+        weight_decay=self.weight_decay, clip_norm=self.clip_norm))
+
+  def settings(self) -> dict:
+    d = dataclasses.asdict(self)
+    for k in ("eval_every", "checkpoint_every"):
+      d.pop(k)
+    return d
+
+
+# ------------------------------------------------------------------------------------------ the model
+
+def target_outputs(tparams, tcfg: ModelConfig, tokens: jax.Array, layers: tuple[int, ...]):
+  """A plain causal target pass over [B, T] -> (float32 logits [B, T, V], features [B, T, n * D])."""
+  b, t = tokens.shape
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  spec = PrefixTree(jnp.zeros((b,), jnp.int32), jnp.tril(jnp.ones((t, t), bool)))
+  logits, _, feats = forward(tparams, tcfg, tokens, pos, KVCache.zeros(tcfg, b, t), pos, spec,
+                             feature_layers=layers)
+  return logits, feats
+
+
+def unroll_mask(t: int, steps: int, k: int, sink: int, window: int) -> np.ndarray:
+  """[t, steps * t] visibility of unroll step k's queries: slot j * t + s holds step j's key at position s.
+  True keys (j = 0) at s <= q - k under the sink + window rule; step j's key at s = q - k + j, 1 <= j <= k."""
+  q = np.arange(t)[:, None]
+  j, s = np.divmod(np.arange(steps * t)[None, :], t)
+  true = (j == 0) & (s <= q - k) & ((s < sink) | (s > q - window))
+  spec = (j >= 1) & (j <= k) & (s == q - k + j)
+  return true | spec
+
+
+def unroll(hparams, cfg: ModelConfig, tparams, feats: jax.Array, tokens: jax.Array, steps: int, sink: int,
+           window: int) -> list[jax.Array]:
+  """The head's `steps` unrolled passes over positions 0..T-2 -> per step float32 logits [B, T-1, V]
+  (position t predicts token t+2)."""
+  b, t = tokens.shape
+  t1 = t - 1
+  pos = jnp.broadcast_to(jnp.arange(t1, dtype=jnp.int32), (b, t1))
+  cache = KVCache.zeros(cfg, b, steps * t1)
+  ck, cv = cache.k[0], cache.v[0]
+  g = feature_head.fuse(hparams, feats[:, :t1], cfg.rms_norm_eps)
+  out = []
+  for k in range(steps):
+    mask = jnp.broadcast_to(jnp.asarray(unroll_mask(t1, steps, k, sink, window)), (b, t1, steps * t1))
+    logits, h, ck, cv = feature_head.step(cfg, hparams, tparams, g, tokens[:, 1:], pos, ck, cv,
+                                          k * t1 + pos, DenseMask(mask))
+    out.append(logits)
+    g = jnp.concatenate([jnp.zeros_like(h[:, :1]), h[:, :-1]], axis=1)     # g_t = h_{t-1}
+  return out
+
+
+def unroll_terms(draft_logits: list[jax.Array], target_logits: jax.Array, decay: float):
+  """-> (weighted soft-CE loss, per-step soft CE [K], per-step greedy agreement [K]) over valid positions."""
+  p = jax.nn.softmax(target_logits[:, 1:].astype(jnp.float32), -1)        # the target at t + 1
+  label = jnp.argmax(target_logits[:, 1:], -1)
+  t1 = p.shape[1]
+  loss, ces, agrees, wsum = 0.0, [], [], 0.0
+  for k, lg in enumerate(draft_logits):
+    valid = (jnp.arange(t1) >= k)[None, :]
+    n = valid.sum() * lg.shape[0]
+    ce = -(jnp.sum(p * jax.nn.log_softmax(lg, -1), -1) * valid).sum() / n
+    agree = ((jnp.argmax(lg, -1) == label) & valid).sum() / n
+    loss, wsum = loss + decay ** k * ce, wsum + decay ** k
+    ces.append(ce)
+    agrees.append(agree)
+  return loss / wsum, jnp.stack(ces), jnp.stack(agrees)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "tcfg", "layers", "fcfg", "opt"), donate_argnums=(0, 1))
+def train_step(hparams, opt_state, tparams, tokens, *, cfg: ModelConfig, tcfg: ModelConfig,
+               layers: tuple[int, ...], fcfg: FeatureDistillConfig, opt: optax.GradientTransformation):
+  """One AdamW step of the head on tokens [B, T] (the target run inside, frozen)."""
+  tlogits, feats = jax.lax.stop_gradient(target_outputs(tparams, tcfg, tokens, layers))
+
+  def loss_fn(hp):
+    outs = unroll(hp, cfg, tparams, feats, tokens, fcfg.ttt, fcfg.sink, fcfg.window)
+    loss, ce, agree = unroll_terms(outs, tlogits, fcfg.decay)
+    return loss, (ce, agree)
+
+  (loss, (ce, agree)), grads = jax.value_and_grad(loss_fn, has_aux=True)(hparams)
+  updates, opt_state = opt.update(grads, opt_state, hparams)
+  hparams = optax.apply_updates(hparams, updates)
+  return hparams, opt_state, {"loss": loss, "ce": ce, "agree": agree, "grad_norm": optax.tree.norm(grads)}
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "tcfg", "layers", "steps", "sink", "window"))
+def _eval_window(hparams, tparams, tokens, *, cfg, tcfg, layers, steps, sink, window):
+  tlogits, feats = target_outputs(tparams, tcfg, tokens, layers)
+  outs = unroll(hparams, cfg, tparams, feats, tokens, steps, sink, window)
+  label = jnp.argmax(tlogits[:, 1:], -1)
+  return jnp.stack([jnp.argmax(o, -1) == label for o in outs], 1)           # [B, K, T-1]
+
+
+def heldout_acceptance(head: FeatureHead, target: Model, windows, sink: int, window: int,
+                       steps: int = 3) -> list[float]:
+  """Teacher-forced greedy acceptance of draft positions 1..steps on held-out token windows: the share of
+  positions t where the head's argmax (at depth k, from true features up to t - k) is the target's argmax
+  for token t + 2. Positions from sink + window on where the window really cuts (as distill.py)."""
+  hits, n = np.zeros(steps), 0
+  for w in windows:
+    w = [int(x) for x in w]
+    start = sink + window if len(w) > sink + window + 16 else 0
+    ok = np.asarray(_eval_window(head.params, target.params, jnp.asarray([w], jnp.int32), cfg=head.config,
+                                 tcfg=target.config, layers=tuple(head.layers), steps=steps, sink=sink,
+                                 window=window))[0][:, start:]
+    hits += ok.sum(-1)
+    n += ok.shape[1]
+  return (hits / n).tolist()
+
+
+# ------------------------------------------------------------------------------------------ the loop
+
+def train(target: Model, head: FeatureHead, data: np.ndarray, out_dir: str,
+          cfg: FeatureDistillConfig = FeatureDistillConfig(), *, eval_windows=None, progress: bool = True,
+          stop_after: int | None = None, stop_after_s: float | None = None, log=None
+          ) -> tuple[FeatureHead, list[dict]]:
+  """Train `head` on `data` (int [N, seq_len] windows) against `target`; resume from OUT's checkpoints.
+
+  Returns (the head, history: one dict per evaluation: step, acceptance per draft depth, train seconds so
+  far over every call). `stop_after` steps / `stop_after_s` seconds end this call early (checkpointing
+  first); the head is written into OUT only when all `cfg.steps` are done.
+  """
+  cfg.validate()
+  data = np.asarray(data)
+  if data.ndim != 2 or data.shape[0] < 1 or data.shape[1] != cfg.seq_len:
+    raise ValueError(f"feature distill data must be [N >= 1, seq_len={cfg.seq_len}] token windows, "
+                     f"got {data.shape}")
+  if data.min() < 0 or data.max() >= target.config.vocab_size:
+    raise ValueError(f"feature distill data has token ids outside [0, {target.config.vocab_size})")
+  feature_head.check_compatible(head, target.config)
+  settings = dict(cfg.settings(), kind="feature_head", layers=list(head.layers),
+                  target=json.loads(target.config.to_json()), num_windows=int(data.shape[0]))
+  distill.prepare_out_dir(out_dir, settings)
+  out_dir = os.path.abspath(out_dir)
+  log = log or (lambda m: print(f"[distill-feature] {m}", file=sys.stderr, flush=True) if progress else None)
+
+  compiling.ensure_persistent_cache()     # later chunks of a run reuse the step's executable
+  opt = cfg.optimizer()
+  params = jax.tree.map(jnp.copy, head.params)                     # own buffers: the step donates them
+  opt_state = opt.init(params)
+  mngr = ocp.CheckpointManager(os.path.join(out_dir, distill.CKPT_DIR),
+                               options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
+  start = mngr.latest_step() or 0
+  hist_path = os.path.join(out_dir, HISTORY_FILE)
+  history: list[dict] = []
+  train_s = 0.0
+  if start:
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state,
+                                                              "train_s": np.float64(0)})
+    restored = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
+    params, opt_state, train_s = restored["params"], restored["opt_state"], float(restored["train_s"])
+    if os.path.isfile(hist_path):
+      with open(hist_path) as f:
+        history = [h for h in json.load(f) if h["step"] <= start]
+    log(f"resumed from the checkpoint at step {start} ({train_s:.0f} s trained)")
+
+  def evaluate(step, metrics=None):
+    if eval_windows is None:
+      return
+    acc = heldout_acceptance(dataclasses.replace(head, params=params), target, eval_windows, cfg.sink,
+                             cfg.window, cfg.ttt)
+    rec = {"step": step, "acceptance": acc, "train_s": train_s}
+    if metrics:
+      rec.update({k: np.asarray(v).tolist() for k, v in metrics.items()})
+    history.append(rec)
+    log(f"step {step}: held-out teacher-forced greedy acceptance by depth {[round(a, 4) for a in acc]}")
+    tmp = hist_path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(history, f, indent=1)
+    os.replace(tmp, hist_path)
+
+  if start == 0 and not history:
+    evaluate(0)
+  end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
+  bar = tqdm(total=cfg.steps, initial=start, desc="distill-feature", unit="step", dynamic_ncols=True,
+             file=sys.stderr) if progress and end > start else None
+  step_fn = functools.partial(train_step, cfg=head.config, tcfg=target.config, layers=tuple(head.layers),
+                              fcfg=cfg, opt=opt)
+  metrics, t_call = None, time.perf_counter()
+  for step in range(start, end):
+    batch = data[distill_data.batch_indices(data.shape[0], cfg.batch, step, cfg.seed)]
+    t_step, c_step = time.perf_counter(), compiling.compile_seconds()
+    params, opt_state, metrics = step_fn(params, opt_state, target.params, jnp.asarray(batch))
+    m = jax.device_get(metrics)
+    compile_s = compiling.compile_seconds() - c_step
+    train_s += time.perf_counter() - t_step - compile_s    # training time, compilation excluded
+    done = step + 1
+    if bar is not None:
+      bar.set_postfix(loss=f"{float(m['loss']):.3f}", agree0=f"{float(m['agree'][0]):.3f}")
+      bar.update(1)
+    out_of_time = stop_after_s is not None and time.perf_counter() - t_call >= stop_after_s
+    if done % cfg.checkpoint_every == 0 or done == end or out_of_time:
+      mngr.save(done, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state,
+                                                  "train_s": np.float64(train_s)}), force=True)
+    if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
+      evaluate(done, m)
+    if out_of_time:
+      end = done
+      break
+  mngr.wait_until_finished()
+  if bar is not None:
+    bar.close()
+  head = dataclasses.replace(head, params=params)
+  if end < cfg.steps:
+    return head, history
+  if not history or history[-1]["step"] != cfg.steps:
+    evaluate(cfg.steps, jax.device_get(metrics) if metrics is not None else None)
+  head = dataclasses.replace(head, params=jax.device_get(params), name=os.path.basename(out_dir))
+  feature_head.save_head(head, out_dir)
+  return head, history

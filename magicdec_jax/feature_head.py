@@ -1,0 +1,160 @@
+"""The EAGLE-style feature head: one decoder layer that reads the target's own hidden states.
+
+At head position t the input is `fc(concat(g_t, embed(token_{t+1})))` where
+  * g_t = fuse(concat(rms(f_low_t), rms(f_mid_t), rms(f_high_t))) when the target's features f at t are
+    known (committed positions), EAGLE-3's low / middle / high fusion (each feature RMS-normalized without a
+    scale first: the raw residual stream's magnitude grows with depth, and the fuse matrix should not have
+    to learn that);
+  * g_t = h_{t-1}, the head's own output one position back, deeper in a draft (as EAGLE: speculative
+    positions have no target features yet).
+The layer is the project's `Block` (model.py); its output h_t goes through the head's own RMS norm and the
+target's frozen LM head (tied embedding for SmolLM2) to logits predicting token t+2. The target's
+embedding and LM head are not copied: the head params hold only fuse, fc, the layer and the norm scale.
+
+Which layers (`default_layers`): {2, L // 2, L - 1} (0-based block outputs). Low (2) carries the token's
+identity and local syntax, middle the context, and the last block's output is the state the target's own
+LM head reads for token t+1; EAGLE-1 used that top state alone and it is the most informative single
+feature for a head trained briefly (30 CPU minutes here), so we keep it rather than EAGLE-3's L - 3.
+
+Saved as DIR/params (orbax) + DIR/feature_head.json (config, layers; written last, so a DIR only loads
+once complete); `load_head(DIR)` is the loader `run.py --draft=feature --draft_model=DIR` uses.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers import rms_norm
+from magicdec_jax.layers.attention import matmul_precision
+from magicdec_jax.model import Block, Model, init_params, lm_logits
+
+HEAD_FILE = "feature_head.json"
+PARAMS_DIR = "params"
+
+
+@dataclasses.dataclass
+class FeatureHead:
+  """A feature head: its one-layer config (the target's dims), the target layers it reads, its params."""
+  config: ModelConfig
+  layers: tuple[int, ...]
+  params: dict
+  name: str = "feature-head"
+
+
+def default_layers(num_layers: int) -> tuple[int, ...]:
+  """Low / middle / high feature layers of an L-layer target (see the module docstring)."""
+  return tuple(sorted({min(2, num_layers - 1), num_layers // 2, num_layers - 1}))
+
+
+def head_config(target_cfg: ModelConfig) -> ModelConfig:
+  return target_cfg.replace(num_layers=1)
+
+
+def check_layers(layers, num_layers: int) -> tuple[int, ...]:
+  layers = tuple(int(i) for i in layers)
+  if not layers or len(set(layers)) != len(layers) or any(not 0 <= i < num_layers for i in layers):
+    raise ValueError(f"feature layers must be distinct indices in [0, {num_layers}), got {layers}")
+  return layers
+
+
+def init_head(target: Model, layers=None, seed: int = 0) -> FeatureHead:
+  """A random head for `target` (std 0.02 layer weights, fan-in scaled fuse / fc, the target's final norm
+  scale as the head's norm), reading `layers` (default_layers if None)."""
+  tcfg = target.config
+  layers = check_layers(default_layers(tcfg.num_layers) if layers is None else layers, tcfg.num_layers)
+  cfg = head_config(tcfg)
+  shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))["layers"]
+  rng = np.random.default_rng(seed)
+  dt, d = cfg.jnp_dtype, cfg.hidden_size
+
+  def leaf(path, x):
+    if "scale" in jax.tree_util.keystr(path):
+      return jnp.ones(x.shape, x.dtype)
+    return jnp.asarray(rng.normal(size=x.shape) * 0.02, x.dtype)
+
+  nf = len(layers)
+  params = {
+      "fuse": jnp.asarray(rng.normal(size=(nf * d, d)) * (nf * d) ** -0.5, dt),
+      "fc": jnp.asarray(rng.normal(size=(2 * d, d)) * (2 * d) ** -0.5, dt),
+      "layers": jax.tree_util.tree_map_with_path(leaf, shapes),
+      "norm": {"scale": jnp.array(target.params["final_norm"]["scale"], dt)},
+  }
+  return FeatureHead(cfg, layers, params, name=f"feature-head{list(layers)}")
+
+
+def check_compatible(head: FeatureHead, target_cfg: ModelConfig):
+  """ValueError unless `head` was built for a target of `target_cfg`'s shape."""
+  hc = head.config
+  for name in ("hidden_size", "vocab_size", "num_heads", "num_kv_heads", "head_dim"):
+    if getattr(hc, name) != getattr(target_cfg, name):
+      raise ValueError(f"feature head {name}={getattr(hc, name)} differs from the target's "
+                       f"{getattr(target_cfg, name)}: the head was trained for another model")
+  check_layers(head.layers, target_cfg.num_layers)
+
+
+# ------------------------------------------------------------------------------------------ the step
+
+def fuse(hparams: dict, feats: jax.Array, eps: float) -> jax.Array:
+  """Target features [..., n * D] (concatenated layers) -> g [..., D]."""
+  d = hparams["fc"].shape[1]
+  n = feats.shape[-1] // d
+  parts = feats.reshape(*feats.shape[:-1], n, d)
+  normed = rms_norm(parts, jnp.ones((d,), parts.dtype), eps).reshape(feats.shape)
+  return jnp.einsum("...F,FD->...D", normed, hparams["fuse"], precision=matmul_precision(feats.dtype))
+
+
+def step(cfg: ModelConfig, hparams: dict, tparams: dict, g: jax.Array, tokens: jax.Array,
+         positions: jax.Array, cache_k: jax.Array, cache_v: jax.Array, write_slots, attn_spec):
+  """One head pass: g [B, T, D], tokens [B, T] (the token after each position) -> (float32 logits
+  [B, T, V], h [B, T, D] (the next depth's g), cache_k, cache_v) on the head's one-layer cache buffers."""
+  e = jnp.take(tparams["embed"], tokens, axis=0).astype(g.dtype)
+  x = jnp.einsum("BTF,FD->BTD", jnp.concatenate([g, e], axis=-1), hparams["fc"],
+                 precision=matmul_precision(g.dtype))
+  h, cache_k, cache_v, _ = Block(cfg).apply({"params": hparams["layers"][0]}, x, positions, cache_k,
+                                            cache_v, write_slots, attn_spec)
+  return lm_logits(tparams, cfg, h, hparams["norm"]["scale"]), h, cache_k, cache_v
+
+
+# ----------------------------------------------------------------------------------------- save / load
+
+def save_head(head: FeatureHead, directory: str) -> None:
+  """params (orbax) into DIR/params, then DIR/feature_head.json (last: DIR loads only once complete)."""
+  import orbax.checkpoint as ocp
+  directory = os.path.abspath(directory)
+  os.makedirs(directory, exist_ok=True)
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(os.path.join(directory, PARAMS_DIR), jax.device_get(head.params), force=True)
+  ckptr.wait_until_finished()
+  tmp = os.path.join(directory, HEAD_FILE + ".tmp")
+  with open(tmp, "w") as f:
+    json.dump({"config": json.loads(head.config.to_json()), "layers": list(head.layers)}, f, indent=1)
+  os.replace(tmp, os.path.join(directory, HEAD_FILE))
+
+
+def load_head(directory: str) -> FeatureHead:
+  """A head written by save_head (or by distill_feature at the end of training)."""
+  import orbax.checkpoint as ocp
+  directory = os.path.abspath(directory)
+  path = os.path.join(directory, HEAD_FILE)
+  if not os.path.isfile(path):
+    raise ValueError(f"{directory!r} holds no feature head ({HEAD_FILE} missing; training unfinished?)")
+  with open(path) as f:
+    meta = json.load(f)
+  cfg = ModelConfig.from_json(json.dumps(meta["config"]))
+  layers = tuple(meta["layers"])
+  d, nf = cfg.hidden_size, len(layers)
+  abstract = {
+      "fuse": jax.ShapeDtypeStruct((nf * d, d), cfg.jnp_dtype),
+      "fc": jax.ShapeDtypeStruct((2 * d, d), cfg.jnp_dtype),
+      "layers": jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))["layers"],
+      "norm": {"scale": jax.ShapeDtypeStruct((d,), cfg.jnp_dtype)},
+  }
+  params = ocp.StandardCheckpointer().restore(os.path.join(directory, PARAMS_DIR), abstract)
+  return FeatureHead(cfg, layers, params, name=os.path.basename(directory))

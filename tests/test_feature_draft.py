@@ -1,0 +1,200 @@
+"""The feature-head draft (FeatureDraft) and its training (distill_feature).
+
+Greedy: token-exact against plain autoregressive `generate` (draft=None), chains and trees, windows that
+cut and windows longer than every prompt, with a head trained briefly on the tiny target (so acceptance is
+strictly between 0 and 1 and both accept and reject paths run). The in-loop acceptance with gamma=1 is
+replayed from an independent teacher-forced computation: the target's features from one plain causal
+pass over prompt + output, the head over them with an explicit sink + window mask; every round's accept
+decision (head argmax at L-2 == the target's token at L) must come out the same, row by row. Sampling is
+tested by the calibrated chi-square test in test_speculative_sampling.py (feature cases there); meshes in
+test_sharding.py. Training: the loss falls and held-out acceptance rises; a run cut into pieces (steps and
+seconds) ends with the params an uninterrupted run ends with; save / load round-trips.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import shutil
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from magicdec_jax import distill_feature as dfm
+from magicdec_jax import feature_head
+from magicdec_jax.engine import generate
+from magicdec_jax.feature_draft import FeatureDraft
+from magicdec_jax.trees import Tree, default_tree
+
+from conftest import random_prompts, tiny_model
+
+NEW = 24
+LENGTHS = (9, 16, 12, 14, 10)
+TRAIN = dfm.FeatureDistillConfig(steps=120, lr=3e-3, warmup_steps=10, batch=8, seq_len=64, sink=2,
+                                 window=16, eval_every=60, checkpoint_every=40)
+
+
+def target():
+  return tiny_model(0, attn_scale=10.0)
+
+
+@functools.lru_cache(maxsize=None)
+def train_data() -> np.ndarray:
+  """Windows of text the target itself samples (temperature 1), prompts of random tokens."""
+  prompts = random_prompts([8] * 48, 64, seed=3)
+  gen = generate(target(), prompts, max_new_tokens=64, temperature=1.0, seed=1).tokens
+  return np.asarray([p + g for p, g in zip(prompts, gen)], np.int32)[:, :TRAIN.seq_len]
+
+
+@functools.lru_cache(maxsize=None)
+def trained():
+  """(head, history) after TRAIN on train_data (held-out: the last 4 windows, not trained on)."""
+  data = train_data()
+  out = tempfile.mkdtemp(prefix="feature_head_")
+  try:
+    return dfm.train(target(), feature_head.init_head(target(), seed=1), data[:-4], out, TRAIN,
+                     eval_windows=data[-4:], progress=False)
+  finally:
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_training_loss_falls_and_acceptance_rises():
+  _, hist = trained()
+  assert [h["step"] for h in hist] == [0, 60, 120]
+  assert hist[-1]["loss"] < hist[1]["loss"]
+  first = [h["acceptance"][0] for h in hist]
+  assert first[0] < 0.1 and first[-1] > 0.4 and first[-1] > first[1], first
+  assert all(h["acceptance"][k] > 0.25 for h in hist[1:] for k in range(TRAIN.ttt))   # deeper depths learn
+
+
+@functools.lru_cache(maxsize=None)
+def reference(extra: int = 0):
+  prompts = random_prompts(LENGTHS, 64, seed=11)
+  return prompts, generate(target(), prompts, max_new_tokens=NEW + extra).tokens
+
+
+CASES = [   # (sink, window, gamma or tree, expect acceptance strictly inside (0, 1))
+    (2, 16, 3, True),
+    (1, 5, 1, True),
+    (2, 64, 4, True),
+    (0, 4, "sequoia16", True),
+    (2, 16, "random", True),
+]
+
+
+@pytest.mark.parametrize("sink,window,shape,mid", CASES, ids=[f"s{s}-w{w}-{g}" for s, w, g, _ in CASES])
+def test_greedy_exact(sink, window, shape, mid):
+  prompts, ref = reference()
+  head, _ = trained()
+  if shape == "random":
+    kw = dict(tree=Tree.from_children_counts([3, 2, 1, 0, 2, 1]))
+  elif isinstance(shape, str):
+    kw = dict(tree=default_tree(shape))
+  else:
+    kw = dict(gamma=shape)
+  res = generate(target(), prompts, max_new_tokens=NEW, draft=FeatureDraft(head, sink, window), **kw)
+  assert res.tokens == ref
+  acc = res.stats["acceptance_rate"]
+  if mid:
+    assert 0.0 < acc < 1.0, acc
+
+
+def teacher_forced_predictions(head, seq: list[int], sink: int, window: int) -> np.ndarray:
+  """Head argmax at every position of seq (true features, sink + window mask), independent of the loop."""
+  t = target()
+  tokens = jnp.asarray([seq], jnp.int32)
+  _, feats = dfm.target_outputs(t.params, t.config, tokens, tuple(head.layers))
+  logits = dfm.unroll(head.params, head.config, t.params, feats, tokens, 1, sink, window)[0]
+  return np.argmax(np.asarray(logits)[0], -1)          # [T-1]: position t predicts token t+2
+
+
+@pytest.mark.parametrize("sink,window", [(2, 16), (1, 3)])
+def test_inloop_acceptance_replays_teacher_forced(sink, window):
+  prompts, long_ref = reference(extra=2)
+  head, _ = trained()
+  res = generate(target(), prompts, max_new_tokens=NEW, draft=FeatureDraft(head, sink, window), gamma=1)
+  total_acc = 0
+  for p, out, rs in zip(prompts, long_ref, res.row_stats):
+    full = p + out
+    pred = teacher_forced_predictions(head, full, sink, window)
+    length, emitted, rounds, acc = len(p), 0, 0, 0
+    while emitted < NEW:
+      n = int(pred[length - 2] == full[length])
+      rounds, acc, emitted, length = rounds + 1, acc + n, emitted + n + 1, length + n + 1
+    assert (rs["verify_steps"], rs["accepted_tokens"]) == (rounds, acc)
+    total_acc += acc
+  assert 0 < total_acc < sum(r["verify_steps"] for r in res.row_stats)
+
+
+def test_resume_in_pieces_equals_one_run():
+  data = train_data()[:-4]
+  cfg = dfm.FeatureDistillConfig(steps=6, lr=3e-3, warmup_steps=2, batch=4, seq_len=64, sink=2, window=16,
+                                 checkpoint_every=2)
+  head = feature_head.init_head(target(), seed=2)
+  with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+    one, _ = dfm.train(target(), head, data, a, cfg, progress=False)
+    part, _ = dfm.train(target(), head, data, b, cfg, progress=False, stop_after=3)     # checkpoint at 3
+    part, _ = dfm.train(target(), head, data, b, cfg, progress=False, stop_after_s=0.0)  # one step: 4
+    assert not os.path.exists(os.path.join(b, feature_head.HEAD_FILE))    # unfinished: no head yet
+    piece, _ = dfm.train(target(), head, data, b, cfg, progress=False)
+    for x, y in zip(jax.tree.leaves(one.params), jax.tree.leaves(piece.params)):
+      np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-5)
+    loaded = feature_head.load_head(b)
+    assert loaded.layers == head.layers and loaded.config == head.config
+    prompts, ref = reference()
+    r1 = generate(target(), prompts, max_new_tokens=NEW, draft=FeatureDraft(piece, 2, 16), gamma=2)
+    r2 = generate(target(), prompts, max_new_tokens=NEW, draft=FeatureDraft(loaded, 2, 16), gamma=2)
+    assert r1.tokens == r2.tokens == ref
+    assert r1.stats["acceptance_rate"] == r2.stats["acceptance_rate"]
+    with pytest.raises(ValueError, match="other settings"):
+      dfm.train(target(), head, data, b, dataclasses.replace(cfg, lr=1e-3), progress=False)
+
+
+def test_bad_inputs_named():
+  t = target()
+  with pytest.raises(ValueError, match=r"feature layers must be distinct indices in \[0, 2\)"):
+    feature_head.init_head(t, layers=(0, 5))
+  other = tiny_model(1, hidden=16, heads=2, kv_heads=1, layers=1)
+  with pytest.raises(ValueError, match="hidden_size=16 differs"):
+    generate(t, [[1, 2, 3]], max_new_tokens=2, draft=FeatureDraft(feature_head.init_head(other), 1, 4))
+  with pytest.raises(ValueError, match="FeatureDraft needs a feature_head.FeatureHead"):
+    FeatureDraft(t, 1, 4)
+  with pytest.raises(ValueError, match="window must be an integer >= 1"):
+    FeatureDraft(feature_head.init_head(t), 1, 0)
+  with pytest.raises(ValueError, match=r"seq_len=64\] token windows"):
+    dfm.train(t, feature_head.init_head(t), np.zeros((3, 10), np.int32), "/nonexistent/x", TRAIN)
+  with pytest.raises(ValueError, match="ttt must be"):
+    dfm.FeatureDistillConfig(ttt=0).validate()
+  with pytest.raises(ValueError, match="no feature head"):
+    feature_head.load_head(tempfile.gettempdir() + "/definitely_not_a_head_dir")
+
+
+def test_cli_distill_then_generate(tmp_path):
+  """run.py --mode=distill --draft=feature writes a head that --draft=feature --draft_model=DIR loads; the
+  greedy text equals --draft=none's (the random tiny byte-level model)."""
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root)
+  text = tmp_path / "text.txt"
+  text.write_text("To be, or not to be, that is the question. " * 40)
+  head_dir = tmp_path / "head"
+  base = [sys.executable, "run.py", "--model=random-tiny:0"]
+  r = subprocess.run(base + ["--mode=distill", "--draft=feature", f"--distill_data={text}",
+                             f"--distill_out={head_dir}", "--distill_steps=3", "--batch=2", "--seq_len=32",
+                             "--window=16", "--checkpoint_every=2", "--noprogress"],
+                     capture_output=True, text=True, cwd=root, env=env, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert os.path.isfile(head_dir / feature_head.HEAD_FILE)
+  gen = base + ["--mode=generate", "--prompt=To be, or", "--max_new_tokens=12"]
+  outs = [subprocess.run(gen + extra, capture_output=True, text=True, cwd=root, env=env, timeout=600)
+          for extra in (["--draft=none"], ["--draft=feature", f"--draft_model={head_dir}", "--window=16"])]
+  for o in outs:
+    assert o.returncode == 0, o.stderr[-3000:]
+  assert outs[0].stdout == outs[1].stdout and outs[0].stdout.strip()
+  bad = subprocess.run(base + ["--mode=generate", "--prompt=x", "--draft=feature"], capture_output=True,
+                       text=True, cwd=root, env=env, timeout=600)
+  assert bad.returncode != 0 and "--draft=feature needs --draft_model" in bad.stderr
