@@ -20,6 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout's package
 import common  # noqa: E402
 
 from magicdec_jax import calibrate, cli_flags, feature_head  # noqa: E402

@@ -96,7 +96,7 @@ def main():
   }
   path = a.json or str(common.RESULTS_DIR / f"feature_head_smollm2_{common.device_tag()}.json")
   with open(path, "w") as f:
-    json.dump(common._jsonable(out), f, indent=1)
+    json.dump(out, f, indent=1, default=common._jsonable)
   print(json.dumps({"finished": finished, "last": history[-1] if history else None}))
   print(path)
 
