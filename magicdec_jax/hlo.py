@@ -122,20 +122,29 @@ def loop_body_copies(text: str, shapes) -> list[Instr]:
   result has such dims, or whose result has as many elements as a big buffer it reads (a transpose or
   a reshaping copy of a weight). In-place writes and neutral ops (tuples, bitcasts, ...) are not counted;
   neither are matmuls and reductions, whose results are activations of other sizes."""
-  comps, body = while_body_computations(text)
   shapes = {tuple(s) for s in shapes}
   bad = []
+  for comps, by_name, ins in _body_ops(text):
+    if ins.shape is None:
+      continue
+    reads = [by_name[o] for o in ins.operands if o in by_name and by_name[o].shape in shapes]
+    if ins.shape in shapes or any(r.size == ins.size for r in reads):
+      bad.append(ins)
+  return bad
+
+
+def _body_ops(text: str):
+  """(computations, the op's computation by name, op) for every op inside a while body that is neither
+  neutral nor an in-place write (a scatter / dynamic-update-slice, or a fusion rooted in one)."""
+  comps, body = while_body_computations(text)
   for c in body:
     by_name = {i.name: i for i in comps[c]}
     for ins in comps[c]:
-      if ins.shape is None or ins.op in NEUTRAL or ins.op in IN_PLACE:
+      if ins.op in NEUTRAL or ins.op in IN_PLACE:
         continue
       if ins.op == "fusion" and _fusion_root_op(comps, ins) in IN_PLACE:
         continue
-      reads = [by_name[o] for o in ins.operands if o in by_name and by_name[o].shape in shapes]
-      if ins.shape in shapes or any(r.size == ins.size for r in reads):
-        bad.append(ins)
-  return bad
+      yield comps, by_name, ins
 
 
 READERS = ("dot", "gather", "custom-call")   # read only what they use: the attention dots, the commit's gather
@@ -168,21 +177,16 @@ def loop_body_cache_passes(text: str, shapes) -> list[Instr]:
   the attention dots, gathers and in-place writes: a masked `where`, a reduction or an elementwise pass over
   the cache costs a full extra read of it every round. A fusion counts as a reader only if the cache
   parameter reaches something other than a dot / gather / in-place write inside it."""
-  comps, body = while_body_computations(text)
   shapes = {tuple(s) for s in shapes}
   bad = []
-  for c in body:
-    by_name = {i.name: i for i in comps[c]}
-    for ins in comps[c]:
-      if ins.op in NEUTRAL or ins.op in IN_PLACE or ins.op in READERS:
-        continue
-      if ins.op == "fusion" and _fusion_root_op(comps, ins) in IN_PLACE:   # an in-place write
-        continue
-      big = [k for k, o in enumerate(ins.operands) if o in by_name and by_name[o].shape in shapes]
-      if not big:
-        continue
-      m = re.search(r"calls=%?([\w.\-]+)", ins.line)
-      if ins.op == "fusion" and m and all(_param_users_ok(comps, m.group(1), k) for k in big):
-        continue
-      bad.append(ins)
+  for comps, by_name, ins in _body_ops(text):
+    if ins.op in READERS:
+      continue
+    big = [k for k, o in enumerate(ins.operands) if o in by_name and by_name[o].shape in shapes]
+    if not big:
+      continue
+    m = re.search(r"calls=%?([\w.\-]+)", ins.line)
+    if ins.op == "fusion" and m and all(_param_users_ok(comps, m.group(1), k) for k in big):
+      continue
+    bad.append(ins)
   return bad
