@@ -24,7 +24,6 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import drafts, engine, loop
 from magicdec_jax.cache import KVCache, aligned_slots
 from magicdec_jax.model import Model
-from magicdec_jax.sampling import Sampling
 from magicdec_jax.trees import Tree
 
 MAX_TREE_NODES = 16     # room left in the cache for any chain / tree up to this many nodes
@@ -96,18 +95,18 @@ def decode(model: Model, pre: Prefilled, *, draft=None, gamma: int = 4, tree: Tr
   max_new = pre.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
   if not 1 <= max_new <= pre.max_new_tokens:
     raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got {max_new}")
-  spec, draft_params, tree = engine.resolve_draft(model, draft, gamma, tree)
+  st = engine.settings(model, max_new_tokens=max_new, temperature=temperature, top_k=top_k, top_p=top_p,
+                       eos_token_id=eos_token_id, draft=draft, gamma=gamma, tree=tree, xla_options=options)
+  sampling, spec, draft_params, tree, eos, options = (st.sampling, st.spec, st.draft_params, st.tree, st.eos,
+                                                      st.options)
   if isinstance(tree, str):
     raise ValueError("decode takes a fixed gamma or trees.Tree; 'auto' is resolved by generate")
   if tree.num_nodes > pre.target.num_slots - int(pre.tokens.shape[1]) - engine.bucket(pre.max_new_tokens):
     raise ValueError(f"tree of {tree.num_nodes} nodes does not fit the prefill's room")
-  sampling = Sampling(float(temperature), int(top_k), float(top_p))
   cfg, b, n = model.config, pre.batch, pre.num_prompts
-  eos = engine.resolve_eos(model, eos_token_id)
   budget = np.zeros((b,), np.int32)
   budget[:n] = max_new
   keys = engine.stream_keys(seed, list(range(n)) + [2**31 - 1 - i for i in range(b - n)])
-  options = compiling.engine_options(options)
   c0 = compiling.compile_seconds()
   t0 = time.perf_counter()
   target = jax.tree.map(jnp.copy, pre.target)
