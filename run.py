@@ -7,6 +7,7 @@ calibrate.
   python run.py --mode=distill --distill_data=out.jsonl --distill_out=draft --draft_layers=8
   python run.py --mode=distill --draft=feature --distill_data=text.txt --distill_out=head
   python run.py --mode=generate --draft=feature --draft_model=head --prompt="To be, or not to be"
+  python run.py --mode=bench --bench_preset=long_context  # where MagicDec wins: AR vs gamma over batch x context
   python run.py --mode=calibrate --output=profile.json   # measure this device -> hardware profile
   python run.py --mode=plan --hardware=profile.json      # plan with it (datasheet column beside)
   python run.py --helpfull                        # every flag
@@ -29,7 +30,7 @@ import jax
 import numpy as np
 
 from magicdec_jax import (acceptance, calibrate, checkpoints, cli_bench, cli_demo, cli_flags, costmodel, datagen,
-                          distill, distill_data, distill_feature, drafts, engine, feature_head, shapes,
+                          distill, distill_data, distill_feature, drafts, engine, feature_head, shapes, sweep,
                           textdata)
 from magicdec_jax import compile as compiling
 from magicdec_jax.autotune import detect_hardware
@@ -118,13 +119,19 @@ def mode_generate():
 # ---- bench, datagen, convert, plan, profile -------------------------------------------------------------------
 
 def mode_bench():
+  preset = sweep.LONG_CONTEXT if FLAGS.bench_preset == "long_context" else {}
+  if preset and not FLAGS["window"].present:
+    FLAGS.window = preset["window"]
+  if preset and not FLAGS["max_new_tokens"].present:
+    FLAGS.max_new_tokens = preset["max_new_tokens"]
+  grid = {name: (cli_flags.int_list(FLAGS, name, low) if FLAGS[name].present or not preset else list(preset[name]))
+          for name, low in (("batches", 1), ("contexts", 16), ("gammas", 1))}
   model = load_target()
   kw = cli_flags.gen_kwargs(FLAGS, model)
   out = cli_bench.run_bench(
-      model, kw.pop("draft"), batches=cli_flags.int_list(FLAGS, "batches", 1),
-      contexts=cli_flags.int_list(FLAGS, "contexts", 16), gammas=cli_flags.int_list(FLAGS, "gammas", 1),
-      output_dir=FLAGS.output_dir, warmup=FLAGS.warmup, log=log,
-      gen={k: v for k, v in kw.items() if k not in ("gamma", "tree")})
+      model, kw["draft"], **grid, output_dir=FLAGS.output_dir, log=log, hardware=FLAGS.hardware,
+      max_batch_tokens=preset.get("max_batch_tokens"),
+      gen={k: kw[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")})
   print(json.dumps({"json": out["json"], "plots": out["plots"]}, indent=1))
 
 

@@ -1,11 +1,14 @@
 """Does `gamma="auto"` / `tree="auto"` pick what a sweep finds fastest? SmolLM2-135M, greedy, StreamingDraft, CPU.
 
-For each batch x context shape (Shakespeare prompts): autoregressive, then a sweep of gamma 1..6 and of every
-shipped tree, all in the same process, one `generate` each (jax's compile time is subtracted from decode seconds
-by `generate`). `gamma="auto"` / `tree="auto"` are resolved with the same call generate makes
+For each batch x context shape (Shakespeare prompts) the prompts are prefilled **once** (prefilled.py) and
+decoded autoregressively, then with a sweep of gamma 1..6 and of every shipped tree, all from copies of the same
+caches in the same process (compile seconds are subtracted from decode seconds). `gamma="auto"` / `tree="auto"` are resolved with the same call generate makes
 (`autotune.choose` with a fitted hardware profile and a measured acceptance vector); a pick that is in the sweep
 is measured by that sweep run (same configuration, same executable), any other pick is run as well. Records tokens/s, auto / best-of-sweep ratios, whether greedy outputs equal autoregressive ones,
-the profile's held-out (leave-one-out) step-time error, the load average, device, jax version and date. The JSON
+the profile's held-out (leave-one-out) step-time error, the load average, device, jax version and date.
+Beside every measured speedup: the cost model's **predicted** speedup of that configuration (the profile's step
+times, the acceptance vector auto uses) and its prediction at the acceptance measured in that run (the profile's
+step times x the measured tokens per round), so the step-time model and the acceptance model are judged apart. The JSON
 is rewritten after every configuration, so an interrupted run keeps what it measured.
 
   nice -n 0 python benchmarks/auto_vs_sweep.py \
@@ -23,8 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from magicdec_jax import StreamingDraft, autotune, calibrate, cli_flags, trees  # noqa: E402
-from magicdec_jax.engine import generate  # noqa: E402
+from magicdec_jax import StreamingDraft, autotune, calibrate, cli_flags, costmodel, prefilled, trees  # noqa: E402
 
 DEFAULT_VECTOR = os.path.join(common.RESULTS_DIR, "acceptance_vector_smollm2_streaming4+128_cpu_2026-11-22.json")
 
@@ -85,24 +87,36 @@ def main(argv=None):
       json.dump(doc, f, indent=1, default=common._jsonable)
       f.write("\n")
 
-  def one(prompts, **kw):
+  hw = autotune.detect_hardware(args.profile)
+  draft_cost = autotune.cost_draft(draft)
+
+  def one(pre, **kw):
     if (time.time() - t_start) / 60 > args.budget_min:
       return None
     load = os.getloadavg()[0]
-    res = generate(model, prompts, max_new_tokens=args.max_new, eos_token_id=[], **kw)
+    res = prefilled.decode(model, pre, eos_token_id=[], **kw)
     s = res.stats
     return res, {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "compile_s": s.get("compile_s"),
                  "mean_accepted_length": s.get("mean_accepted_length"), "tree_nodes": s.get("tree_nodes"),
-                 "auto_plan": s.get("auto_plan"), "loadavg_1min_before": load}
+                 "acceptance_rate": s.get("acceptance_rate"), "loadavg_1min_before": load}
+
+  def predictions(tree, b: int, context: int, measured_tokens_per_round: float) -> dict:
+    """The cost model's speedup for `tree` (labelled predictions): with auto's acceptance vector, and with the
+    measured tokens per round in place of the vector's expectation."""
+    t_round = sum(draft_cost.step_time(model.config, hw, b, context, int(w), model.config.dtype)
+                  for w in tree.expanding_per_level)
+    t_round += costmodel.t_verify(model.config, hw, b, context, tree.num_nodes, model.config.dtype)
+    t_ar = costmodel.t_ar(model.config, hw, b, context, model.config.dtype)
+    return {"predicted_speedup": tree.expected_tokens(vec) * t_ar / t_round,
+            "predicted_speedup_at_measured_acceptance": measured_tokens_per_round * t_ar / t_round,
+            "predicted_round_over_ar_step": t_round / t_ar}
 
   for b, ctx in args.shapes:
+    if (time.time() - t_start) / 60 > args.budget_min:
+      break
     prompts, text = common.text_prompts(model, b, ctx, model.config.vocab_size)
     rec = {"batch": b, "context": ctx, "text": text, "runs": {}}
     doc["shapes"].append(rec)
-    r = one(prompts)
-    if r is None:
-      break
-    ar, rec["runs"]["autoregressive"] = r
     # what auto picks (the same call generate(gamma="auto"/tree="auto") makes); a pick that is also in the
     # sweep is the same configuration and executable: its sweep run is its measurement, not run twice
     context = max(len(p) for p in prompts) + args.max_new // 2
@@ -118,20 +132,32 @@ def main(argv=None):
     for name, (tree, _) in picks.items():
       if not any(t == tree for _, t in configs):
         configs.insert(0, (name, tree))
+    pre = prefilled.prefill(model, prompts, max_new_tokens=args.max_new,
+                            max_tree_nodes=max(t.num_nodes for _, t in configs), progress=not args.smoke)
+    rec["prefill_s"] = pre.prefill_s
+    r = one(pre)
+    if r is None:
+      break
+    ar, rec["runs"]["autoregressive"] = r
     for name, tree in configs:
-      r = one(prompts, draft=draft, tree=tree)
+      r = one(pre, draft=draft, tree=tree)
       if r is None:
         break
       res, m = r
       m["identical_to_ar"] = res.tokens == ar.tokens
+      m["speedup"] = m["tokens_per_s"] / rec["runs"]["autoregressive"]["tokens_per_s"]
+      m.update(predictions(tree, b, context, m["mean_accepted_length"]))
       rec["runs"][name] = m
       print(f"[auto_vs_sweep] b{b} x {ctx} {name}: {m['tokens_per_s']:.1f} tok/s "
-            f"(AR {rec['runs']['autoregressive']['tokens_per_s']:.1f})", file=sys.stderr, flush=True)
+            f"(AR {rec['runs']['autoregressive']['tokens_per_s']:.1f}; {m['speedup']:.2f}x, predicted "
+            f"{m['predicted_speedup']:.2f}x / {m['predicted_speedup_at_measured_acceptance']:.2f}x at the "
+            f"measured acceptance)", file=sys.stderr, flush=True)
       for pick, (t, _) in picks.items():
         if t == tree:
           rec["auto_picks"][pick]["measured_by"] = name
       _summarize(rec, args)
       save()
+    del pre
   save()
   common.finish(doc, out_path, os.path.basename(out_path))
 

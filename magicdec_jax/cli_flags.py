@@ -88,7 +88,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_list("contexts", ["256", "1024"], "bench: prompt lengths in tokens.", **d)
   flags.DEFINE_list("gammas", ["2", "4"], "bench: speculation lengths.", **d)
   flags.DEFINE_string("output_dir", "bench_out", "bench: where the JSON and PNGs go.", **d)
-  flags.DEFINE_boolean("warmup", True, "bench: run each configuration once untimed first (compilation).", **d)
+  flags.DEFINE_enum("bench_preset", "none", ["none", "long_context"], "bench: long_context = the README's "
+                    "long-context sweep (batches 8,4,1 x contexts 1024..8000, gammas 2,3, window 256, 64 new "
+                    "tokens, points up to 33000 batch tokens; ~25 min on a 2-core CPU); flags given explicitly "
+                    "override it.", **d)
   # datagen.
   flags.DEFINE_string("input", None, "datagen: input JSONL ({'id', 'prompt'} or {'id', 'messages'}); "
                       "profile_acceptance: prompts to profile on (JSONL or one per line; default Shakespeare).", **d)
@@ -233,6 +236,11 @@ def validate(fv) -> None:
     int_list(fv, "gammas", 1)
     if fv.draft == "none":
       raise app.UsageError("--mode=bench compares against a draft; --draft=none is not allowed")
+    if fv.mesh:
+      raise app.UsageError("--mode=bench measures on one device (prefill once, decode each way); "
+                           "--mesh is for --mode=generate / datagen")
+    if fv.tree:
+      raise app.UsageError("--mode=bench sweeps chains (--gammas); --tree is for --mode=generate")
   elif mode == "datagen":
     _need(fv, mode, "input", "output")
     _readable_file("input", fv.input)

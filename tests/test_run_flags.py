@@ -84,6 +84,9 @@ def usage_cases(tmp_path):
       (["--mode=bench", "--contexts=8"], "--contexts=8: each value must be an integer >= 16"),
       (["--mode=bench", "--gammas=0"], "--gammas=0: each value must be an integer >= 1"),
       (["--mode=bench", "--draft=none"], "--draft=none is not allowed"),
+      (["--mode=bench", "--tree=sequoia16"], "--tree is for --mode=generate"),
+      (["--mode=bench", "--mesh=data:2"], "--mesh is for --mode=generate"),
+      (["--mode=bench", "--bench_preset=long_context"], None),
       (["--draft=none"], "--mode=demo compares against a draft"),
       (["--mode=convert", "--src=a"], "--mode=convert needs --dst"),
       (["--mode=plan", "--draft=model"], "--draft=model needs --draft_model"),
@@ -131,22 +134,23 @@ def test_cli_help_and_bad_flag_subprocess():
   assert "loading" not in r.stderr                      # rejected before any model load
 
 
-def test_bench_writes_json_and_pngs(tmp_path):
+def test_bench_writes_json_and_png(tmp_path):
   out = cli_bench.run_bench(tiny(), StreamingDraft(sink=2, window=8), batches=[2], contexts=[20, 32],
-                            gammas=[2], output_dir=str(tmp_path), warmup=False, log=lambda m: None,
+                            gammas=[2, 3], output_dir=str(tmp_path), log=lambda m: None,
                             gen=dict(max_new_tokens=8))
   with open(out["json"]) as f:
     res = json.load(f)
-  assert [(r["batch"], r["context"], r["gamma"]) for r in res["rows"]] == [(2, 20, 2), (2, 32, 2)]
-  for r in res["rows"]:
-    assert r["speculative"]["new_tokens"] == 8 * r["batch"] == r["autoregressive"]["new_tokens"]
-    assert r["decode_speedup"] > 0 and 0 <= r["speculative"]["acceptance_rate"] <= 1
+  assert [(p["batch"], p["context"]) for p in res["points"]] == [(2, 20), (2, 32)]
+  for p in res["points"]:
+    assert p["ar"]["new_tokens"] == 8 * p["batch"]
+    for f in p["spec"]:      # greedy: every gamma decodes what AR decodes (AR = generate: test_prefilled.py)
+      assert f["new_tokens"] == 8 * p["batch"] and f["identical_to_ar"]
+      assert f["decode_speedup"] > 0 and 0 <= f["acceptance_rate"] <= 1
+  assert res["crossover"]["2"]["label"].startswith("predicted")
   assert "not measured" in res["notes"]
-  assert sorted(os.path.basename(p) for p in out["plots"]) == ["acceptance_vs_context.png",
-                                                               "speedup_vs_context.png", "time_split.png"]
-  for p in out["plots"]:
-    with open(p, "rb") as f:
-      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert [os.path.basename(p) for p in out["plots"]] == ["speedup_vs_context.png"]
+  with open(out["plots"][0], "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_windowed_logits_full_window_equals_full_forward():
