@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from magicdec_jax import StreamingDraft, cli_flags, sweep, textdata  # noqa: E402
+from magicdec_jax import StreamingDraft, autotune, cli_flags, sweep  # noqa: E402
 
 PRESET = sweep.LONG_CONTEXT
 
@@ -38,7 +38,11 @@ def main(argv=None):
   ap.add_argument("--budget-min", type=float, default=30.0, help="start no new point after this many minutes")
   ap.add_argument("--output", default=None)
   ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes (checks the script)")
+  ap.add_argument("--repredict", default=None, metavar="SWEEP_JSON",
+                  help="measure nothing: add the cost model's predictions with --profile to a recorded sweep")
   args = ap.parse_args(argv)
+  if args.repredict:
+    return repredict(args.repredict, args.profile, args.smoke)
   if args.smoke:
     args.batches, args.contexts, args.gammas, args.max_new, args.window = [1, 2], [64, 128], [2], 8, 16
     model, source = cli_flags.random_tiny_model(0), "random-tiny"
@@ -66,6 +70,25 @@ def main(argv=None):
   if doc["points"]:
     sweep.plot(doc, png, f"MagicDec StreamingDraft vs autoregressive, {source}, {doc['env']['device']}")
   print(json.dumps({"output": out, "png": png, "crossover": doc["crossover"]}, indent=1))
+
+
+def repredict(path: str, profile: str | None, smoke: bool = False) -> dict:
+  """Predictions of a recorded sweep recomputed with another hardware profile, stored beside the first ones
+  as crossover[batch]["predicted_with_profile"] (the measured figures are not touched)."""
+  with open(path) as f:
+    doc = json.load(f)
+  model = cli_flags.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
+  hw = autotune.detect_hardware(profile)
+  draft = StreamingDraft(doc["draft"]["sink"], doc["draft"]["window"])
+  for b, entry in doc["crossover"].items():
+    pts = [p for p in doc["points"] if p["batch"] == int(b)]
+    entry["predicted_with_profile"] = dict(
+        sweep.predicted_crossover(model, hw, autotune.cost_draft(draft), int(b), pts, doc["gammas"]),
+        profile=profile)
+  with open(path, "w") as f:
+    json.dump(doc, f, indent=1)
+  print(json.dumps({b: e["predicted_with_profile"] for b, e in doc["crossover"].items()}, indent=1))
+  return doc
 
 
 if __name__ == "__main__":

@@ -41,8 +41,11 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_decode_loop_copies_no_weight_or_cache(case):
+@pytest.mark.parametrize("case,batch", [(c, B) for c in CASES] + [("ar", 1), ("chain", 1)])
+def test_decode_loop_copies_no_weight_or_cache(case, batch):
+  """batch 1 too: a one-row, one-token cache write once became a dynamic-update-slice that XLA duplicated
+  out of place for the attention's operand (copies of every layer's cache each step)."""
+  B = batch
   params = init_params(CFG, jax.random.key(0))
   spec, tree = CASES[case]
   dparams = None

@@ -59,6 +59,10 @@ def test_context_sweep_smoke(tmp_path):
   assert set(doc["crossover"]) == {"1", "2"}
   assert doc["crossover"]["1"]["label"].startswith("predicted")
   assert (tmp_path / "sweep.png").exists()
+  context_sweep.main(["--smoke", "--repredict", str(out)])          # predictions only, measured figures kept
+  again = json.loads(out.read_text())
+  assert again["points"] == doc["points"]
+  assert again["crossover"]["2"]["predicted_with_profile"]["label"].startswith("predicted")
 
 
 def test_round_cost_smoke(tmp_path):
