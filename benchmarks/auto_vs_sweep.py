@@ -45,7 +45,11 @@ def main(argv=None):
   ap.add_argument("--budget-min", type=float, default=60.0, help="start no new configuration after this")
   ap.add_argument("--output", default=None)
   ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes: checks the script (CPU, s)")
+  ap.add_argument("--rescore", default=None, metavar="RESULT_JSON",
+                  help="measure nothing: resolve auto again for a recorded run (see rescore()) -> --output")
   args = ap.parse_args(argv)
+  if args.rescore:
+    return rescore(args.rescore, args.output, args.smoke)
   if args.smoke:
     args.shapes, args.max_new, args.gammas, args.trees, args.window = [(2, 64)], 8, [1, 2], "sequoia16", 16
   t_start = time.time()
@@ -120,11 +124,7 @@ def main(argv=None):
     # what auto picks (the same call generate(gamma="auto"/tree="auto") makes); a pick that is also in the
     # sweep is the same configuration and executable: its sweep run is its measurement, not run twice
     context = max(len(p) for p in prompts) + args.max_new // 2
-    picks = {}
-    for name, want_tree in (("auto_gamma", False), ("auto_tree", True)):
-      tree, info = autotune.choose(model.config, draft, len(prompts), context, want_tree=want_tree,
-                                   hardware=args.profile, acceptance_vector=vec)
-      picks[name] = (tree, {k: v for k, v in info.items() if isinstance(v, (int, float, str))})
+    picks = auto_picks(model.config, draft, len(prompts), context, args.profile, vec)
     rec["auto_picks"] = {k: dict(info, nodes=t.num_nodes, depth=t.max_depth, chain=t.is_chain)
                          for k, (t, info) in picks.items()}
     configs = [(f"gamma{g}", trees.Tree.chain(g)) for g in args.gammas]
@@ -162,6 +162,49 @@ def main(argv=None):
   common.finish(doc, out_path, os.path.basename(out_path))
 
 
+def auto_picks(cfg, draft, batch: int, context: int, profile, vec) -> dict:
+  """What generate(gamma="auto") / generate(tree="auto") resolve to (before the fallback): name -> (tree, info)."""
+  picks = {}
+  for name, want_tree in (("auto_gamma", False), ("auto_tree", True)):
+    tree, info = autotune.choose(cfg, draft, batch, context, want_tree=want_tree, hardware=profile,
+                                 acceptance_vector=vec)
+    picks[name] = (tree, {k: v for k, v in info.items() if isinstance(v, (int, float, str))})
+  return picks
+
+
+def rescore(path: str, output: str | None, smoke: bool = False) -> dict:
+  """Measure nothing: resolve auto again with the current autotune rules (same profile, same acceptance
+  vector) for every recorded shape and score its picks with the runs recorded there (a configuration's
+  measurement does not depend on who picked it; a pick that was not measured is left unscored)."""
+  with open(path) as f:
+    doc = json.load(f)
+  model = cli_flags.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
+  draft = StreamingDraft(sink=doc["draft"]["sink"], window=doc["draft"]["window"])
+  args = argparse.Namespace(**doc["args"])
+  for rec in doc["shapes"]:
+    measured = {n: (trees.Tree.chain(int(n[5:])) if n.startswith("gamma") else trees.default_tree(n))
+                for n in rec["runs"] if n.startswith("gamma") or n in args.trees.split(",")}
+    context = rec["context"] + doc["max_new_tokens"] // 2
+    picks = auto_picks(model.config, draft, rec["batch"], context, args.profile, doc["acceptance_vector"])
+    rec["auto_picks"] = {k: dict(info, nodes=t.num_nodes, depth=t.max_depth, chain=t.is_chain)
+                         for k, (t, info) in picks.items()}
+    for k, (t, _) in picks.items():
+      name = next((n for n, mt in measured.items() if mt == t), None)
+      if name is not None:
+        rec["auto_picks"][k]["measured_by"] = name
+    _summarize(rec, args)
+  doc["rescored"] = {"date": common.env_info()["date"], "from": os.path.basename(path),
+                     "autotune": {"AUTO_MARGIN": autotune.AUTO_MARGIN, "AUTO_TIE": autotune.AUTO_TIE},
+                     "note": "picks resolved again with these rules; runs (measurements) unchanged"}
+  out = output or path
+  with open(out, "w") as f:
+    json.dump(doc, f, indent=1, default=common._jsonable)
+    f.write("\n")
+  print(json.dumps({f"{r['batch']}x{r['context']}": {k: v for k, v in r["summary"].items() if "over" in k}
+                    for r in doc["shapes"]}, indent=1))
+  return doc
+
+
 def _summarize(rec: dict, args) -> None:
   runs, picks = rec["runs"], rec["auto_picks"]
   ar = runs["autoregressive"]["tokens_per_s"]
@@ -190,7 +233,7 @@ def _summarize(rec: dict, args) -> None:
     best_all = max(allbest, ar)
     summ["best_incl_autoregressive_tokens_per_s"] = best_all
     for k, p in picks.items():
-      fallback = p["speedup"] < 1 or p["depth"] == 0
+      fallback = p["speedup"] < 1 + autotune.AUTO_MARGIN or p["depth"] == 0
       v = ar if fallback else auto.get(k)
       if v is not None:
         summ[f"{k}_with_fallback"] = "autoregressive" if fallback else p.get("measured_by")

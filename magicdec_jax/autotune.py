@@ -70,6 +70,13 @@ def cost_draft(spec) -> costmodel.Draft:
 
 
 AR_TREE = trees.Tree((-1,))
+# "auto" hedges against the cost model's error (a fitted CPU profile's held-out step-time error is ~9%,
+# and in-loop rounds cost up to 10% more than their isolated steps): it speculates only where the predicted
+# speedup is at least 1 + AUTO_MARGIN, and takes the shortest chain predicted within AUTO_TIE of the best
+# (a shorter chain loses less when acceptance or the verify cost is worse than predicted). Measured on
+# SmolLM2 / CPU at 4 x 1024 .. 4 x 8000 (benchmarks/results/auto_vs_sweep_long_cpu_2026-11-23.json).
+AUTO_MARGIN = 0.05
+AUTO_TIE = 0.03
 
 
 def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool, hardware=None,
@@ -77,8 +84,9 @@ def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool,
            allow_autoregressive: bool = False) -> tuple[trees.Tree, dict]:
   """The chain or tree the cost model predicts fastest; info holds the predicted speedup.
 
-  allow_autoregressive: where even the best chain / tree is predicted slower than plain decoding
-  (speedup < 1), return the root-only tree (no speculation) with info["speculate"] = False.
+  allow_autoregressive: where even the best chain / tree is not predicted at least AUTO_MARGIN faster
+  than plain decoding, return the root-only tree (no speculation) with info["speculate"] = False. A chain
+  is the shortest one predicted within AUTO_TIE of the best.
 
   acceptance_vector (a list or a JSON path) drives both: a chain's expected tokens use its first entry
   per position; alpha (a chain only) overrides it. Without either, a hardware profile's stored vector is
@@ -89,7 +97,7 @@ def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool,
   if vec is None and calibrate.is_profile_path(hardware):
     vec = calibrate.load_profile(str(hardware))[1].get("acceptance_vector")
   tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma)
-  if allow_autoregressive and (info["speedup"] < 1 or tree.max_depth == 0):   # (a depth-0 tree speculates nothing)
+  if allow_autoregressive and (info["speedup"] < 1 + AUTO_MARGIN or tree.max_depth == 0):   # (depth 0: no speculation)
     return AR_TREE, dict(info, speculate=False)
   return tree, dict(info, speculate=True)
 
@@ -102,10 +110,11 @@ def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma):
     return tree, dict(info, hardware=hw.name)
   if alpha is None and vec is not None:
     gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, None, max_gamma, dtype=cfg.dtype,
-                                            acceptance_vector=vec)
+                                            acceptance_vector=vec, tie=AUTO_TIE)
     return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": vec[0], "hardware": hw.name}
   a = DEFAULT_ALPHA if alpha is None else alpha
-  gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, a, max_gamma, dtype=cfg.dtype)
+  gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, a, max_gamma, dtype=cfg.dtype,
+                                          tie=AUTO_TIE)
   return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": a, "hardware": hw.name}
 
 

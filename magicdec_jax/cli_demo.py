@@ -41,12 +41,13 @@ def default_shape() -> tuple[int, int, int]:
 def measured_crossover(root: str, device: str) -> str | None:
   """The newest context sweep measured on this kind of device: one line naming where speculation first
   beats autoregressive decoding per batch, with its date (None if no sweep was recorded here)."""
-  paths = sorted(glob.glob(os.path.join(root, SWEEP_GLOB)))
-  for path in reversed(paths):
+  docs = []
+  for path in glob.glob(os.path.join(root, SWEEP_GLOB)):
     with open(path) as f:
       doc = json.load(f)
-    if doc.get("env", {}).get("device") != device or not doc.get("crossover"):
-      continue
+    if doc.get("env", {}).get("device") == device and doc.get("crossover"):
+      docs.append((doc["env"].get("date", ""), path, doc))
+  for _, path, doc in sorted(docs, key=lambda d: d[:2])[-1:]:        # the newest by its recorded date
     parts = [f"batch {b}: {c['measured'] if c['measured'] is not None else 'not reached'}"
              for b, c in sorted(doc["crossover"].items(), key=lambda kv: int(kv[0]))]
     return (f"measured crossover (decode speedup > 1 from this context on; {os.path.basename(path)}, "

@@ -233,31 +233,35 @@ def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, 
 
 def choose_gamma(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, alpha: float,
                  max_gamma: int = 8, dtype: str = "bfloat16",
-                 acceptance_vector: Sequence[float] | None = None) -> tuple[int, float]:
+                 acceptance_vector: Sequence[float] | None = None, tie: float = 0.0) -> tuple[int, float]:
   """(best gamma in 1..max_gamma, its predicted speedup); ties go to the smaller gamma. With an acceptance
-  vector the chain's expected tokens come from it (a chain node's one child is rank 0: p[0] per position)."""
+  vector the chain's expected tokens come from it (a chain node's one child is rank 0: p[0] per position).
+  tie: the smallest gamma predicted within this fraction of the best counts as the best."""
   return choose_gamma_table(
       t_ar(cfg, hw, batch, context, dtype),
       lambda w: draft.step_time(cfg, hw, batch, context, w, dtype),
       lambda n: t_verify(cfg, hw, batch, context, n, dtype),
       alpha=alpha if acceptance_vector is None else None, acceptance_vector=acceptance_vector,
-      max_gamma=max_gamma)
+      max_gamma=max_gamma, tie=tie)
 
 
 def choose_gamma_table(t_ar_s: float, t_draft, t_verify_fn, *, alpha: float | None = None,
-                       acceptance_vector: Sequence[float] | None = None, max_gamma: int = 8) -> tuple[int, float]:
+                       acceptance_vector: Sequence[float] | None = None, max_gamma: int = 8,
+                       tie: float = 0.0) -> tuple[int, float]:
   """The chain chooser on any step-time table: t_draft(width) / t_verify_fn(tokens) seconds (callables).
-  speedup(gamma) = E[tokens | gamma] * t_ar / (gamma * t_draft(1) + t_verify(gamma + 1))."""
+  speedup(gamma) = E[tokens | gamma] * t_ar / (gamma * t_draft(1) + t_verify(gamma + 1)); the smallest gamma
+  within `tie` (a fraction) of the best predicted speedup is chosen."""
   if (alpha is None) == (acceptance_vector is None):
     raise ValueError("give alpha or acceptance_vector")
-  best = (0, -math.inf)
+  if not 0 <= tie < 1:
+    raise ValueError(f"tie must be in [0, 1), got {tie}")
+  table = []
   for g in range(1, max_gamma + 1):
     e = expected_tokens_chain(alpha, g) if acceptance_vector is None else \
         trees_lib.Tree.chain(g).expected_tokens(acceptance_vector)
-    s = e * t_ar_s / (g * t_draft(1) + t_verify_fn(g + 1))
-    if s > best[1] * (1 + 1e-12):
-      best = (g, s)
-  return best
+    table.append((g, e * t_ar_s / (g * t_draft(1) + t_verify_fn(g + 1))))
+  best = max(s for _, s in table)
+  return next((g, s) for g, s in table if s >= best * (1 - tie) - 1e-12 * abs(best))
 
 
 def choose_speculation(t_ar_s: float, t_draft, t_verify_fn, acceptance_vector: Sequence[float], *,

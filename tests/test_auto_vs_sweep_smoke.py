@@ -27,3 +27,8 @@ def test_auto_vs_sweep_smoke(tmp_path):
     assert k in s, k
   assert all(r["identical_to_ar"] for name, r in shape["runs"].items() if name != "autoregressive")
   assert (tmp_path / "avs.profile.json").exists()
+  again = tmp_path / "rescored.json"
+  auto_vs_sweep.main(["--smoke", "--rescore", str(out), "--output", str(again)])
+  re = json.loads(again.read_text())
+  assert re["rescored"]["from"] == "avs.json" and re["shapes"][0]["runs"] == shape["runs"]   # runs untouched
+  assert "auto_gamma_over_best_of_sweep" in re["shapes"][0]["summary"]

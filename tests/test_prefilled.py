@@ -90,3 +90,19 @@ def test_demo_runs_and_checks_its_own_tokens(capsys):
   assert res["identical"] and res["speedup"] > 0
   out = capsys.readouterr().out
   assert "speedup" in out and "identical greedy tokens: True" in out and "crossover" in out
+
+
+def test_demo_reads_the_newest_sweep_of_this_device(tmp_path):
+  """The demo's crossover line comes from the sweep with the newest recorded date on this device kind,
+  whatever the file names sort as; none recorded -> None."""
+  res = tmp_path / "benchmarks" / "results"
+  res.mkdir(parents=True)
+  assert cli_demo.measured_crossover(str(tmp_path), "cpu:cpu") is None
+  def write(name, date, device, measured):
+    (res / name).write_text(json.dumps({"env": {"date": date, "device": device},
+                                        "crossover": {"4": {"measured": measured}, "1": {"measured": None}}}))
+  write("context_sweep_cpu_2026-11-23_z.json", "2026-11-23T10:00:00", "cpu:cpu", 8000)
+  write("context_sweep_cpu_2026-11-23.json", "2026-11-23T12:00:00", "cpu:cpu", 2048)
+  write("context_sweep_gpu_2026-11-24.json", "2026-11-24T12:00:00", "gpu:H100", 1024)
+  line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu")
+  assert "context_sweep_cpu_2026-11-23.json" in line and "batch 1: not reached, batch 4: 2048" in line
