@@ -19,6 +19,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
+import numpy as np  # noqa: E402
+
 from magicdec_jax import StreamingDraft, autotune, cli_flags, sweep  # noqa: E402
 
 PRESET = sweep.LONG_CONTEXT
@@ -40,7 +42,12 @@ def main(argv=None):
   ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes (checks the script)")
   ap.add_argument("--repredict", default=None, metavar="SWEEP_JSON",
                   help="measure nothing: add the cost model's predictions with --profile to a recorded sweep")
+  ap.add_argument("--combine", nargs="+", default=None, metavar="SWEEP_JSON",
+                  help="measure nothing: one figure of several recorded sweeps (each run's points and their "
+                       "mean) -> --output (a .png); PATH:4,8 takes only those batches of a run")
   args = ap.parse_args(argv)
+  if args.combine:
+    return combine(args.combine, args.output or str(common.RESULTS_DIR / "context_sweep_combined.png"))
   if args.repredict:
     return repredict(args.repredict, args.profile, args.smoke)
   if args.smoke:
@@ -70,6 +77,45 @@ def main(argv=None):
   if doc["points"]:
     sweep.plot(doc, png, f"MagicDec StreamingDraft vs autoregressive, {source}, {doc['env']['device']}")
   print(json.dumps({"output": out, "png": png, "crossover": doc["crossover"]}, indent=1))
+
+
+def combine(paths: list[str], png: str) -> dict:
+  """Best-gamma decode speedup vs context per batch over several sweeps: every run's points (markers) and
+  the mean over runs (line), so run-to-run spread is visible. Returns {batch: {context: [speedups]}}."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  runs = []
+  for spec in paths:
+    path, _, only = spec.partition(":")
+    with open(path) as f:
+      runs.append((json.load(f), set(common.int_list(only)) if only else None))
+  table: dict = {}
+  for doc, only in runs:
+    for p in doc["points"]:
+      if only is None or p["batch"] in only:
+        table.setdefault(p["batch"], {}).setdefault(p["context"], []).append(p["best_decode_speedup"])
+  fig, ax = plt.subplots(figsize=(6.5, 4.2))
+  for i, b in enumerate(sorted(table)):
+    xs = sorted(table[b])
+    color = f"C{i}"
+    for x in xs:
+      ax.plot([x] * len(table[b][x]), table[b][x], "o", color=color, alpha=0.45, ms=5)
+    ax.plot(xs, [float(np.mean(table[b][x])) for x in xs], "-", color=color, lw=2,
+            label=f"batch {b} (mean of {max(len(v) for v in table[b].values())} runs)")
+  ax.axhline(1.0, color="gray", lw=0.8)
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("context (prompt tokens)")
+  ax.set_ylabel("decode speedup over AR (best gamma)")
+  ax.set_title(f"MagicDec StreamingDraft vs AR, {runs[0][0]['model']}, {runs[0][0]['env']['device']}", fontsize=9)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(png, dpi=110)
+  plt.close(fig)
+  print(json.dumps({"png": png, "runs": paths, "speedups": {str(b): {str(n): v for n, v in t.items()}
+                                                            for b, t in table.items()}}, indent=1))
+  return table
 
 
 def repredict(path: str, profile: str | None, smoke: bool = False) -> dict:

@@ -63,6 +63,9 @@ def test_context_sweep_smoke(tmp_path):
   again = json.loads(out.read_text())
   assert again["points"] == doc["points"]
   assert again["crossover"]["2"]["predicted_with_profile"]["label"].startswith("predicted")
+  table = context_sweep.combine([str(out), str(out)], str(tmp_path / "both.png"))   # two runs, one figure
+  assert table[2][128] == [p["best_decode_speedup"] for p in doc["points"] if (p["batch"], p["context"]) == (2, 128)] * 2
+  assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_round_cost_smoke(tmp_path):
