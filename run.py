@@ -247,8 +247,13 @@ def mode_distill_feature(model):
   try:
     data = distill_data.load_windows(FLAGS.distill_data, model.tokenizer, v, cfg.seq_len, eos)
     held = _heldout_windows(model)
-    head = feature_head.init_head(model, seed=FLAGS.seed)
-    log(f"training a feature head (layers {list(head.layers)}) on {data.shape[0]} windows of {cfg.seq_len} "
+    if FLAGS.draft_vocab > v:
+      raise ValueError(f"--draft_vocab={FLAGS.draft_vocab} exceeds the target's vocabulary of {v}")
+    vocab = feature_head.frequent_vocab(data, FLAGS.draft_vocab, v, model.config.eos_token_ids or ()) \
+        if FLAGS.draft_vocab else None
+    head = feature_head.init_head(model, seed=FLAGS.seed, vocab=vocab)
+    log(f"training a feature head (layers {list(head.layers)}, vocabulary "
+        f"{v if vocab is None else len(vocab)}) on {data.shape[0]} windows of {cfg.seq_len} "
         f"tokens, {cfg.steps} steps of {cfg.batch} -> {FLAGS.distill_out}")
     _, history = distill_feature.train(model, head, data, FLAGS.distill_out, cfg, eval_windows=held,
                                        progress=FLAGS.progress)

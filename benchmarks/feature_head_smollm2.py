@@ -57,6 +57,8 @@ def main():
   ap.add_argument("--train_tokens", type=int, default=400_000)
   ap.add_argument("--max_seconds", type=float, default=420.0, help="stop this call after this long")
   ap.add_argument("--out_dir", default="out/feature_head_smollm2")
+  ap.add_argument("--draft_vocab", type=int, default=0, help="the head's own vocabulary: the N most frequent "
+                  "ids of the training text + EOS (0: the target's)")
   ap.add_argument("--json", default=None)
   a = ap.parse_args()
   env = common.env_info()
@@ -71,7 +73,10 @@ def main():
   cfg = distill_feature.FeatureDistillConfig(
       steps=a.steps, lr=a.lr, warmup_steps=a.warmup, batch=a.batch, seq_len=a.seq_len, ttt=a.ttt,
       checkpoint_every=a.eval_every, eval_every=a.eval_every, sink=4, window=256)
-  head = feature_head.init_head(target)
+  vocab = feature_head.frequent_vocab(data, a.draft_vocab, target.config.vocab_size,
+                                     target.config.eos_token_ids or ()) if a.draft_vocab else None
+  head = feature_head.init_head(target, vocab=vocab)
+  held_labels = np.concatenate([np.asarray(w) for w in held])[1:]      # held-out text (greedy labels aside)
   head, history = distill_feature.train(target, head, data, a.out_dir, cfg, eval_windows=held,
                                         stop_after_s=a.max_seconds)
   finished = os.path.isfile(os.path.join(a.out_dir, feature_head.HEAD_FILE))
@@ -81,8 +86,13 @@ def main():
       "target": "smollm2-135m (GGUF dequantized, float32)",
       "head": {"layers": list(head.layers), "params": int(sum(x.size for x in jax.tree.leaves(head.params))),
                "what": "fuse(3 x 576 -> 576) + fc(2 x 576 -> 576) + one SmolLM2 decoder layer + norm; the "
-                       "target's frozen tied embedding / LM head"},
+                       "target's frozen tied embedding / LM head" if vocab is None else
+                       "fuse + fc + one SmolLM2 decoder layer + norm + its own LM head over the draft "
+                       "vocabulary (initialised from the target's tied embedding rows)"},
       "config": vars(a), "distill_config": cfg.__dict__, "train_windows": int(n),
+      "draft_vocab": None if vocab is None else {
+          "size": len(vocab), "chosen": "most frequent ids of the training text + EOS",
+          "heldout_text_coverage": float(np.isin(held_labels, np.asarray(vocab)).mean())},
       "train_tokens": int(n * a.seq_len), "finished": finished,
       "heldout": {"windows": a.eval_windows, "tokens_each": a.eval_tokens, "sink": 4, "window": 256,
                   "source": f"textdata held_out=True: the last {held_plays} play(s) of {len(plays)} "

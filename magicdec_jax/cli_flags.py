@@ -148,6 +148,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_integer("seq_len", 256, "distill: tokens per training window.", lower_bound=2,
                        upper_bound=1 << 20, **d)
   flags.DEFINE_integer("checkpoint_every", 100, "distill: steps between orbax checkpoints.", lower_bound=1, **d)
+  flags.DEFINE_integer("draft_vocab", 0, "distill --draft=feature: the head's own vocabulary, the N most "
+                       "frequent token ids of the training data plus EOS (0: the target's whole vocabulary).",
+                       lower_bound=0, **d)
   flags.DEFINE_integer("eval_every", 0, "distill: steps between held-out acceptance measurements (0: start "
                        "and end only).", lower_bound=0, **d)
   flags.DEFINE_enum("distill_loss", "ce", ["ce", "kl"], "distill: ce = cross-entropy on the target's greedy "
@@ -280,6 +283,8 @@ def _validate_distill(fv):
     _readable_file("distill_data", p)
     if os.path.getsize(p) == 0:
       raise app.UsageError(f"--distill_data={p}: empty file")
+  if fv.draft_vocab and fv.draft != "feature":
+    raise app.UsageError(f"--draft_vocab={fv.draft_vocab} applies to --draft=feature only")
   if fv.draft == "feature":
     if fv.draft_layers or fv.draft_config or fv.draft_model:
       raise app.UsageError("--mode=distill --draft=feature trains a new head: no --draft_layers, "

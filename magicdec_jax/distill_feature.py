@@ -12,7 +12,9 @@ position back, and its queries see true-feature keys up to t-k plus the unrolled
 their own speculative chain, exactly what the draft's tree node at depth k sees in the loop (ring up to
 L-2, then its ancestors in the scratch slots). Every step is trained on the target's distribution at t+1
 (soft cross-entropy -sum p log q over the vocabulary), weighted decay^k (0.8), positions t >= k. The same
-sink + window mask as the draft's ring is applied throughout.
+sink + window mask as the draft's ring is applied throughout. A head with a draft vocabulary is trained
+against the target's distribution renormalised over that vocabulary (its `vocab_head` trains too); its
+agreement and held-out acceptance compare the target id of its argmax with the target's full argmax.
 
 Optimizer, schedule, checkpoints and resume are distill.py's: AdamW + warm-up / cosine, an orbax
 CheckpointManager under OUT/checkpoints (atomic), the batch of step s a pure function of (seed, s), so a
@@ -134,32 +136,44 @@ def unroll(hparams, cfg: ModelConfig, tparams, feats: jax.Array, tokens: jax.Arr
   return out
 
 
-def unroll_terms(draft_logits: list[jax.Array], target_logits: jax.Array, decay: float):
-  """-> (weighted soft-CE loss, per-step soft CE [K], per-step greedy agreement [K]) over valid positions."""
-  p = jax.nn.softmax(target_logits[:, 1:].astype(jnp.float32), -1)        # the target at t + 1
+def unroll_terms(draft_logits: list[jax.Array], target_logits: jax.Array, decay: float,
+                 vocab: tuple[int, ...] | None = None):
+  """-> (weighted soft-CE loss, per-step soft CE [K], per-step greedy agreement [K]) over valid positions.
+  With a draft vocabulary the draft logits are over it: the target's distribution is renormalised over
+  it, and agreement maps the draft's argmax back to a target id."""
   label = jnp.argmax(target_logits[:, 1:], -1)
+  ids = None if vocab is None else jnp.asarray(vocab, jnp.int32)
+  tl = target_logits[:, 1:] if ids is None else jnp.take(target_logits[:, 1:], ids, axis=-1)
+  p = jax.nn.softmax(tl.astype(jnp.float32), -1)                           # the target at t + 1
   t1 = p.shape[1]
   loss, ces, agrees, wsum = 0.0, [], [], 0.0
   for k, lg in enumerate(draft_logits):
     valid = (jnp.arange(t1) >= k)[None, :]
     n = valid.sum() * lg.shape[0]
     ce = -(jnp.sum(p * jax.nn.log_softmax(lg, -1), -1) * valid).sum() / n
-    agree = ((jnp.argmax(lg, -1) == label) & valid).sum() / n
+    agree = ((to_target_ids(jnp.argmax(lg, -1), ids) == label) & valid).sum() / n
     loss, wsum = loss + decay ** k * ce, wsum + decay ** k
     ces.append(ce)
     agrees.append(agree)
   return loss / wsum, jnp.stack(ces), jnp.stack(agrees)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "tcfg", "layers", "fcfg", "opt"), donate_argnums=(0, 1))
+def to_target_ids(draft_ids: jax.Array, ids: jax.Array | None) -> jax.Array:
+  """Argmax indices over the draft vocabulary -> target token ids (identity without one)."""
+  return draft_ids if ids is None else jnp.take(ids, draft_ids)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "tcfg", "layers", "fcfg", "opt", "vocab"),
+                   donate_argnums=(0, 1))
 def train_step(hparams, opt_state, tparams, tokens, *, cfg: ModelConfig, tcfg: ModelConfig,
-               layers: tuple[int, ...], fcfg: FeatureDistillConfig, opt: optax.GradientTransformation):
+               layers: tuple[int, ...], fcfg: FeatureDistillConfig, opt: optax.GradientTransformation,
+               vocab: tuple[int, ...] | None = None):
   """One AdamW step of the head on tokens [B, T] (the target run inside, frozen)."""
   tlogits, feats = jax.lax.stop_gradient(target_outputs(tparams, tcfg, tokens, layers))
 
   def loss_fn(hp):
     outs = unroll(hp, cfg, tparams, feats, tokens, fcfg.ttt, fcfg.sink, fcfg.window)
-    loss, ce, agree = unroll_terms(outs, tlogits, fcfg.decay)
+    loss, ce, agree = unroll_terms(outs, tlogits, fcfg.decay, vocab)
     return loss, (ce, agree)
 
   (loss, (ce, agree)), grads = jax.value_and_grad(loss_fn, has_aux=True)(hparams)
@@ -168,12 +182,13 @@ def train_step(hparams, opt_state, tparams, tokens, *, cfg: ModelConfig, tcfg: M
   return hparams, opt_state, {"loss": loss, "ce": ce, "agree": agree, "grad_norm": optax.tree.norm(grads)}
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "tcfg", "layers", "steps", "sink", "window"))
-def _eval_window(hparams, tparams, tokens, *, cfg, tcfg, layers, steps, sink, window):
+@functools.partial(jax.jit, static_argnames=("cfg", "tcfg", "layers", "steps", "sink", "window", "vocab"))
+def _eval_window(hparams, tparams, tokens, *, cfg, tcfg, layers, steps, sink, window, vocab=None):
   tlogits, feats = target_outputs(tparams, tcfg, tokens, layers)
   outs = unroll(hparams, cfg, tparams, feats, tokens, steps, sink, window)
   label = jnp.argmax(tlogits[:, 1:], -1)
-  return jnp.stack([jnp.argmax(o, -1) == label for o in outs], 1)           # [B, K, T-1]
+  ids = None if vocab is None else jnp.asarray(vocab, jnp.int32)
+  return jnp.stack([to_target_ids(jnp.argmax(o, -1), ids) == label for o in outs], 1)   # [B, K, T-1]
 
 
 def heldout_acceptance(head: FeatureHead, target: Model, windows, sink: int, window: int,
@@ -187,7 +202,7 @@ def heldout_acceptance(head: FeatureHead, target: Model, windows, sink: int, win
     start = sink + window if len(w) > sink + window + 16 else 0
     ok = np.asarray(_eval_window(head.params, target.params, jnp.asarray([w], jnp.int32), cfg=head.config,
                                  tcfg=target.config, layers=tuple(head.layers), steps=steps, sink=sink,
-                                 window=window))[0][:, start:]
+                                 window=window, vocab=head.vocab))[0][:, start:]
     hits += ok.sum(-1)
     n += ok.shape[1]
   return (hits / n).tolist()
@@ -214,6 +229,7 @@ def train(target: Model, head: FeatureHead, data: np.ndarray, out_dir: str,
     raise ValueError(f"feature distill data has token ids outside [0, {target.config.vocab_size})")
   feature_head.check_compatible(head, target.config)
   settings = dict(cfg.settings(), kind="feature_head", layers=list(head.layers),
+                  draft_vocab=None if head.vocab is None else len(head.vocab),
                   target=json.loads(target.config.to_json()), num_windows=int(data.shape[0]))
   distill.prepare_out_dir(out_dir, settings)
   out_dir = os.path.abspath(out_dir)
@@ -260,7 +276,7 @@ def train(target: Model, head: FeatureHead, data: np.ndarray, out_dir: str,
   bar = tqdm(total=cfg.steps, initial=start, desc="distill-feature", unit="step", dynamic_ncols=True,
              file=sys.stderr) if progress and end > start else None
   step_fn = functools.partial(train_step, cfg=head.config, tcfg=target.config, layers=tuple(head.layers),
-                              fcfg=cfg, opt=opt)
+                              fcfg=cfg, opt=opt, vocab=head.vocab)
   metrics, t_call = None, time.perf_counter()
   for step in range(start, end):
     batch = data[distill_data.batch_indices(data.shape[0], cfg.batch, step, cfg.seed)]

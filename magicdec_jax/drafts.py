@@ -78,6 +78,7 @@ class FeatureSpec:
   layers: tuple[int, ...]
   sink: int
   window: int
+  vocab: tuple[int, ...] | None = None      # the head's draft vocabulary (target ids); None = the target's
   positions = "absolute"
 
   num_static = property(lambda self: self.sink)

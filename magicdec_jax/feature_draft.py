@@ -44,7 +44,7 @@ class FeatureDraft:
     if not isinstance(head, FeatureHead):
       raise ValueError(f"FeatureDraft needs a feature_head.FeatureHead, got {type(head).__name__}")
     self.head = head
-    self.spec = FeatureSpec(head.config, tuple(head.layers), int(sink), int(window))
+    self.spec = FeatureSpec(head.config, tuple(head.layers), int(sink), int(window), head.vocab)
 
   def check_compatible(self, target):
     feature_head.check_compatible(self.head, target.config)
@@ -115,6 +115,7 @@ def _level(spec, tcfg, head_params, target_params, ring: RingCache, node_pos, an
   slots = jnp.broadcast_to(ring.scratch_start + expanding, q_pos.shape)
   logits, h, k, v = feature_head.step(spec.config, head_params, target_params, g, toks, q_pos, ring.k[0],
                                       ring.v[0], slots, DenseMask(mask))
+  logits = feature_head.to_target_vocab(logits, spec.vocab, tcfg.vocab_size)     # [B, E, V]
   return logits, h, ring.replace(k=(k,), v=(v,))
 
 

@@ -16,8 +16,16 @@ identity and local syntax, middle the context, and the last block's output is th
 LM head reads for token t+1; EAGLE-1 used that top state alone and it is the most informative single
 feature for a head trained briefly (30 CPU minutes here), so we keep it rather than EAGLE-3's L - 3.
 
-Saved as DIR/params (orbax) + DIR/feature_head.json (config, layers; written last, so a DIR only loads
-once complete); `load_head(DIR)` is the loader `run.py --draft=feature --draft_model=DIR` uses.
+A smaller draft vocabulary (EAGLE-3's): `init_head(..., vocab=ids)` gives the head its own LM head over
+those target token ids only (`vocab_head` [Vd, D], initialised from the target's LM-head rows and trained), so neither
+its training nor its step pays for a full-vocabulary matmul (SmolLM2: 28M of the LM head's parameters
+against ~5M in the head). In the loop the draft's logits are scattered back into the target's vocabulary
+with NEG_INF elsewhere (`to_target_vocab`): tokens outside the vocabulary get draft probability exactly 0
+and are never proposed, and verification stays lossless (a draft distribution may have holes).
+`frequent_vocab` picks the most frequent ids of the training text.
+
+Saved as DIR/params (orbax) + DIR/feature_head.json (config, layers, vocab; written last, so a DIR only
+loads once complete); `load_head(DIR)` is the loader `run.py --draft=feature --draft_model=DIR` uses.
 """
 from __future__ import annotations
 
@@ -32,7 +40,7 @@ import numpy as np
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import rms_norm
-from magicdec_jax.layers.attention import matmul_precision
+from magicdec_jax.layers.attention import NEG_INF, matmul_precision
 from magicdec_jax.model import Block, Model, init_params, lm_logits
 
 HEAD_FILE = "feature_head.json"
@@ -46,6 +54,30 @@ class FeatureHead:
   layers: tuple[int, ...]
   params: dict
   name: str = "feature-head"
+  vocab: tuple[int, ...] | None = None      # draft vocabulary (sorted target ids); None = the target's
+
+
+def check_vocab(vocab, vocab_size: int) -> tuple[int, ...]:
+  """A draft vocabulary as a sorted tuple of distinct target ids in [0, vocab_size); ValueError otherwise."""
+  ids = np.asarray(vocab)
+  if ids.ndim != 1 or ids.size < 1 or not np.issubdtype(ids.dtype, np.integer):
+    raise ValueError(f"draft vocabulary must be a non-empty 1-D list of token ids, got shape {ids.shape} "
+                     f"dtype {ids.dtype}")
+  if ids.min() < 0 or ids.max() >= vocab_size:
+    raise ValueError(f"draft vocabulary ids must be in [0, {vocab_size}), got {int(ids.min())}..{int(ids.max())}")
+  if len(np.unique(ids)) != ids.size:
+    raise ValueError("draft vocabulary has repeated ids")
+  return tuple(int(i) for i in np.sort(ids))
+
+
+def frequent_vocab(tokens, size: int, vocab_size: int, always=()) -> tuple[int, ...]:
+  """The `size` most frequent ids in `tokens` (any int array; ties to the smaller id) plus `always` (e.g.
+  EOS), sorted: a draft vocabulary for init_head."""
+  if not isinstance(size, (int, np.integer)) or not 1 <= size <= vocab_size:
+    raise ValueError(f"draft vocabulary size must be in [1, {vocab_size}], got {size!r}")
+  counts = np.bincount(np.asarray(tokens).reshape(-1), minlength=vocab_size)[:vocab_size]
+  top = np.argsort(-counts, kind="stable")[:size]
+  return check_vocab(np.union1d(top, np.asarray(list(always), np.int64)).astype(np.int64), vocab_size)
 
 
 def default_layers(num_layers: int) -> tuple[int, ...]:
@@ -64,10 +96,12 @@ def check_layers(layers, num_layers: int) -> tuple[int, ...]:
   return layers
 
 
-def init_head(target: Model, layers=None, seed: int = 0) -> FeatureHead:
+def init_head(target: Model, layers=None, seed: int = 0, vocab=None) -> FeatureHead:
   """A random head for `target` (std 0.02 layer weights, fan-in scaled fuse / fc, the target's final norm
-  scale as the head's norm), reading `layers` (default_layers if None)."""
+  scale as the head's norm), reading `layers` (default_layers if None); with `vocab` (target ids) its own
+  LM head over them, initialised from the target's LM-head rows."""
   tcfg = target.config
+  vocab = None if vocab is None else check_vocab(vocab, tcfg.vocab_size)
   layers = check_layers(default_layers(tcfg.num_layers) if layers is None else layers, tcfg.num_layers)
   cfg = head_config(tcfg)
   shapes = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))["layers"]
@@ -86,7 +120,11 @@ def init_head(target: Model, layers=None, seed: int = 0) -> FeatureHead:
       "layers": jax.tree_util.tree_map_with_path(leaf, shapes),
       "norm": {"scale": jnp.array(target.params["final_norm"]["scale"], dt)},
   }
-  return FeatureHead(cfg, layers, params, name=f"feature-head{list(layers)}")
+  if vocab is not None:
+    ids = np.asarray(vocab)
+    rows = target.params["embed"][ids] if tcfg.tie_embeddings else target.params["lm_head"][:, ids].T
+    params["vocab_head"] = jnp.array(rows, dt)                                     # [Vd, D]
+  return FeatureHead(cfg, layers, params, name=f"feature-head{list(layers)}", vocab=vocab)
 
 
 def check_compatible(head: FeatureHead, target_cfg: ModelConfig):
@@ -97,6 +135,8 @@ def check_compatible(head: FeatureHead, target_cfg: ModelConfig):
       raise ValueError(f"feature head {name}={getattr(hc, name)} differs from the target's "
                        f"{getattr(target_cfg, name)}: the head was trained for another model")
   check_layers(head.layers, target_cfg.num_layers)
+  if head.vocab is not None:
+    check_vocab(head.vocab, target_cfg.vocab_size)
 
 
 # ------------------------------------------------------------------------------------------ the step
@@ -119,7 +159,26 @@ def step(cfg: ModelConfig, hparams: dict, tparams: dict, g: jax.Array, tokens: j
                  precision=matmul_precision(g.dtype))
   h, cache_k, cache_v, _ = Block(cfg).apply({"params": hparams["layers"][0]}, x, positions, cache_k,
                                             cache_v, write_slots, attn_spec)
-  return lm_logits(tparams, cfg, h, hparams["norm"]["scale"]), h, cache_k, cache_v
+  return head_logits(cfg, hparams, tparams, h), h, cache_k, cache_v
+
+
+def head_logits(cfg: ModelConfig, hparams: dict, tparams: dict, h: jax.Array) -> jax.Array:
+  """h [B, T, D] -> float32 logits over the head's vocabulary: its own LM head [Vd, D] when it has a draft
+  vocabulary, else the target's (full vocabulary)."""
+  if "vocab_head" not in hparams:
+    return lm_logits(tparams, cfg, h, hparams["norm"]["scale"])
+  x = rms_norm(h, hparams["norm"]["scale"], cfg.rms_norm_eps)
+  return jnp.einsum("BTD,VD->BTV", x, hparams["vocab_head"], preferred_element_type=jnp.float32,
+                    precision=matmul_precision(h.dtype))
+
+
+def to_target_vocab(logits: jax.Array, vocab: tuple[int, ...] | None, vocab_size: int) -> jax.Array:
+  """Draft-vocabulary logits [..., Vd] -> target-vocabulary logits [..., V], NEG_INF outside the vocabulary
+  (probability exactly 0 after softmax); identity without a draft vocabulary."""
+  if vocab is None:
+    return logits
+  full = jnp.full(logits.shape[:-1] + (vocab_size,), NEG_INF, logits.dtype)
+  return full.at[..., jnp.asarray(vocab, jnp.int32)].set(logits)
 
 
 # ----------------------------------------------------------------------------------------- save / load
@@ -134,7 +193,8 @@ def save_head(head: FeatureHead, directory: str) -> None:
   ckptr.wait_until_finished()
   tmp = os.path.join(directory, HEAD_FILE + ".tmp")
   with open(tmp, "w") as f:
-    json.dump({"config": json.loads(head.config.to_json()), "layers": list(head.layers)}, f, indent=1)
+    json.dump({"config": json.loads(head.config.to_json()), "layers": list(head.layers),
+               "vocab": None if head.vocab is None else list(head.vocab)}, f)
   os.replace(tmp, os.path.join(directory, HEAD_FILE))
 
 
@@ -149,6 +209,7 @@ def load_head(directory: str) -> FeatureHead:
     meta = json.load(f)
   cfg = ModelConfig.from_json(json.dumps(meta["config"]))
   layers = tuple(meta["layers"])
+  vocab = None if meta.get("vocab") is None else tuple(meta["vocab"])
   d, nf = cfg.hidden_size, len(layers)
   abstract = {
       "fuse": jax.ShapeDtypeStruct((nf * d, d), cfg.jnp_dtype),
@@ -156,5 +217,7 @@ def load_head(directory: str) -> FeatureHead:
       "layers": jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))["layers"],
       "norm": {"scale": jax.ShapeDtypeStruct((d,), cfg.jnp_dtype)},
   }
+  if vocab is not None:
+    abstract["vocab_head"] = jax.ShapeDtypeStruct((len(vocab), d), cfg.jnp_dtype)
   params = ocp.StandardCheckpointer().restore(os.path.join(directory, PARAMS_DIR), abstract)
-  return FeatureHead(cfg, layers, params, name=os.path.basename(directory))
+  return FeatureHead(cfg, layers, params, name=os.path.basename(directory), vocab=vocab)

@@ -153,6 +153,32 @@ def test_resume_in_pieces_equals_one_run():
       dfm.train(target(), head, data, b, dataclasses.replace(cfg, lr=1e-3), progress=False)
 
 
+def test_draft_vocabulary_trains_and_stays_exact(tmp_path):
+  """A head with its own smaller vocabulary (EAGLE-3): trained briefly it accepts (0 < acceptance < 1), its
+  greedy output equals plain AR's on a chain and a tree, it never proposes a token outside its vocabulary,
+  and it round-trips through save / load."""
+  data = train_data()
+  t = target()
+  vocab = feature_head.frequent_vocab(data[:-4], 40, t.config.vocab_size, always=(63,))
+  assert len(vocab) in (40, 41) and 63 in vocab and list(vocab) == sorted(set(vocab))
+  cfg = dataclasses.replace(TRAIN, steps=40, eval_every=0)
+  head, hist = dfm.train(t, feature_head.init_head(t, seed=1, vocab=vocab), data[:-4], str(tmp_path / "h"),
+                         cfg, eval_windows=data[-4:], progress=False)
+  assert head.params["vocab_head"].shape == (len(vocab), t.config.hidden_size) and head.vocab == vocab
+  assert hist[-1]["acceptance"][0] > hist[0]["acceptance"][0]
+  prompts, ref = reference()
+  for kw in (dict(gamma=3), dict(tree=Tree.from_children_counts([3, 2, 1, 0, 2, 1]))):
+    res = generate(t, prompts, max_new_tokens=NEW, draft=FeatureDraft(head, 2, 16), **kw)
+    assert res.tokens == ref
+    assert 0.0 < res.stats["acceptance_rate"] < 1.0, res.stats["acceptance_rate"]
+  logits = feature_head.to_target_vocab(jnp.zeros((1, 1, len(vocab))), vocab, t.config.vocab_size)
+  outside = np.setdiff1d(np.arange(t.config.vocab_size), vocab)
+  assert np.all(np.asarray(jax.nn.softmax(logits))[0, 0, outside] == 0.0)   # never proposed, q = 0 exactly
+  loaded = feature_head.load_head(str(tmp_path / "h"))
+  assert loaded.vocab == vocab
+  np.testing.assert_array_equal(np.asarray(loaded.params["vocab_head"]), np.asarray(head.params["vocab_head"]))
+
+
 def test_bad_inputs_named():
   t = target()
   with pytest.raises(ValueError, match=r"feature layers must be distinct indices in \[0, 2\)"):
@@ -170,6 +196,14 @@ def test_bad_inputs_named():
     dfm.FeatureDistillConfig(ttt=0).validate()
   with pytest.raises(ValueError, match="no feature head"):
     feature_head.load_head(tempfile.gettempdir() + "/definitely_not_a_head_dir")
+  with pytest.raises(ValueError, match=r"draft vocabulary ids must be in \[0, 64\), got 3\.\.64"):
+    feature_head.init_head(t, vocab=[3, 64])
+  with pytest.raises(ValueError, match="repeated ids"):
+    feature_head.init_head(t, vocab=[3, 3])
+  with pytest.raises(ValueError, match="non-empty 1-D"):
+    feature_head.init_head(t, vocab=[])
+  with pytest.raises(ValueError, match=r"draft vocabulary size must be in \[1, 64\], got 0"):
+    feature_head.frequent_vocab(np.zeros(8, np.int32), 0, 64)
 
 
 def test_cli_distill_then_generate(tmp_path):

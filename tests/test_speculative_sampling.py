@@ -129,6 +129,7 @@ CASES = {
     "tree-model-t1": dict(draft="other", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "chain3-feature-t0.9-topk6": dict(draft="feature", gamma=3, temperature=0.9, top_k=6),
     "tree-feature-t1": dict(draft="feature", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
+    "chain2-feature-vocab5-t1": dict(draft="feature-vocab", gamma=2, temperature=1.0),
 }
 
 
@@ -148,6 +149,8 @@ def _kwargs(case):
     kw["draft"] = _other_draft()
   elif kw["draft"] == "feature":
     kw["draft"] = _feature_draft(sink=1, window=2)
+  elif kw["draft"] == "feature-vocab":      # q = 0 outside 5 of the 8 tokens: the residual must cover them
+    kw["draft"] = FeatureDraft(init_head(_target(), seed=3, vocab=(0, 1, 2, 4, 6)), sink=1, window=2)
   return kw
 
 
