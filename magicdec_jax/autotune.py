@@ -9,6 +9,7 @@ one, else the paper's self-speculation figure and the shipped Sequoia vector; me
 """
 from __future__ import annotations
 
+import json
 import time
 
 import jax
@@ -50,7 +51,6 @@ def load_acceptance(acceptance):
   if acceptance is None:
     return None
   if isinstance(acceptance, (str, bytes)) or hasattr(acceptance, "__fspath__"):
-    import json
     with open(acceptance) as f:
       d = json.load(f)
     acceptance = d["acceptance_vector"] if isinstance(d, dict) else d
@@ -64,7 +64,10 @@ def cost_draft(spec) -> costmodel.Draft:
   """The cost model's view of a draft's static spec."""
   if isinstance(spec, drafts.SnapKVDraft):
     return costmodel.Draft("snapkv", budget=spec.budget, window=spec.window, sink=0)
-  if isinstance(spec, (drafts.ModelSpec, drafts.FeatureSpec)):   # a feature head: a 1-layer model draft
+  if isinstance(spec, drafts.FeatureSpec):       # a feature head: a 1-layer model draft whose LM head spans
+    cfg = spec.config if spec.vocab is None else spec.config.replace(vocab_size=len(spec.vocab))  # its vocab
+    return costmodel.Draft("model", draft_cfg=cfg, sink=spec.sink, window=spec.window)
+  if isinstance(spec, drafts.ModelSpec):
     return costmodel.Draft("model", draft_cfg=spec.config, sink=spec.sink, window=spec.window)
   return costmodel.Draft("self", sink=spec.sink, window=spec.window)
 

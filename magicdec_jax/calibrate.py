@@ -95,29 +95,31 @@ def time_step(params, cfg: ModelConfig, batch: int, kv_context: int, t: int, kin
 
 
 @functools.lru_cache(maxsize=16)
-def _feature_step_fn(cfg: ModelConfig, t: int):
+def _feature_step_fn(cfg: ModelConfig, t: int, vocab: tuple[int, ...] | None = None):
   """Jitted feature-head step (feature_head.step) of t tokens per row against its one-layer ring, every
-  slot visible, the new tokens in the last t slots (as _step_fn's 'ring' kind); the buffers donated."""
+  slot visible, the new tokens in the last t slots (as _step_fn's 'ring' kind), logits scattered into
+  the target's vocabulary as the loop does for a head with a draft vocabulary; the buffers donated."""
   def step(hparams, tparams, cache_k, cache_v, tokens, g):
     s = cache_k.shape[2]
     slots = jnp.broadcast_to(s - t + jnp.arange(t), tokens.shape)
     spec = DenseMask(jnp.ones((tokens.shape[0], t, s), bool))
     logits, _, cache_k, cache_v = feature_head.step(cfg, hparams, tparams, g, tokens, slots, cache_k,
                                                     cache_v, slots, spec)
-    return logits, cache_k, cache_v
+    return feature_head.to_target_vocab(logits, vocab, cfg.vocab_size), cache_k, cache_v
   return jax.jit(step, donate_argnums=(2, 3))
 
 
 def time_feature_step(head, target_params, batch: int, kv_tokens: int, t: int = 1, repeats: int = 5) -> dict:
   """time_step's figures for a feature head's draft step (feature_draft.FeatureDraft): t tokens per row
-  through fc + its decoder layer + norm + the target's LM head, against a ring of kv_tokens (sink +
+  through fc + its decoder layer + norm + its LM head (the target's, or its own over a draft vocabulary,
+  scattered back into the target's), against a ring of kv_tokens (sink +
   window) + t slots, rounded as the engine rounds it."""
   cfg = head.config
   cache = KVCache.zeros(cfg, batch, aligned_slots(kv_tokens + t))
   k, v = cache.k[0], cache.v[0]
   tokens = jnp.zeros((batch, t), jnp.int32)
   g = jnp.zeros((batch, t, cfg.hidden_size), cfg.jnp_dtype)
-  f = _feature_step_fn(cfg, t)
+  f = _feature_step_fn(cfg, t, head.vocab)
   times = []
   for _ in range(repeats + 1):
     t0 = time.perf_counter()

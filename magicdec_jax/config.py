@@ -10,6 +10,7 @@ import os
 from typing import Any, Mapping
 
 import jax.numpy as jnp
+import numpy as np
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
@@ -130,7 +131,6 @@ def load_hf_config(path: str, dtype: str = "float32") -> ModelConfig:
 
 def _llama3_factors(s: RopeScaling, head_dim: int, theta: float):
   """The per-frequency divisors llama.cpp stores in a `rope_freqs` tensor for llama3 scaling."""
-  import numpy as np
   inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
   wavelen = 2 * np.pi / inv
   orig = s.original_max_position_embeddings
@@ -141,8 +141,6 @@ def _llama3_factors(s: RopeScaling, head_dim: int, theta: float):
 
 def config_from_gguf(reader, dtype: str = "float32") -> ModelConfig:
   """Build a ModelConfig from a `gguf.GGUFReader`'s `llama.*` / `tokenizer.ggml.*` metadata."""
-  import numpy as np
-
   def get(key, default=None):
     f = reader.fields.get(key)
     return default if f is None else f.contents()

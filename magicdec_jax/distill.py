@@ -42,6 +42,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
+from tqdm import tqdm
 
 from magicdec_jax import checkpoints, distill_data, drafts
 from magicdec_jax.acceptance import windowed_logits
@@ -279,7 +281,6 @@ def distill(target: Model, draft: Model, data: np.ndarray, out_dir: str, cfg: Di
   wall seconds). `stop_after=k` stops after k steps of this call (checkpointing first), for tests; the
   final model is only written when all `cfg.steps` are done. Every check runs before anything compiles.
   """
-  import orbax.checkpoint as ocp
   cfg.validate()
   data = np.asarray(data)
   if data.ndim != 2 or data.shape[0] < 1 or data.shape[1] != cfg.seq_len:
@@ -339,7 +340,6 @@ def distill(target: Model, draft: Model, data: np.ndarray, out_dir: str, cfg: Di
   end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
   bar = None
   if progress and end > start:
-    from tqdm import tqdm
     bar = tqdm(total=cfg.steps, initial=start, desc="distill", unit="step", dynamic_ncols=True,
                file=sys.stderr)
   metrics, tokens_done, t_run = None, 0, time.perf_counter()

@@ -37,6 +37,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import rms_norm
@@ -185,7 +186,6 @@ def to_target_vocab(logits: jax.Array, vocab: tuple[int, ...] | None, vocab_size
 
 def save_head(head: FeatureHead, directory: str) -> None:
   """params (orbax) into DIR/params, then DIR/feature_head.json (last: DIR loads only once complete)."""
-  import orbax.checkpoint as ocp
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
   ckptr = ocp.StandardCheckpointer()
@@ -200,7 +200,6 @@ def save_head(head: FeatureHead, directory: str) -> None:
 
 def load_head(directory: str) -> FeatureHead:
   """A head written by save_head (or by distill_feature at the end of training)."""
-  import orbax.checkpoint as ocp
   directory = os.path.abspath(directory)
   path = os.path.join(directory, HEAD_FILE)
   if not os.path.isfile(path):

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from magicdec_jax import autotune
 from magicdec_jax import distill_feature as dfm
 from magicdec_jax import feature_head
 from magicdec_jax.engine import generate
@@ -174,6 +175,8 @@ def test_draft_vocabulary_trains_and_stays_exact(tmp_path):
   logits = feature_head.to_target_vocab(jnp.zeros((1, 1, len(vocab))), vocab, t.config.vocab_size)
   outside = np.setdiff1d(np.arange(t.config.vocab_size), vocab)
   assert np.all(np.asarray(jax.nn.softmax(logits))[0, 0, outside] == 0.0)   # never proposed, q = 0 exactly
+  spec = FeatureDraft(head, 2, 16).spec           # the cost model prices its LM head over the draft vocabulary
+  assert autotune.cost_draft(spec).draft_cfg.vocab_size == len(vocab) < t.config.vocab_size
   loaded = feature_head.load_head(str(tmp_path / "h"))
   assert loaded.vocab == vocab
   np.testing.assert_array_equal(np.asarray(loaded.params["vocab_head"]), np.asarray(head.params["vocab_head"]))
