@@ -58,3 +58,19 @@ def test_bfloat16_inputs_keep_float32_math():
   want = numpy_reference(np.asarray(q, np.float32), np.asarray(cache_k, np.float32),
                          np.asarray(cache_v, np.float32), start)
   np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2e-2, atol=2e-2)
+
+
+def test_vectorised_rows_under_a_mesh_match_float64():
+  """Under a mesh the rows are attended together (the partitioner splits them), not one by one."""
+  b, chunk, h, kh, d = 3, 8, 4, 2, 8
+  keys = jax.random.split(jax.random.key(5), 3)
+  cache_k = jax.random.normal(keys[0], (b, kh, 3 * chunk, d))
+  cache_v = jax.random.normal(keys[1], (b, kh, 3 * chunk, d))
+  q = jax.random.normal(keys[2], (b, chunk, h, d))
+  start = 2 * chunk
+  mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  with jax.set_mesh(mesh):
+    got = jax.jit(causal_chunk_attention)(q, jnp.swapaxes(cache_k[:, :, start:], 1, 2),
+                                          jnp.swapaxes(cache_v[:, :, start:], 1, 2), cache_k, cache_v,
+                                          jnp.int32(start))
+  np.testing.assert_allclose(np.asarray(got), numpy_reference(q, cache_k, cache_v, start), rtol=2e-5, atol=2e-5)

@@ -10,8 +10,11 @@ slots the causal mask removes and builds a [B, K, T*G, S] logits tensor for ever
     into running (max, sum, output) accumulators (online softmax), with no mask: every prefix slot is a
     committed prompt position of the row (padding rows only ever see their own garbage, never emitted).
 
-Work is proportional to the causal triangle, each block's logits are [B, K, T*G, T], and there is a single
-compiled body whatever the chunk index (`start` is traced).
+Work is proportional to the causal triangle and there is a single compiled body whatever the chunk index
+(`start` is traced). On a single device the rows are attended one at a time (`lax.map`): each block's
+logits are then [K, T*G, T] (2.4 MB at SmolLM2's shape, chunk 256) instead of B times that, which stays in
+cache and measured 20-30% faster on a 2-core CPU at 8 rows (prefix 512 to 3840). Under a mesh the rows stay
+vectorised, so the partitioner can split them over the data axis.
 """
 from __future__ import annotations
 
@@ -43,13 +46,28 @@ def causal_chunk_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cac
   """
   b, t, h, d = q.shape
   kh = cache_k.shape[1]
-  g = h // kh
   out_dtype = q.dtype
-  scale = d ** -0.5
   q, k_new, v_new = dot_operands(q, k_new, v_new)
-  prec = _precision(q.dtype)
   qf = fold_queries(q, kh)                                                      # [B, K, T*G, D]
   kn, vn = jnp.swapaxes(k_new, 1, 2), jnp.swapaxes(v_new, 1, 2)                 # [B, K, T, D]
+  if b > 1 and jax.sharding.get_abstract_mesh().empty:
+    rows = jnp.arange(b, dtype=jnp.int32)
+    o = jax.lax.map(lambda xs: _attend(xs[1][None], xs[2][None], xs[3][None], cache_k, cache_v, xs[0], start)[0],
+                    (rows, qf, kn, vn))
+  else:
+    o = _attend(qf, kn, vn, cache_k, cache_v, jnp.int32(0), start)
+  return unfold_queries(o, t).astype(out_dtype)
+
+
+def _attend(qf: jax.Array, kn: jax.Array, vn: jax.Array, cache_k: jax.Array, cache_v: jax.Array,
+            row: jax.Array, start: jax.Array) -> jax.Array:
+  """Folded queries qf [R,K,T*G,D] and the chunk's kn/vn [R,K,T,D] of rows row..row+R-1 of the cache
+  [B,K,S,D] -> the softmax-weighted values [R,K,T*G,D] (float32)."""
+  r, kh, tg, d = qf.shape
+  t = kn.shape[2]
+  g = tg // t
+  scale = d ** -0.5
+  prec = _precision(qf.dtype)
 
   def scores(kb):
     return jnp.einsum("BKQD,BKSD->BKQS", qf, kb.astype(qf.dtype), preferred_element_type=jnp.float32,
@@ -64,17 +82,18 @@ def causal_chunk_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cac
   m = s.max(-1, keepdims=True)
   p = jnp.exp(s - m)
   init = (values(p, vn), m, p.sum(-1, keepdims=True))
+  zero = jnp.int32(0)
 
   def block(i, carry):
     o, m, l = carry
-    kb = jax.lax.dynamic_slice_in_dim(cache_k, i * t, t, axis=2)
-    vb = jax.lax.dynamic_slice_in_dim(cache_v, i * t, t, axis=2)
+    at = (row, zero, i * t, zero)
+    kb = jax.lax.dynamic_slice(cache_k, at, (r, kh, t, d))
+    vb = dot_operands(jax.lax.dynamic_slice(cache_v, at, (r, kh, t, d)))[0]
     s = scores(kb)
     m_new = jnp.maximum(m, s.max(-1, keepdims=True))
     p = jnp.exp(s - m_new)
     a = jnp.exp(m - m_new)
-    vb = dot_operands(vb)[0]
     return o * a + values(p, vb), m_new, l * a + p.sum(-1, keepdims=True)
 
   o, _, l = jax.lax.fori_loop(0, start // t, block, init)
-  return unfold_queries(o / l, t).astype(out_dtype)
+  return o / l
