@@ -5,11 +5,14 @@ B and each context, the feature head's draft step (calibrate.time_feature_step: 
 the target's LM head against a sink + window ring), and the self-draft's step (the target's weights against
 the same ring) for comparison. The head's shape does not depend on the context; its ratio to AR is
 reported per context. Decode: for each batch x context shape, autoregressive, `StreamingDraft(sink,
-window)` and `FeatureDraft(head, sink, window)` at each gamma; tokens/s from `generate`'s stats (compile
-excluded), mean accepted length, per-depth acceptance, and whether the greedy output equals AR's.
-Prompts: held-out Shakespeare (the last plays, never in the head's training text).
+window)` and `FeatureDraft(head, sink, window)` at each gamma and each `--trees` tree (children counts in
+BFS order, e.g. "3" = the head's top 3 at depth 1, "3,1" = and one more after the first); each shape is
+prefilled once and every method decodes from the same prefilled caches (prefilled.py); tokens/s from the
+decode's stats (compile excluded), mean accepted length, per-depth acceptance, and whether the greedy
+output equals AR's. Prompts: held-out Shakespeare (the last plays, never in the head's training text).
 
   python benchmarks/feature_draft_speed.py --head-dir out/feature_head_smollm2 --shapes 8x2048
+  python benchmarks/feature_draft_speed.py --head-dir out/fh_vocab8k --shapes 8x4096 --gammas 1,2 --trees "3;3,1"
   python benchmarks/feature_draft_speed.py --smoke         # random tiny target and head (CPU, seconds)
 """
 from __future__ import annotations
@@ -23,10 +26,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout's package
 import common  # noqa: E402
 
-from magicdec_jax import calibrate, cli_flags, feature_head  # noqa: E402
+from magicdec_jax import calibrate, cli_flags, feature_head, prefilled  # noqa: E402
 from magicdec_jax.drafts import StreamingDraft  # noqa: E402
-from magicdec_jax.engine import generate  # noqa: E402
 from magicdec_jax.feature_draft import FeatureDraft  # noqa: E402
+from magicdec_jax.trees import Tree  # noqa: E402
+
+
+def tree_list(text: str) -> list[tuple[int, ...]]:
+  """argparse type: "3;3,1" -> [(3,), (3, 1)] (children counts per node, BFS order)."""
+  return [tuple(int(c) for c in x.split(",")) for x in text.split(";") if x]
 
 
 def main(argv=None):
@@ -36,6 +44,8 @@ def main(argv=None):
   ap.add_argument("--step-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
   ap.add_argument("--gammas", type=common.int_list, default=[3, 4])
   ap.add_argument("--self-gamma", type=int, default=3)
+  ap.add_argument("--trees", type=tree_list, default=[],
+                  help='feature-head trees as children counts, ";"-separated: "3;3,1;2,2"')
   ap.add_argument("--sink", type=int, default=4)
   ap.add_argument("--window", type=int, default=256)
   ap.add_argument("--max-new", type=int, default=128)
@@ -47,6 +57,7 @@ def main(argv=None):
     target, source = cli_flags.random_tiny_model(0), "random-tiny"
     head = feature_head.init_head(target)
     args.shapes, args.step_contexts, args.max_new, args.gammas, args.window = [(2, 64)], [64], 8, [2], 16
+    args.trees = [(2, 1)]
   else:
     if not args.head_dir:
       ap.error("--head-dir is required (a directory written by distill_feature / --mode=distill --draft=feature)")
@@ -72,27 +83,35 @@ def main(argv=None):
     print(f"[feature_draft_speed] b{b_steps} ctx {ctx}: AR {ar['seconds'] * 1e3:.1f} ms, head "
           f"{fs['seconds'] * 1e3:.1f} ms ({fs['seconds'] / ar['seconds']:.3f}), self {ss['seconds'] * 1e3:.1f} "
           f"ms", file=sys.stderr, flush=True)
-  drafts = [("self_streaming", StreamingDraft(sink=args.sink, window=args.window), [args.self_gamma]),
-            ("feature_head", FeatureDraft(head, sink=args.sink, window=args.window), args.gammas)]
+  self_draft = StreamingDraft(sink=args.sink, window=args.window)
+  head_draft = FeatureDraft(head, sink=args.sink, window=args.window)
+  configs = ([(f"self_streaming_gamma{args.self_gamma}", self_draft, args.self_gamma, None)]
+             + [(f"feature_head_gamma{g}", head_draft, g, None) for g in args.gammas]
+             + [(f"feature_head_tree{'-'.join(map(str, c))}", head_draft, 1, Tree.from_children_counts(c))
+                for c in args.trees])
   for b, ctx in args.shapes:
     prompts, text = common.text_prompts(target, b, ctx, target.config.vocab_size, held_out=True)
-    rec = {"batch": b, "context": ctx, "text": text, "runs": {}}
+    pre = prefilled.prefill(target, prompts, max_new_tokens=args.max_new)
+    rec = {"batch": b, "context": ctx, "text": text, "prefill_s": pre.prefill_s, "runs": {}}
     doc["shapes"].append(rec)
-    ar = generate(target, prompts, max_new_tokens=args.max_new, eos_token_id=[])
+    ar = prefilled.decode(target, pre, eos_token_id=[])
     rec["runs"]["autoregressive"] = {"tokens_per_s": ar.stats["tokens_per_s"], "decode_s": ar.stats["decode_s"]}
-    for name, draft, gammas in drafts:
-      for g in gammas:
-        res = generate(target, prompts, max_new_tokens=args.max_new, eos_token_id=[], draft=draft, gamma=g)
-        s = res.stats
-        run = {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "gamma": g,
-               "mean_accepted_length": s["mean_accepted_length"],
-               "per_position_acceptance": s["per_position_acceptance"],
-               "speedup_vs_ar": s["tokens_per_s"] / ar.stats["tokens_per_s"],
-               "identical_to_ar": res.tokens == ar.tokens}
-        rec["runs"][f"{name}_gamma{g}"] = run
-        print(f"[feature_draft_speed] b{b} x {ctx} {name} gamma {g}: {run['tokens_per_s']:.1f} tok/s "
-              f"(AR {ar.stats['tokens_per_s']:.1f}, x{run['speedup_vs_ar']:.2f}), accepted length "
-              f"{run['mean_accepted_length']:.2f}, identical {run['identical_to_ar']}", file=sys.stderr, flush=True)
+    for key, draft, g, tree in configs:
+      res = prefilled.decode(target, pre, eos_token_id=[], draft=draft, gamma=g, tree=tree)
+      s = res.stats
+      run = {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "ring_s": s["ring_s"],
+             "mean_accepted_length": s["mean_accepted_length"],
+             "per_position_acceptance": s["per_position_acceptance"],
+             "speedup_vs_ar": s["tokens_per_s"] / ar.stats["tokens_per_s"],
+             "identical_to_ar": res.tokens == ar.tokens}
+      if tree is None:
+        run["gamma"] = g
+      else:
+        run["tree_parents"] = list(tree.parents)
+      rec["runs"][key] = run
+      print(f"[feature_draft_speed] b{b} x {ctx} {key}: {run['tokens_per_s']:.1f} tok/s "
+            f"(AR {ar.stats['tokens_per_s']:.1f}, x{run['speedup_vs_ar']:.2f}), accepted length "
+            f"{run['mean_accepted_length']:.2f}, identical {run['identical_to_ar']}", file=sys.stderr, flush=True)
   doc["elapsed_s"] = time.time() - t_start
   common.finish(doc, args.output, f"feature_draft_speed_{common.device_tag()}.json")
 

@@ -1,6 +1,6 @@
 """benchmarks/feature_draft_speed.py --smoke (random tiny target and a random feature head): the script runs
 end to end, its JSON has the promised fields, and every speculative run's greedy output equals the
-autoregressive one. A few seconds of CPU."""
+autoregressive one (chains and a tree, all decoded from one prefill). A few seconds of CPU."""
 import json
 import os
 import sys
@@ -20,9 +20,12 @@ def test_feature_draft_speed_smoke(tmp_path):
   assert steps["feature_step_s"] > 0 and steps["self_draft_step_s"] > 0
   assert [r["context"] for r in steps["by_context"]] == [64] and steps["by_context"][0]["feature_over_ar"] > 0
   (shape,) = doc["shapes"]
-  assert set(shape["runs"]) == {"autoregressive", "self_streaming_gamma3", "feature_head_gamma2"}
+  assert set(shape["runs"]) == {"autoregressive", "self_streaming_gamma3", "feature_head_gamma2",
+                                "feature_head_tree2-1"}
+  assert shape["runs"]["feature_head_tree2-1"]["tree_parents"] == [-1, 0, 0, 1]
   for name, run in shape["runs"].items():
     assert run["tokens_per_s"] > 0
     if name != "autoregressive":
       assert run["identical_to_ar"], name
-      assert 1.0 <= run["mean_accepted_length"] <= run["gamma"] + 1
+      depth = run["gamma"] if "gamma" in run else 2
+      assert 1.0 <= run["mean_accepted_length"] <= depth + 1
