@@ -60,16 +60,18 @@ def load_target():
 
 def mode_demo():
   """The main job (magicdec_jax/cli_demo.py): prefill once, decode AR and MagicDec, print the comparison.
-  Unless given, batch, prompt length and gamma are where MagicDec should win on this backend, 128 new
-  tokens."""
+  Unless given, batch, prompt length and gamma are where MagicDec should win on this backend, 64 new
+  tokens, decoded twice each way (alternately)."""
   model = load_target()
   batch, prompt_tokens, gamma = cli_demo.default_shape()
   given = lambda name: FLAGS[name].present
   cli_demo.run(model, batch=FLAGS.batch_size if given("batch_size") else batch,
                prompt_tokens=FLAGS.prompt_tokens if given("prompt_tokens") else prompt_tokens,
-               max_new_tokens=FLAGS.max_new_tokens if given("max_new_tokens") else 128,
+               max_new_tokens=FLAGS.max_new_tokens if given("max_new_tokens") else 64,
                gamma=FLAGS.gamma if given("gamma") else gamma, sink=FLAGS.sink, window=FLAGS.window,
-               temperature=FLAGS.temperature, seed=FLAGS.seed, progress=FLAGS.progress, log=log, root=os.path.dirname(os.path.abspath(__file__)))
+               temperature=FLAGS.temperature, seed=FLAGS.seed, progress=FLAGS.progress,
+               shared_tokens=FLAGS.shared_tokens, repeats=FLAGS.demo_repeats,
+               draft_weights=None if FLAGS.draft_weights == "none" else FLAGS.draft_weights, log=log, root=os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---- generate -----------------------------------------------------------------------------------------------

@@ -79,6 +79,15 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_integer("prompt_tokens", 7900, "Demo prompt length in tokens (Shakespeare); unless given, the "
                        "demo picks where MagicDec wins on this backend (cli_demo.default_shape).", lower_bound=16,
                        upper_bound=1 << 20, **d)
+  flags.DEFINE_integer("shared_tokens", None, "Demo: tokens of the document every prompt starts with (prefilled "
+                       "once); each prompt then has its own passage. Default: all but the last 256 tokens; 0: "
+                       "distinct prompts.", lower_bound=0, **d)
+  flags.DEFINE_enum("draft_weights", "bfloat16", ["none", "bfloat16"], "Demo: the self-draft's weights: "
+                    "'bfloat16', a copy of the target's matrices in bfloat16 (half the bytes per draft step; the "
+                    "target still verifies in its own precision), or 'none', the target's own.", **d)
+  flags.DEFINE_integer("demo_repeats", 2, "Demo: AR and MagicDec decode alternately this many times each (the "
+                       "speedup is of their summed times, robust to a machine whose speed drifts).", lower_bound=1,
+                       upper_bound=100, **d)
   # generate.
   flags.DEFINE_multi_string("prompt", [], "A prompt (repeatable).", **d)
   flags.DEFINE_string("prompts_file", None, "Prompts: one per line, or JSONL with a 'prompt' field.", **d)
@@ -224,6 +233,9 @@ def validate(fv) -> None:
   if fv.acceptance_file and mode in ("generate", "demo", "bench", "datagen", "calibrate", "plan"):
     _readable_file("acceptance_file", fv.acceptance_file)
     load_acceptance_vector(fv.acceptance_file)
+  if (mode == "demo" and fv.shared_tokens is not None and fv["prompt_tokens"].present
+      and fv.shared_tokens >= fv.prompt_tokens):
+    raise app.UsageError(f"--shared_tokens={fv.shared_tokens} must be below --prompt_tokens={fv.prompt_tokens}")
   if mode == "demo" and fv.draft == "none":
     raise app.UsageError("--mode=demo compares against a draft; --draft=none is not allowed")
   if mode == "generate":

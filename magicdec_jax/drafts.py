@@ -30,20 +30,36 @@ from magicdec_jax.sampling import Sampling, probabilities, sample_without_replac
 from magicdec_jax.trees import Tree
 
 
+DRAFT_WEIGHTS = (None, "bfloat16")
+
+
+def narrow_weights(params, dtype: str):
+  """A copy of a params tree with every matrix (ndim >= 2: projections, MLP, embedding / LM head) cast to
+  `dtype`; vectors (norm scales) are kept, the model still computes in its own dtype."""
+  return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 else x, params)
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamingDraft:
   """Self-speculation with a StreamingLLM cache: `sink` first tokens + the last `window` tokens.
 
   positions: "absolute" (every key at its true position) or "cache" (StreamingLLM: sink keys are seen as
   if they sat right before the window, i.e. RoPE positions within the cache).
+  weights: None (draft with the target's weights) or "bfloat16": draft with a bfloat16 copy of the
+  target's weight matrices (norms stay as they are), which halves the bytes a draft step reads. The ring
+  still holds the target's exact K/V and the target verifies in its own precision, so output is exactly
+  the target's; only acceptance can change (a little: the copy rounds each weight to 8 bits of mantissa).
   """
   sink: int = 4
   window: int = 256
   positions: str = "absolute"
+  weights: str | None = None
 
   def __post_init__(self):
     _check_sink_window(self.sink, self.window)
     _check_positions(self.positions)
+    if self.weights not in DRAFT_WEIGHTS:
+      raise ValueError(f"StreamingDraft weights must be one of {DRAFT_WEIGHTS}, got {self.weights!r}")
 
   num_static = property(lambda self: self.sink)
 
@@ -214,8 +230,8 @@ def windowed_mask(sink: int, window: int, q_pos: jax.Array, num_slots: int) -> j
 # One round: draft the tree level by level.
 
 def _draft_params_cfg(spec, target_params, target_cfg, draft_params):
-  if is_self(spec):
-    return target_params, target_cfg
+  if is_self(spec):         # draft_params: None, or a narrower copy of the target's (StreamingDraft.weights)
+    return (target_params if draft_params is None else draft_params), target_cfg
   return draft_params, spec.config
 
 

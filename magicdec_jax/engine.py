@@ -155,7 +155,22 @@ def resolve_draft(model: Model, draft, gamma, tree):
   params = draft.model.params if isinstance(draft, drafts.ModelDraft) else None
   if isinstance(draft, feature_draft.FeatureDraft):
     params = draft.head.params
+  if getattr(draft, "weights", None) is not None:
+    params = _narrow_copy(model.params, draft.weights)
   return drafts.static_spec(draft), params, tree
+
+
+_NARROW = {}    # (id of a target's params, dtype) -> (those params, their narrow copy): cast once per model
+
+
+def _narrow_copy(params, dtype: str):
+  """The target's weights cast for a StreamingDraft(weights=dtype), made once per params tree."""
+  key = (id(params), dtype)
+  if key not in _NARROW or _NARROW[key][0] is not params:
+    if len(_NARROW) >= 2:
+      _NARROW.clear()
+    _NARROW[key] = (params, jax.jit(drafts.narrow_weights, static_argnums=1)(params, dtype))
+  return _NARROW[key][1]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,7 +87,7 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
   hidden states after those layers come back last, concatenated: [B, T, len(feature_layers) * D] (what a
   feature-head draft reads, feature_draft.py).
   """
-  x = jnp.take(params["embed"], tokens, axis=0)
+  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)   # (a draft's embed may be narrower)
   block = Block(cfg, impl)
   ks, vs, scores, feats = [], [], [], {}
   for i, (lp, ck, cv) in enumerate(zip(params["layers"], cache.k, cache.v, strict=True)):
@@ -113,6 +113,8 @@ def lm_logits(params: dict, cfg: ModelConfig, x: jax.Array, norm_scale: jax.Arra
   x = rms_norm(x, norm_scale, cfg.rms_norm_eps)
   # a tied head reads the embedding [V, D] as it lies (a transposed copy would cost V x D more memory)
   head, eq = (params["embed"], "BTD,VD->BTV") if cfg.tie_embeddings else (params["lm_head"], "BTD,DV->BTV")
+  if jnp.dtype(head.dtype).itemsize < jnp.dtype(x.dtype).itemsize:        # a draft's narrower copy
+    x = x.astype(head.dtype)
   return jnp.einsum(eq, x, head, preferred_element_type=jnp.float32, precision=matmul_precision(head.dtype))
 
 

@@ -7,6 +7,12 @@ chunk's start is traced — so a progress bar can follow it. `decode` copies the
 builds the draft's ring from it (`loop.prefill_draft`: self drafts copy it, a model draft runs its own
 windowed prefill) and runs the compiled decode loop: every method sees identical prompts and K/V.
 
+Shared prefixes: leading chunks that every prompt has in common (several questions about one document,
+several samples of one prompt) are prefilled once, for one row, and that row's K/V is copied to every
+row; the rest of the prompts is then prefilled for the whole batch. The cache each row ends with holds the
+same values as its own prefill (to float rounding: a 1-row matmul may round differently from an 8-row
+one), and decoding still reads every row's own copy, so decode costs are unchanged.
+
 Executables go through the engine's bounded LRU (compile.py); compile seconds are reported apart.
 """
 from __future__ import annotations
@@ -40,16 +46,36 @@ class Prefilled:
   max_new_tokens: int
   prefill_s: float         # seconds without compilation
   compile_s: float
+  shared_tokens: int = 0   # leading prompt tokens common to every prompt, prefilled once for all rows
 
   @property
   def batch(self) -> int:
     return int(self.tokens.shape[0])
 
 
+def shared_chunks(ids: Sequence[Sequence[int]], chunk: int) -> int:
+  """How many leading `chunk`-token chunks all prompts `ids` have in common (0 for a single prompt)."""
+  if len(ids) < 2:
+    return 0
+  m = min(len(r) for r in ids)
+  arr = np.asarray([r[:m] for r in ids])
+  same = (arr == arr[0]).all(axis=0)
+  common = m if same.all() else int(np.argmin(same))
+  return common // chunk
+
+
+def _copy_row(cache: KVCache, *, rows: int) -> KVCache:
+  """A 1-row cache -> the same K/V in each of `rows` rows (new buffers)."""
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (rows,) + x.shape[1:]), cache)
+
+
 def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, chunk: int = 256,
-            max_tree_nodes: int = MAX_TREE_NODES, progress: bool = True, options: dict | None = None
-            ) -> Prefilled:
-  """Prefill token-id prompts (ragged is fine) chunk by chunk, with a progress bar over the tokens."""
+            max_tree_nodes: int = MAX_TREE_NODES, share_prefix: bool = True, progress: bool = True,
+            options: dict | None = None) -> Prefilled:
+  """Prefill token-id prompts (ragged is fine) chunk by chunk, with a progress bar over the tokens computed.
+
+  share_prefix: leading chunks common to every prompt are computed once (one row) and copied to all rows.
+  """
   ids = engine.prompt_ids(model, list(prompts))
   cfg = model.config
   if not isinstance(chunk, int) or chunk < 1:
@@ -67,24 +93,43 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   for i, row in enumerate(ids):
     tokens[i, :len(row)] = row
     lengths[i] = len(row)
+  shared = shared_chunks(ids, chunk) if share_prefix else 0
   compiling.ensure_persistent_cache()
   options = compiling.engine_options(options)
   c0 = compiling.compile_seconds()
-  cache = KVCache.zeros(cfg, b, num_slots)
-  step_args = lambda c: (model.params, cache, jnp.asarray(tokens[:, c * chunk:(c + 1) * chunk]),
-                         jnp.int32(c * chunk))
-  step = compiling.jit_executable("prefill_chunk", loop.prefill_chunk, step_args(0), {"cfg": cfg},
-                                  options=options, donate_argnames=("cache",))
+  step_args = lambda cache, rows, c: (model.params, cache, jnp.asarray(tokens[:rows, c * chunk:(c + 1) * chunk]),
+                                      jnp.int32(c * chunk))
+  step_for = lambda cache, rows: compiling.jit_executable(
+      "prefill_chunk", loop.prefill_chunk, step_args(cache, rows, 0), {"cfg": cfg}, options=options,
+      donate_argnames=("cache",))
+  cache = KVCache.zeros(cfg, 1 if shared else b, num_slots)
+  step = step_for(cache, 1 if shared else b)
   compile_s = compiling.compile_seconds() - c0
   t0 = time.perf_counter()
-  with tqdm(total=b * p, desc=f"prefill {n} x {longest} tokens", unit="tok", disable=not progress,
-            leave=False) as bar:
+
+  def widen(cache):
+    """The 1-row cache copied to all b rows, and the b-row chunk step (compile time kept out of t0)."""
+    nonlocal compile_s, t0
+    c1 = compiling.compile_seconds()
+    cache = compiling.jit_executable("prefill_copy_row", _copy_row, (cache,), {"rows": b}, options=options)(cache)
+    step = step_for(cache, b)
+    compile_s += compiling.compile_seconds() - c1
+    t0 += compiling.compile_seconds() - c1
+    return cache, step
+  desc = f"prefill {n} x {longest} tokens" + (f" ({shared * chunk} shared, computed once)" if shared else "")
+  with tqdm(total=shared * chunk + (p // chunk - shared) * chunk * b, desc=desc, unit="tok",
+            disable=not progress, leave=False) as bar:
     for c in range(p // chunk):
-      cache = step(*step_args(c))
+      if shared and c == shared:                 # the common prefix is done: copy it to every row
+        cache, step = widen(cache)
+      rows = 1 if c < shared else b
+      cache = step(*step_args(cache, rows, c))
       jax.block_until_ready(cache.k[-1])
-      bar.update(b * chunk)
+      bar.update(rows * chunk)
+    if cache.k[0].shape[0] != b:                 # every chunk was shared (identical prompts)
+      cache, _ = widen(cache)
   return Prefilled(jnp.asarray(tokens), jnp.asarray(lengths), cache, chunk, n, int(max_new_tokens),
-                   time.perf_counter() - t0, compile_s)
+                   time.perf_counter() - t0, compile_s, shared * chunk)
 
 
 def decode(model: Model, pre: Prefilled, *, draft=None, gamma: int = 4, tree: Tree | None = None,

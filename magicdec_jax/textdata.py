@@ -91,3 +91,18 @@ def shakespeare_prompts(tokenizer, n_prompts: int, n_tokens: int, *, held_out: b
     chunk = body[i * n_tokens:(i + 1) * n_tokens]
     rows.append((lead + chunk)[:n_tokens])
   return rows
+
+
+def document_prompts(tokenizer, n_prompts: int, n_tokens: int, shared_tokens: int, *,
+                     held_out: bool = False) -> list[list[int]]:
+  """`n_prompts` prompts of `n_tokens` tokens that share one document: the first `shared_tokens` tokens of
+  the text, then for row i the i-th of the passages that follow it (`n_tokens - shared_tokens` tokens
+  each). Row 0 is the text's first `n_tokens` tokens. (Several requests about one long document.)"""
+  if not 0 <= shared_tokens < n_tokens:
+    raise ValueError(f"shared_tokens must be in [0, n_tokens={n_tokens}), got {shared_tokens}")
+  if shared_tokens == 0:
+    return shakespeare_prompts(tokenizer, n_prompts, n_tokens, held_out=held_out)
+  tail = n_tokens - shared_tokens
+  enc_all = shakespeare_prompt(tokenizer, n_tokens + (n_prompts - 1) * tail, held_out=held_out)
+  doc, rest = enc_all[:shared_tokens], enc_all[shared_tokens:]
+  return [(doc + rest[i * tail:(i + 1) * tail])[:n_tokens] for i in range(n_prompts)]

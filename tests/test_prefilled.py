@@ -5,10 +5,11 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import cli_demo, cli_flags, prefilled
+from magicdec_jax import cli_demo, cli_flags, prefilled, textdata
 from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
 
@@ -35,6 +36,39 @@ def test_every_draft_decodes_the_autoregressive_tokens(chunk):
     res = prefilled.decode(model, pre, draft=draft, **kw)
     assert res.tokens == want, (draft, kw)
     assert res.stats["verify_steps"] > 0
+
+
+def test_a_shared_prefix_is_prefilled_once_and_decodes_as_separate_prompts():
+  """Prompts with a common document (3 chunks) and different tails: the prefix is computed for one row and
+  copied; every row's cache equals a prefill without sharing, and decoding gives plain generate's tokens."""
+  model = tiny_model(3, attn_scale=8.0)
+  doc = random_prompts([48], model.config.vocab_size, seed=11)[0]
+  tails = random_prompts([20, 9, 30], model.config.vocab_size, seed=12)
+  prompts = [doc + t for t in tails]
+  assert prefilled.shared_chunks(prompts, 16) == 3 and prefilled.shared_chunks(prompts, 20) == 2
+  assert prefilled.shared_chunks([doc, doc], 16) == 3 and prefilled.shared_chunks([doc], 16) == 0
+  want = md.generate(model, prompts, max_new_tokens=10).tokens            # independent: generate's own prefill
+  shared = prefilled.prefill(model, prompts, max_new_tokens=10, chunk=16, progress=False)
+  plain = prefilled.prefill(model, prompts, max_new_tokens=10, chunk=16, progress=False, share_prefix=False)
+  assert shared.shared_tokens == 48 and plain.shared_tokens == 0
+  for a, b in zip(shared.target.k + shared.target.v, plain.target.k + plain.target.v):
+    np.testing.assert_allclose(np.asarray(a)[:3], np.asarray(b)[:3], rtol=1e-5, atol=1e-5)
+  assert prefilled.decode(model, shared).tokens == want
+  assert prefilled.decode(model, shared, draft=md.StreamingDraft(2, 8), gamma=3).tokens == want
+  same = prefilled.prefill(model, [doc, doc, doc], max_new_tokens=10, chunk=16, progress=False)
+  assert same.shared_tokens == 48 and same.target.k[0].shape[0] == 4          # every chunk shared, 4-row bucket
+  assert prefilled.decode(model, same).tokens == md.generate(model, [doc] * 3, max_new_tokens=10).tokens
+
+
+def test_document_prompts_share_the_document_and_differ_after_it():
+  tok = cli_flags.random_tiny_model(0).tokenizer            # byte-level: the text's bytes
+  rows = textdata.document_prompts(tok, 3, 300, 256)
+  assert [len(r) for r in rows] == [300] * 3
+  assert rows[0] == textdata.shakespeare_prompt(tok, 300)
+  assert all(r[:256] == rows[0][:256] for r in rows) and len({tuple(r[256:]) for r in rows}) == 3
+  assert textdata.document_prompts(tok, 2, 64, 0) == textdata.shakespeare_prompts(tok, 2, 64)
+  with pytest.raises(ValueError, match="shared_tokens"):
+    textdata.document_prompts(tok, 2, 64, 64)
 
 
 def test_bad_arguments_are_refused():
@@ -88,11 +122,16 @@ def test_prefill_bench_smoke(tmp_path):
 def test_demo_runs_and_checks_its_own_tokens(capsys):
   """The main job's code path (cli_demo.run) on a random tiny model: greedy MagicDec equals AR there."""
   model = cli_flags.random_tiny_model(0)
-  res = cli_demo.run(model, batch=2, prompt_tokens=64, max_new_tokens=8, gamma=2, sink=2, window=16,
-                     temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT)
-  assert res["identical"] and res["speedup"] > 0
+  res = cli_demo.run(model, batch=2, prompt_tokens=300, max_new_tokens=8, gamma=2, sink=2, window=16,
+                     temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, shared_tokens=256)
+  assert res["identical"] and res["speedup"] > 0 and len(res["speedup_by_run"]) == 2
+  assert res["shared_tokens"] == 256                 # one 256-token chunk prefilled once for both rows
   out = capsys.readouterr().out
   assert "speedup" in out and "identical greedy tokens: True" in out and "crossover" in out
+  assert "alternated runs" in out
+  with pytest.raises(ValueError, match="shared_tokens"):
+    cli_demo.run(model, batch=2, prompt_tokens=64, max_new_tokens=8, gamma=2, sink=2, window=16,
+                 temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, shared_tokens=64)
 
 
 def test_demo_reads_the_newest_sweep_of_this_device(tmp_path):

@@ -88,6 +88,8 @@ def usage_cases(tmp_path):
       (["--mode=bench", "--mesh=data:2"], "--mesh is for --mode=generate"),
       (["--mode=bench", "--bench_preset=long_context"], None),
       (["--draft=none"], "--mode=demo compares against a draft"),
+      (["--prompt_tokens=512", "--shared_tokens=512"], "--shared_tokens=512 must be below --prompt_tokens=512"),
+      (["--prompt_tokens=512", "--shared_tokens=256", "--draft_weights=none", "--demo_repeats=1"], None),
       (["--mode=convert", "--src=a"], "--mode=convert needs --dst"),
       (["--mode=plan", "--draft=model"], "--draft=model needs --draft_model"),
       (["--mode=plan", "--draft=model", "--draft_layers=2"], None),

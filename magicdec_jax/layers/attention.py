@@ -20,6 +20,7 @@ import numpy as np
 
 from magicdec_jax import pallas
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers.dense import dense
 from magicdec_jax.layers.prefill_attention import CausalChunk, causal_chunk_attention
 from magicdec_jax.layers.rope import apply_rope, rope_frequencies
 from magicdec_jax.pallas.xla_attention import dot_operands, fold_queries, unfold_queries, visibility_mask
@@ -96,14 +97,13 @@ class Attention(nn.Module):
     wk = self.param("k", init, (dm, kh, d), dt)
     wv = self.param("v", init, (dm, kh, d), dt)
     wo = self.param("o", init, (h, d, dm), dt)
-    prec = matmul_precision(dt)
     inv_freq = rope_frequencies(cfg)
-    q_raw = project(x, wq, prec)
+    q_raw = project(x, wq)
     q = apply_rope(q_raw, positions, inv_freq)
     alt_pos = getattr(spec, "alt_pos", None)
     q_alt = None if alt_pos is None else apply_rope(q_raw, alt_pos, inv_freq)
-    k = apply_rope(project(x, wk, prec), positions, inv_freq)                      # [B, T, K, D]
-    v = project(x, wv, prec)
+    k = apply_rope(project(x, wk), positions, inv_freq)                      # [B, T, K, D]
+    v = project(x, wv)
     if write_slots is not None:
       cache_k = write_rows(cache_k, write_slots, k)
       cache_v = write_rows(cache_v, write_slots, v)
@@ -115,14 +115,14 @@ class Attention(nn.Module):
     b, t = out.shape[:2]
     # [B, T, N*H] x [N*H, Dm]: both reshapes are free, and XLA then never transposes the weight (with a
     # "BTNH,NHD" contraction XLA:CPU copied every layer's o weight into [H, N, Dm] order each step)
-    o = jnp.einsum("BTF,FD->BTD", out.reshape(b, t, h * d), wo.reshape(h * d, dm), precision=prec)
+    o = dense("BTF,FD->BTD", out.reshape(b, t, h * d), wo.reshape(h * d, dm))
     return o, cache_k, cache_v, scores
 
 
-def project(x: jax.Array, w: jax.Array, prec) -> jax.Array:
+def project(x: jax.Array, w: jax.Array) -> jax.Array:
   """x [B, T, Dm] @ w [Dm, N, H] -> [B, T, N, H] as one 2-D matmul over the weight as it lies."""
   dm, n, hd = w.shape
-  y = jnp.einsum("BTD,DF->BTF", x, w.reshape(dm, n * hd), precision=prec)
+  y = dense("BTD,DF->BTF", x, w.reshape(dm, n * hd))
   return y.reshape(*x.shape[:2], n, hd)
 
 

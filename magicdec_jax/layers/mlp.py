@@ -3,6 +3,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from magicdec_jax.layers.dense import dense
+
 
 class SwiGLU(nn.Module):
   hidden: int
@@ -15,7 +17,5 @@ class SwiGLU(nn.Module):
     gate = self.param("gate", init, (dm, self.hidden), self.dtype)
     up = self.param("up", init, (dm, self.hidden), self.dtype)
     down = self.param("down", init, (self.hidden, dm), self.dtype)
-    prec = jax.lax.Precision.HIGHEST if jnp.dtype(self.dtype) == jnp.float32 else None  # no TF32
-    h = (jax.nn.silu(jnp.einsum("BTD,DF->BTF", x, gate, precision=prec))
-         * jnp.einsum("BTD,DF->BTF", x, up, precision=prec))
-    return jnp.einsum("BTF,FD->BTD", h, down, precision=prec)
+    h = jax.nn.silu(dense("BTD,DF->BTF", x, gate)) * dense("BTD,DF->BTF", x, up)
+    return dense("BTF,FD->BTD", h, down)

@@ -62,7 +62,8 @@ def load_orbax_sharded(directory: str, mesh: Mesh, dtype: str | None = None):
 
 def _param_sh(mesh, cfg, spec, target_params, draft_params):
   tp = rules.param_shardings(target_params, cfg, mesh)
-  dp = None if draft_params is None else rules.param_shardings(draft_params, spec.config, mesh)
+  dcfg = cfg if drafts.is_self(spec) else spec.config      # a self draft's own (narrower) copy of the target
+  dp = None if draft_params is None else rules.param_shardings(draft_params, dcfg, mesh)
   return tp, dp
 
 

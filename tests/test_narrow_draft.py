@@ -1,0 +1,65 @@
+"""StreamingDraft(weights="bfloat16"): the self-draft runs on a bfloat16 copy of the target's weight
+matrices. Output must stay exactly the target's (greedy: a plain autoregressive run's tokens), the copy
+must really draft differently (not silently the float32 weights), and the narrow matmul must compute what
+float64 numpy computes from the bfloat16-rounded operands."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import magicdec_jax as md
+from magicdec_jax import drafts
+from magicdec_jax.layers.dense import dense
+from magicdec_jax.trees import Tree
+from conftest import random_prompts, tiny_model
+
+
+def test_narrow_dense_matches_float64_of_the_rounded_operands():
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((2, 3, 16)).astype(np.float32)
+  w = rng.standard_normal((16, 24)).astype(np.float32)
+  xb, wb = (np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64) for a in (x, w))
+  got = dense("BTD,DF->BTF", jnp.asarray(x), jnp.asarray(w, jnp.bfloat16))
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), np.einsum("btd,df->btf", xb, wb), rtol=1e-5, atol=1e-5)
+  full = dense("BTD,DF->BTF", jnp.asarray(x), jnp.asarray(w))           # float32 stays float32-exact
+  np.testing.assert_allclose(np.asarray(full), np.einsum("btd,df->btf", x.astype(np.float64), w), rtol=1e-6,
+                             atol=1e-5)
+
+
+@pytest.mark.parametrize("kw", [{"gamma": 3}, {"tree": Tree((-1, 0, 0, 1, 2))}])
+def test_bf16_self_draft_decodes_the_autoregressive_tokens(kw):
+  model = tiny_model(3, attn_scale=8.0)
+  prompts = random_prompts([40, 23, 57], model.config.vocab_size, seed=7)
+  want = md.generate(model, prompts, max_new_tokens=16).tokens
+  res = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8, weights="bfloat16"), **kw)
+  assert res.tokens == want
+  full = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8), **kw)
+  assert res.stats["acceptance_rate"] >= 0.5 * full.stats["acceptance_rate"] > 0     # drafts about as well
+
+
+def test_the_draft_really_reads_the_narrow_copy():
+  """Drafting with a copy whose weights are zeroed (cast the same way) accepts nothing: the loop drafts
+  with the draft params it is given, not the target's."""
+  model = tiny_model(3, attn_scale=8.0)
+  prompts = random_prompts([40, 23], model.config.vocab_size, seed=8)
+  draft = md.StreamingDraft(2, 8, weights="bfloat16")
+  spec, params, tree = md.engine.resolve_draft(model, draft, 2, None)
+  leaves = jax.tree.leaves(params)
+  assert any(x.dtype == jnp.bfloat16 for x in leaves) and any(x.dtype == jnp.float32 for x in leaves)
+  assert md.engine.resolve_draft(model, draft, 2, None)[1] is params          # cast once per model
+  zeroed = drafts.narrow_weights(
+      jax.tree.map(jnp.zeros_like, model.params), "bfloat16")
+  md.engine._NARROW[(id(model.params), "bfloat16")] = (model.params, zeroed)
+  try:
+    res = md.generate(model, prompts, max_new_tokens=12, draft=draft, gamma=2)
+  finally:
+    md.engine._NARROW.clear()
+  assert res.tokens == md.generate(model, prompts, max_new_tokens=12).tokens
+  good = md.generate(model, prompts, max_new_tokens=12, draft=draft, gamma=2)
+  assert res.stats["acceptance_rate"] < good.stats["acceptance_rate"]
+
+
+def test_bad_weights_are_refused():
+  with pytest.raises(ValueError, match="float8"):
+    md.StreamingDraft(4, 64, weights="float8")
