@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sys
 import time
@@ -71,7 +72,8 @@ def mode_demo():
                gamma=FLAGS.gamma if given("gamma") else gamma, sink=FLAGS.sink, window=FLAGS.window,
                temperature=FLAGS.temperature, seed=FLAGS.seed, progress=FLAGS.progress,
                shared_tokens=FLAGS.shared_tokens, repeats=FLAGS.demo_repeats,
-               draft_weights=None if FLAGS.draft_weights == "none" else FLAGS.draft_weights, log=log, root=os.path.dirname(os.path.abspath(__file__)))
+               draft_weights=(None if FLAGS.draft_weights == "none" else FLAGS.draft_weights)
+               if given("draft_weights") else "bfloat16", log=log, root=os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---- generate -----------------------------------------------------------------------------------------------
@@ -343,6 +345,8 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]} (flags need --name=value)")
   cli_flags.validate(FLAGS)
+  if not FLAGS["verbosity"].present:          # absl's default verbosity shows jax's INFO chatter
+    logging.getLogger("jax").setLevel(logging.WARNING)
   t = time.perf_counter()
   if FLAGS.num_processes > 1:                 # before anything touches a device
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)

@@ -69,7 +69,7 @@ def cost_draft(spec) -> costmodel.Draft:
     return costmodel.Draft("model", draft_cfg=cfg, sink=spec.sink, window=spec.window)
   if isinstance(spec, drafts.ModelSpec):
     return costmodel.Draft("model", draft_cfg=spec.config, sink=spec.sink, window=spec.window)
-  return costmodel.Draft("self", sink=spec.sink, window=spec.window)
+  return costmodel.Draft("self", sink=spec.sink, window=spec.window, weights_dtype=getattr(spec, "weights", None))
 
 
 AR_TREE = trees.Tree((-1,))

@@ -82,9 +82,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_integer("shared_tokens", None, "Demo: tokens of the document every prompt starts with (prefilled "
                        "once); each prompt then has its own passage. Default: all but the last 256 tokens; 0: "
                        "distinct prompts.", lower_bound=0, **d)
-  flags.DEFINE_enum("draft_weights", "bfloat16", ["none", "bfloat16"], "Demo: the self-draft's weights: "
-                    "'bfloat16', a copy of the target's matrices in bfloat16 (half the bytes per draft step; the "
-                    "target still verifies in its own precision), or 'none', the target's own.", **d)
+  flags.DEFINE_enum("draft_weights", "none", ["none", "bfloat16"], "--draft=streaming: the self-draft's "
+                    "weights: 'none', the target's own, or 'bfloat16', a copy of a float32 target's matrices "
+                    "in bfloat16 (half the bytes per draft step; the target still verifies in float32). The "
+                    "demo uses bfloat16 unless this is given.", **d)
   flags.DEFINE_integer("demo_repeats", 2, "Demo: AR and MagicDec decode alternately this many times each (the "
                        "speedup is of their summed times, robust to a machine whose speed drifts).", lower_bound=1,
                        upper_bound=100, **d)
@@ -233,6 +234,8 @@ def validate(fv) -> None:
   if fv.acceptance_file and mode in ("generate", "demo", "bench", "datagen", "calibrate", "plan"):
     _readable_file("acceptance_file", fv.acceptance_file)
     load_acceptance_vector(fv.acceptance_file)
+  if fv["draft_weights"].present and fv.draft_weights != "none" and fv.draft != "streaming":
+    raise app.UsageError(f"--draft_weights={fv.draft_weights} is for --draft=streaming (got --draft={fv.draft})")
   if (mode == "demo" and fv.shared_tokens is not None and fv["prompt_tokens"].present
       and fv.shared_tokens >= fv.prompt_tokens):
     raise app.UsageError(f"--shared_tokens={fv.shared_tokens} must be below --prompt_tokens={fv.prompt_tokens}")
@@ -432,7 +435,8 @@ def build_draft(fv, target):
   if fv.draft == "none":
     return None
   if fv.draft == "streaming":
-    return drafts.StreamingDraft(sink=fv.sink, window=fv.window)
+    return drafts.StreamingDraft(sink=fv.sink, window=fv.window,
+                                 weights=None if fv.draft_weights == "none" else fv.draft_weights)
   if fv.draft == "snapkv":
     return drafts.SnapKVDraft(budget=fv.budget, window=fv.window)
   if fv.draft == "feature":

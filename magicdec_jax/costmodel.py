@@ -168,6 +168,7 @@ class Draft:
   sink: int = 16
   window: int = 512
   budget: int = 512
+  weights_dtype: str | None = None    # a self draft on a narrower copy of the weights (StreamingDraft.weights)
 
   def __post_init__(self):
     if self.kind not in DRAFT_KINDS:
@@ -185,7 +186,9 @@ class Draft:
   def step_time(self, cfg: ModelConfig, hw: Hardware, b: int, n: int, num_tokens: int = 1,
                 dtype: str = "bfloat16") -> float:
     """One draft step feeding num_tokens tokens per row (1 for a chain, a level's expanding nodes for a tree)."""
-    return step_time(self.model(cfg), hw, b, n, num_tokens, dtype, kv_context=self.kv_tokens(n))
+    # a narrower weight copy: priced as a step of that dtype (its KV, sink + window tokens, is negligible)
+    return step_time(self.model(cfg), hw, b, n, num_tokens, self.weights_dtype or dtype,
+                     kv_context=self.kv_tokens(n))
 
 
 def t_draft(kind: str, cfg: ModelConfig, hw: Hardware, b: int, n: int, *, draft_cfg: ModelConfig | None = None,

@@ -156,6 +156,9 @@ def resolve_draft(model: Model, draft, gamma, tree):
   if isinstance(draft, feature_draft.FeatureDraft):
     params = draft.head.params
   if getattr(draft, "weights", None) is not None:
+    if jnp.dtype(draft.weights).itemsize >= jnp.dtype(model.config.dtype).itemsize:
+      raise ValueError(f"StreamingDraft weights={draft.weights!r} is not narrower than the target's "
+                       f"{model.config.dtype}: draft with the target's own weights (weights=None)")
     params = _narrow_copy(model.params, draft.weights)
   return drafts.static_spec(draft), params, tree
 

@@ -57,6 +57,19 @@ def test_small_draft_model_cheaper_than_self_spec():
   assert small.step_time(CFG, H100, 8, 32768) < SELF.step_time(CFG, H100, 8, 32768)
 
 
+def test_a_bf16_weight_copy_halves_a_float32_self_drafts_weight_bytes():
+  """A float32 target's self-draft on bfloat16 weights: at batch 1 the step is weight-bound, so the H100
+  roofline prices it by bytes: matmul weights at 2 bytes each instead of 4 (by hand), the rest unchanged."""
+  narrow = dataclasses.replace(SELF, weights_dtype="bfloat16")
+  hw = dataclasses.replace(H100, step_overhead_s=0.0)
+  full_t = SELF.step_time(CFG, hw, 1, 8192, dtype="float32")
+  narrow_t = narrow.step_time(CFG, hw, 1, 8192, dtype="float32")
+  saved_bytes = cm.matmul_params(CFG) * (4 - 2)
+  assert full_t - narrow_t == pytest.approx(saved_bytes / hw.hbm_bytes_per_s, rel=0.05)
+  assert cm.predicted_speedup(CFG, hw, narrow, 16, 32768, gamma=3, alpha=0.8, dtype="float32") > \
+      cm.predicted_speedup(CFG, hw, SELF, 16, 32768, gamma=3, alpha=0.8, dtype="float32")
+
+
 def test_verify_over_ar_tends_to_one():
   # Extra verify tokens add a fixed amount of work per row; the KV read grows with context, so the ratio falls to 1.
   for b in (1, 8, 64):

@@ -63,3 +63,10 @@ def test_the_draft_really_reads_the_narrow_copy():
 def test_bad_weights_are_refused():
   with pytest.raises(ValueError, match="float8"):
     md.StreamingDraft(4, 64, weights="float8")
+
+
+def test_a_draft_no_narrower_than_the_target_is_refused():
+  model = tiny_model(3)
+  bf16 = md.model.Model(model.config.replace(dtype="bfloat16"), drafts.narrow_weights(model.params, "bfloat16"))
+  with pytest.raises(ValueError, match="not narrower"):
+    md.generate(bf16, [[1, 2, 3]], max_new_tokens=2, draft=md.StreamingDraft(2, 8, weights="bfloat16"))
