@@ -32,6 +32,8 @@ def _held_out(m) -> bool:
   return m["batch"] == 2 and (m["kv_context"] == 512 or m["role"].startswith("draft_"))
 
 
+# slow: on the 2-vCPU Intel VM of 2026-11-24 the default suite took 96 min (CI allows 90); run with -m slow
+@pytest.mark.slow
 def test_fitted_model_predicts_held_out_shapes():
   params = init_params(TINY, jax.random.key(0))
   drafts = [C.DraftUnderTest("self", 4 + 64)]
