@@ -41,7 +41,8 @@ import orbax.checkpoint as ocp
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import rms_norm
-from magicdec_jax.layers.attention import NEG_INF, matmul_precision
+from magicdec_jax.layers.attention import NEG_INF
+from magicdec_jax.layers.dense import matmul_precision
 from magicdec_jax.model import Block, Model, init_params, lm_logits
 
 HEAD_FILE = "feature_head.json"

@@ -24,7 +24,8 @@ import numpy as np
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import Attention, RMSNorm, SwiGLU, rms_norm
-from magicdec_jax.layers.attention import PrefixTree, matmul_precision
+from magicdec_jax.layers.attention import PrefixTree
+from magicdec_jax.layers.dense import matmul_precision
 
 
 @dataclasses.dataclass

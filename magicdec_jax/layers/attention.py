@@ -137,9 +137,3 @@ def write_rows(buf: jax.Array, slots: jax.Array, values: jax.Array) -> jax.Array
     # Writing the same value twice at the same slot keeps it a scatter, updated in place.
     slots, values = jnp.concatenate([slots, slots], 1), jnp.concatenate([values, values], 1)
   return buf.at[rows, :, slots].set(values.astype(buf.dtype), mode="drop")
-
-
-def matmul_precision(dtype):
-  """float32 models compute in float32 on every backend (GPUs would otherwise run float32 matmuls in
-  TF32, and a verify pass could then disagree with an autoregressive step); bfloat16 uses the default."""
-  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None

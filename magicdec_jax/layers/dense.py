@@ -10,10 +10,15 @@ import jax
 import jax.numpy as jnp
 
 
+def matmul_precision(dtype):
+  """float32 models compute in float32 on every backend (GPUs would otherwise run float32 matmuls in
+  TF32, and a verify pass could then disagree with an autoregressive step); bfloat16 uses the default."""
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
 def dense(eq: str, x: jax.Array, w: jax.Array) -> jax.Array:
-  """jnp.einsum(eq, x, w): float32 x float32 at HIGHEST precision (no TF32 on GPUs); a narrower weight
-  with x cast to it, accumulated and returned in x's dtype."""
+  """jnp.einsum(eq, x, w) at matmul_precision(w.dtype); a weight narrower than x is multiplied with x cast
+  to it, accumulated and returned in x's dtype."""
   if jnp.dtype(w.dtype).itemsize < jnp.dtype(x.dtype).itemsize:
     return jnp.einsum(eq, x.astype(w.dtype), w, preferred_element_type=x.dtype)
-  prec = jax.lax.Precision.HIGHEST if jnp.dtype(w.dtype) == jnp.float32 else None
-  return jnp.einsum(eq, x, w, precision=prec)
+  return jnp.einsum(eq, x, w, precision=matmul_precision(w.dtype))
