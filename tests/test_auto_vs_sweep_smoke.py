@@ -4,12 +4,15 @@ import json
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import auto_vs_sweep  # noqa: E402
 
 
+@pytest.mark.slow
 def test_auto_vs_sweep_smoke(tmp_path):
   out = tmp_path / "avs.json"
   auto_vs_sweep.main(["--smoke", "--output", str(out)])

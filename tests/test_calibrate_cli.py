@@ -43,6 +43,7 @@ def test_hardware_flag_validation(tmp_path):
   check(["--mode=plan", "--hardware=a100"])
 
 
+@pytest.mark.slow
 def test_calibrate_plan_profile_acceptance_and_auto(tmp_path):
   prof = tmp_path / "profile.json"
   out = json.loads(run("--mode=calibrate", "--model=random-tiny", "--batches=1,2", "--contexts=64,256",

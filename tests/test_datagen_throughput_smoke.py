@@ -5,12 +5,15 @@ import json
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import datagen_throughput  # noqa: E402
 
 
+@pytest.mark.slow
 def test_datagen_throughput_smoke(tmp_path):
   runs = [a for c in datagen_throughput.CONFIGS for a in ("--run", c)]
   datagen_throughput.main(["--smoke", *runs, "--merge", "--out-dir", str(tmp_path)])

@@ -6,6 +6,7 @@ import sys
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -41,6 +42,7 @@ def test_formulations_match_numpy():
                              ref, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_smoke_json(tmp_path):
   out = tmp_path / "dal.json"
   dal.main(["--shape", "2x128", "--layers", "2", "--tokens", "1,3", "--repeats", "1", "--output", str(out)])

@@ -5,12 +5,15 @@ import json
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import distilled_draft_speed  # noqa: E402
 
 
+@pytest.mark.slow
 def test_distilled_draft_speed_smoke(tmp_path):
   out = tmp_path / "dds.json"
   distilled_draft_speed.main(["--smoke", "--output", str(out)])

@@ -90,7 +90,8 @@ def _check_rounds(target, draft, tree, prompts, rounds=4):
 PROMPTS = [[3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 3, 2], [27, 18, 28, 1, 8]]
 
 
-@pytest.mark.parametrize("sink,window", [(2, 3), (0, 5), (4, 40)])
+@pytest.mark.parametrize("sink,window", [(2, 3), pytest.param(0, 5, marks=pytest.mark.slow),
+                                         pytest.param(4, 40, marks=pytest.mark.slow)])
 def test_streaming_ring_equals_masked_full_attention(sink, window):
   target, _ = _models()
   worst, rejected = _check_rounds(target, drafts.StreamingDraft(sink, window), Tree.chain(3), PROMPTS)

@@ -132,6 +132,7 @@ def test_inloop_acceptance_replays_teacher_forced(sink, window):
   assert 0 < total_acc < sum(r["verify_steps"] for r in res.row_stats)
 
 
+@pytest.mark.slow
 def test_resume_in_pieces_equals_one_run():
   data = train_data()[:-4]
   cfg = dfm.FeatureDistillConfig(steps=6, lr=3e-3, warmup_steps=2, batch=4, seq_len=64, sink=2, window=16,
@@ -156,6 +157,7 @@ def test_resume_in_pieces_equals_one_run():
       dfm.train(target(), head, data, b, dataclasses.replace(cfg, lr=1e-3), progress=False)
 
 
+@pytest.mark.slow
 def test_draft_vocabulary_trains_and_stays_exact(tmp_path):
   """A head with its own smaller vocabulary (EAGLE-3): trained briefly it accepts (0 < acceptance < 1), its
   greedy output equals plain AR's on a chain and a tree, it never proposes a token outside its vocabulary,
@@ -211,6 +213,7 @@ def test_bad_inputs_named():
     feature_head.frequent_vocab(np.zeros(8, np.int32), 0, 64)
 
 
+@pytest.mark.slow
 def test_cli_distill_then_generate(tmp_path):
   """run.py --mode=distill --draft=feature writes a head that --draft=feature --draft_model=DIR loads; the
   greedy text equals --draft=none's (the random tiny byte-level model)."""

@@ -41,7 +41,8 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case,batch", [(c, B) for c in CASES] + [("ar", 1), ("chain", 1)])
+@pytest.mark.parametrize("case,batch", [pytest.param(c, B, marks=pytest.mark.slow) if c == "ar" else (c, B)
+                                        for c in CASES] + [("ar", 1), pytest.param("chain", 1, marks=pytest.mark.slow)])
 def test_decode_loop_copies_no_weight_or_cache(case, batch):
   """batch 1 too: a one-row, one-token cache write once became a dynamic-update-slice that XLA duplicated
   out of place for the attention's operand (copies of every layer's cache each step)."""

@@ -27,6 +27,7 @@ def bound():
   compiling.set_max_executables(old)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc (Linux)")
 def test_many_settings_memory_maps_stop_growing(bound):
   """8 distinct sampling settings (one decode executable each; ~175 maps apiece when all are kept) under a

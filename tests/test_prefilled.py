@@ -21,7 +21,7 @@ import prefill_bench  # noqa: E402
 import round_cost  # noqa: E402
 
 
-@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("chunk", [pytest.param(16, marks=pytest.mark.slow), 64])
 def test_every_draft_decodes_the_autoregressive_tokens(chunk):
   model = tiny_model(3, attn_scale=8.0)
   prompts = random_prompts([70, 41, 96], model.config.vocab_size, seed=5)
@@ -82,6 +82,7 @@ def test_bad_arguments_are_refused():
     prefilled.prefill(model, [[1] * 500], max_new_tokens=40)
 
 
+@pytest.mark.slow
 def test_context_sweep_smoke(tmp_path):
   out = tmp_path / "sweep.json"
   context_sweep.main(["--smoke", "--output", str(out)])
@@ -102,6 +103,7 @@ def test_context_sweep_smoke(tmp_path):
   assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_round_cost_smoke(tmp_path):
   out = tmp_path / "round.json"
   round_cost.main(["--smoke", "--output", str(out)])

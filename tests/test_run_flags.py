@@ -139,6 +139,7 @@ def test_cli_help_and_bad_flag_subprocess():
   assert "loading" not in r.stderr                      # rejected before any model load
 
 
+@pytest.mark.slow
 def test_bench_writes_json_and_png(tmp_path):
   out = cli_bench.run_bench(tiny(), StreamingDraft(sink=2, window=8), batches=[2], contexts=[20, 32],
                             gammas=[2, 3], output_dir=str(tmp_path), log=lambda m: None,

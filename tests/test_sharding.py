@@ -23,6 +23,8 @@ from magicdec_jax import cli_flags, datagen, sharding
 from magicdec_jax.drafts import ModelDraft, StreamingDraft, truncate_layers
 from magicdec_jax.engine import generate
 
+from conftest import xla_flags
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MESHES = ("data:1,model:8", "data:2,model:4", "data:4,model:2", "data:8,model:1")
@@ -31,7 +33,7 @@ SMOL_MESHES = ("data:1,model:8", "data:4,model:2", "data:8,model:1")     # as sh
 
 def worker(which: str) -> dict:
   """sharding_worker.py's facts for `which` model ("tiny" or "smollm2"), from an 8-device subprocess."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"), JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))   # this checkout's code
   with tempfile.TemporaryDirectory(prefix="shard_worker_") as tmp:
     r = subprocess.run([sys.executable, os.path.join(HERE, "sharding_worker.py"), which, tmp], env=env,
@@ -173,6 +175,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_process_datagen_equals_one_process(tmp_path):
   inp = tmp_path / "in.jsonl"
   with open(inp, "w") as f:
@@ -184,7 +187,7 @@ def test_two_process_datagen_equals_one_process(tmp_path):
             "--mode=datagen"]
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_flags("")
   procs = [subprocess.Popen([sys.executable, "run.py", *flags_, f"--output={tmp_path / 'multi.jsonl'}",
                              f"--coordinator_address=localhost:{port}", "--num_processes=2",
                              f"--process_id={i}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,

@@ -21,7 +21,7 @@ from magicdec_jax import trees
 from magicdec_jax.engine import generate
 from magicdec_jax.stream import Request, generate_stream
 
-from conftest import random_prompts, tiny_model
+from conftest import random_prompts, tiny_model, xla_flags
 from test_generate import reference_greedy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,9 +58,11 @@ CASES = {
     "tree-model-draft": dict(draft=md.ModelDraft(tiny_model(5, layers=1), sink=2, window=4),
                              tree=trees.Tree((-1, 0, 0, 1)), temperature=0.8),
 }
+SLOW_CASES = ("chain-streaming", "tree-model-draft")   # default: AR, and a streaming tree (chains: the mesh test)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CASES else c
+                                  for c in CASES])
 def test_same_tokens_under_any_batching(model, prompts, case):
   kw = dict(CASES[case], max_new_tokens=NEW, eos_token_id=_eos(model, prompts), seed=3)
   static = generate(model, prompts, **kw)
@@ -155,7 +157,7 @@ def test_bad_arguments(model, prompts):
 def test_meshes_same_tokens_as_one_device():
   """generate_stream with mesh= (data:2,model:2 and data:4,model:1 on 4 CPU devices, in a subprocess: this
   process already started jax with one device) gives single-device generate's tokens."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=4"), JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, os.path.join(HERE, "stream_mesh_worker.py")], env=env, capture_output=True,
                      text=True, cwd=os.path.dirname(HERE), timeout=600)
   lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -4,12 +4,15 @@ and runs at every smoke shape and agrees with XLA. Guards the [B, K, S, D] cache
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import tree_attention_bench  # noqa: E402
 
 
+@pytest.mark.slow
 def test_tree_attention_bench_smoke(tmp_path):
   doc = tree_attention_bench.main(["--smoke", "--strict", "--out", str(tmp_path / "smoke.json")])
   assert doc["impls"][0] == "xla" and "pallas_interpret" in doc["impls"]
