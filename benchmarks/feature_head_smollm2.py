@@ -59,6 +59,8 @@ def main():
   ap.add_argument("--out_dir", default="out/feature_head_smollm2")
   ap.add_argument("--draft_vocab", type=int, default=0, help="the head's own vocabulary: the N most frequent "
                   "ids of the training text + EOS (0: the target's)")
+  ap.add_argument("--compute", default="float32", choices=distill_feature.COMPUTE_DTYPES,
+                  help="precision of the target's pass and the head's matmuls during training")
   ap.add_argument("--json", default=None)
   a = ap.parse_args()
   env = common.env_info()
@@ -72,7 +74,7 @@ def main():
   train_plays, held_plays = held_out_plays(tok, train, held)
   cfg = distill_feature.FeatureDistillConfig(
       steps=a.steps, lr=a.lr, warmup_steps=a.warmup, batch=a.batch, seq_len=a.seq_len, ttt=a.ttt,
-      checkpoint_every=a.eval_every, eval_every=a.eval_every, sink=4, window=256)
+      checkpoint_every=a.eval_every, eval_every=a.eval_every, sink=4, window=256, compute=a.compute)
   vocab = feature_head.frequent_vocab(data, a.draft_vocab, target.config.vocab_size,
                                      target.config.eos_token_ids or ()) if a.draft_vocab else None
   head = feature_head.init_head(target, vocab=vocab)

@@ -161,6 +161,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_integer("draft_vocab", 0, "distill --draft=feature: the head's own vocabulary, the N most "
                        "frequent token ids of the training data plus EOS (0: the target's whole vocabulary).",
                        lower_bound=0, **d)
+  flags.DEFINE_enum("distill_compute", "float32", ["float32", "bfloat16"], "distill --draft=feature: "
+                    "precision of the frozen target's pass and the head's matmuls (bfloat16: bfloat16 copies, "
+                    "float32 accumulation and float32 master weights; held-out acceptance is measured in "
+                    "float32 either way).", **d)
   flags.DEFINE_integer("eval_every", 0, "distill: steps between held-out acceptance measurements (0: start "
                        "and end only).", lower_bound=0, **d)
   flags.DEFINE_enum("distill_loss", "ce", ["ce", "kl"], "distill: ce = cross-entropy on the target's greedy "
@@ -234,6 +238,9 @@ def validate(fv) -> None:
   if fv.acceptance_file and mode in ("generate", "demo", "bench", "datagen", "calibrate", "plan"):
     _readable_file("acceptance_file", fv.acceptance_file)
     load_acceptance_vector(fv.acceptance_file)
+  if fv["distill_compute"].present and (mode != "distill" or fv.draft != "feature"):
+    raise app.UsageError(f"--distill_compute={fv.distill_compute} is for --mode=distill --draft=feature "
+                         f"(got --mode={mode} --draft={fv.draft})")
   if fv["draft_weights"].present and fv.draft_weights != "none" and fv.draft != "streaming":
     raise app.UsageError(f"--draft_weights={fv.draft_weights} is for --draft=streaming (got --draft={fv.draft})")
   if (mode == "demo" and fv.shared_tokens is not None and fv["prompt_tokens"].present

@@ -43,9 +43,11 @@ from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.feature_head import FeatureHead
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
-from magicdec_jax.model import Model, forward
+from magicdec_jax.layers.dense import narrow_weights
+from magicdec_jax.model import Model, forward, lm_logits
 
 HISTORY_FILE = "distill_history.json"
+COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +67,7 @@ class FeatureDistillConfig:
   eval_every: int = 0          # 0: evaluate only at the start and the end
   sink: int = 4                # the head's StreamingLLM ring (training mask and held-out evaluation)
   window: int = 256
+  compute: str = "float32"     # "bfloat16": target pass and head matmuls on bfloat16 copies (f32 master)
 
   def validate(self):
     for name in ("steps", "batch", "checkpoint_every", "ttt", "window"):
@@ -76,6 +79,8 @@ class FeatureDistillConfig:
                        f"got {self.seq_len!r}")
     if self.sink < 0 or self.warmup_steps < 0 or self.eval_every < 0:
       raise ValueError("feature distill sink, warmup_steps and eval_every must be >= 0")
+    if self.compute not in COMPUTE_DTYPES:
+      raise ValueError(f"feature distill compute must be one of {COMPUTE_DTYPES}, got {self.compute!r}")
     if not 0 < self.decay <= 1:
       raise ValueError(f"feature distill decay must be in (0, 1], got {self.decay!r}")
     distill.DistillConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps,
@@ -96,14 +101,27 @@ class FeatureDistillConfig:
 
 # ------------------------------------------------------------------------------------------ the model
 
-def target_outputs(tparams, tcfg: ModelConfig, tokens: jax.Array, layers: tuple[int, ...]):
-  """A plain causal target pass over [B, T] -> (float32 logits [B, T, V], features [B, T, n * D])."""
+def target_outputs(tparams, tcfg: ModelConfig, tokens: jax.Array, layers: tuple[int, ...],
+                   vocab: tuple[int, ...] | None = None):
+  """A plain causal target pass over [B, T] -> (float32 logits [B, T, V], features [B, T, n * D]).
+
+  With a draft `vocab` the logits are over those ids only ([B, T, len(vocab)]): the LM head multiplies
+  just their rows. That is all a head with a draft vocabulary trains on, and at SmolLM2's 49152 ids the
+  full LM head (and its [B, T, V] float32 output) measured most of a training step on a 2-core CPU."""
   b, t = tokens.shape
+  last = tcfg.num_layers - 1
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   spec = PrefixTree(jnp.zeros((b,), jnp.int32), jnp.tril(jnp.ones((t, t), bool)))
-  logits, _, feats = forward(tparams, tcfg, tokens, pos, KVCache.zeros(tcfg, b, t), pos, spec,
-                             feature_layers=layers)
-  return logits, feats
+  _, _, feats = forward(tparams, tcfg, tokens, pos, KVCache.zeros(tcfg, b, t), pos, spec,
+                        compute_logits=False, feature_layers=tuple(layers) + (last,))
+  d = tcfg.hidden_size
+  feats, top = feats[..., :-d], feats[..., -d:]                   # the head's features; the last block's
+  if vocab is None:
+    return lm_logits(tparams, tcfg, top, tparams["final_norm"]["scale"]), feats
+  ids = jnp.asarray(vocab, jnp.int32)
+  rows = tparams["embed"][ids] if tcfg.tie_embeddings else tparams["lm_head"][:, ids].T   # [Vd, D]
+  return lm_logits({"embed": rows}, tcfg.replace(tie_embeddings=True), top,
+                   tparams["final_norm"]["scale"]), feats
 
 
 def unroll_mask(t: int, steps: int, k: int, sink: int, window: int) -> np.ndarray:
@@ -136,14 +154,13 @@ def unroll(hparams, cfg: ModelConfig, tparams, feats: jax.Array, tokens: jax.Arr
   return out
 
 
-def unroll_terms(draft_logits: list[jax.Array], target_logits: jax.Array, decay: float,
-                 vocab: tuple[int, ...] | None = None):
+def unroll_terms(draft_logits: list[jax.Array], target_logits: jax.Array, decay: float):
   """-> (weighted soft-CE loss, per-step soft CE [K], per-step greedy agreement [K]) over valid positions.
-  With a draft vocabulary the draft logits are over it: the target's distribution is renormalised over
-  it, and agreement maps the draft's argmax back to a target id."""
-  label = jnp.argmax(target_logits[:, 1:], -1)
-  ids = None if vocab is None else jnp.asarray(vocab, jnp.int32)
-  tl = target_logits[:, 1:] if ids is None else jnp.take(target_logits[:, 1:], ids, axis=-1)
+  `target_logits` are over the draft's vocabulary (target_outputs with the same vocab): with a draft
+  vocabulary the target's distribution is renormalised over it, and agreement (a training metric) is
+  with the target's argmax within it; held-out acceptance compares with the target's full argmax."""
+  tl = target_logits[:, 1:]
+  label = jnp.argmax(tl, -1)
   p = jax.nn.softmax(tl.astype(jnp.float32), -1)                           # the target at t + 1
   t1 = p.shape[1]
   loss, ces, agrees, wsum = 0.0, [], [], 0.0
@@ -151,7 +168,7 @@ def unroll_terms(draft_logits: list[jax.Array], target_logits: jax.Array, decay:
     valid = (jnp.arange(t1) >= k)[None, :]
     n = valid.sum() * lg.shape[0]
     ce = -(jnp.sum(p * jax.nn.log_softmax(lg, -1), -1) * valid).sum() / n
-    agree = ((to_target_ids(jnp.argmax(lg, -1), ids) == label) & valid).sum() / n
+    agree = ((jnp.argmax(lg, -1) == label) & valid).sum() / n
     loss, wsum = loss + decay ** k * ce, wsum + decay ** k
     ces.append(ce)
     agrees.append(agree)
@@ -168,12 +185,15 @@ def to_target_ids(draft_ids: jax.Array, ids: jax.Array | None) -> jax.Array:
 def train_step(hparams, opt_state, tparams, tokens, *, cfg: ModelConfig, tcfg: ModelConfig,
                layers: tuple[int, ...], fcfg: FeatureDistillConfig, opt: optax.GradientTransformation,
                vocab: tuple[int, ...] | None = None):
-  """One AdamW step of the head on tokens [B, T] (the target run inside, frozen)."""
-  tlogits, feats = jax.lax.stop_gradient(target_outputs(tparams, tcfg, tokens, layers))
+  """One AdamW step of the head on tokens [B, T] (the target run inside, frozen). `tparams` are the
+  target's params in the compute precision (train() narrows them once); the head's float32 params are
+  cast to it inside the loss, so the gradient and the update stay float32."""
+  tlogits, feats = jax.lax.stop_gradient(target_outputs(tparams, tcfg, tokens, layers, vocab))
 
   def loss_fn(hp):
-    outs = unroll(hp, cfg, tparams, feats, tokens, fcfg.ttt, fcfg.sink, fcfg.window)
-    loss, ce, agree = unroll_terms(outs, tlogits, fcfg.decay, vocab)
+    hc = hp if fcfg.compute == "float32" else narrow_weights(hp, fcfg.compute)
+    outs = unroll(hc, cfg, tparams, feats, tokens, fcfg.ttt, fcfg.sink, fcfg.window)
+    loss, ce, agree = unroll_terms(outs, tlogits, fcfg.decay)
     return loss, (ce, agree)
 
   (loss, (ce, agree)), grads = jax.value_and_grad(loss_fn, has_aux=True)(hparams)
@@ -277,11 +297,13 @@ def train(target: Model, head: FeatureHead, data: np.ndarray, out_dir: str,
              file=sys.stderr) if progress and end > start else None
   step_fn = functools.partial(train_step, cfg=head.config, tcfg=target.config, layers=tuple(head.layers),
                               fcfg=cfg, opt=opt, vocab=head.vocab)
+  tparams = target.params if cfg.compute == "float32" else \
+      jax.jit(narrow_weights, static_argnums=1)(target.params, cfg.compute)
   metrics, t_call = None, time.perf_counter()
   for step in range(start, end):
     batch = data[distill_data.batch_indices(data.shape[0], cfg.batch, step, cfg.seed)]
     t_step, c_step = time.perf_counter(), compiling.compile_seconds()
-    params, opt_state, metrics = step_fn(params, opt_state, target.params, jnp.asarray(batch))
+    params, opt_state, metrics = step_fn(params, opt_state, tparams, jnp.asarray(batch))
     m = jax.device_get(metrics)
     compile_s = compiling.compile_seconds() - c_step
     train_s += time.perf_counter() - t_step - compile_s    # training time, compilation excluded

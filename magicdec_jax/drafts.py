@@ -25,18 +25,13 @@ import numpy as np
 from magicdec_jax.cache import KVCache, RingCache, gather_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
+from magicdec_jax.layers.dense import narrow_weights  # noqa: F401  (the bfloat16 self-draft's copy)
 from magicdec_jax.model import Model, forward
 from magicdec_jax.sampling import Sampling, probabilities, sample_without_replacement
 from magicdec_jax.trees import Tree
 
 
 DRAFT_WEIGHTS = (None, "bfloat16")
-
-
-def narrow_weights(params, dtype: str):
-  """A copy of a params tree with every matrix (ndim >= 2: projections, MLP, embedding / LM head) cast to
-  `dtype`; vectors (norm scales) are kept, the model still computes in its own dtype."""
-  return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 else x, params)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,7 @@ import orbax.checkpoint as ocp
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import rms_norm
 from magicdec_jax.layers.attention import NEG_INF
-from magicdec_jax.layers.dense import matmul_precision
+from magicdec_jax.layers.dense import dense, matmul_precision
 from magicdec_jax.model import Block, Model, init_params, lm_logits
 
 HEAD_FILE = "feature_head.json"
@@ -149,7 +149,7 @@ def fuse(hparams: dict, feats: jax.Array, eps: float) -> jax.Array:
   n = feats.shape[-1] // d
   parts = feats.reshape(*feats.shape[:-1], n, d)
   normed = rms_norm(parts, jnp.ones((d,), parts.dtype), eps).reshape(feats.shape)
-  return jnp.einsum("...F,FD->...D", normed, hparams["fuse"], precision=matmul_precision(feats.dtype))
+  return dense("...F,FD->...D", normed, hparams["fuse"])
 
 
 def step(cfg: ModelConfig, hparams: dict, tparams: dict, g: jax.Array, tokens: jax.Array,
@@ -157,8 +157,7 @@ def step(cfg: ModelConfig, hparams: dict, tparams: dict, g: jax.Array, tokens: j
   """One head pass: g [B, T, D], tokens [B, T] (the token after each position) -> (float32 logits
   [B, T, V], h [B, T, D] (the next depth's g), cache_k, cache_v) on the head's one-layer cache buffers."""
   e = jnp.take(tparams["embed"], tokens, axis=0).astype(g.dtype)
-  x = jnp.einsum("BTF,FD->BTD", jnp.concatenate([g, e], axis=-1), hparams["fc"],
-                 precision=matmul_precision(g.dtype))
+  x = dense("BTF,FD->BTD", jnp.concatenate([g, e], axis=-1), hparams["fc"])
   h, cache_k, cache_v, _ = Block(cfg).apply({"params": hparams["layers"][0]}, x, positions, cache_k,
                                             cache_v, write_slots, attn_spec)
   return head_logits(cfg, hparams, tparams, h), h, cache_k, cache_v
@@ -170,8 +169,11 @@ def head_logits(cfg: ModelConfig, hparams: dict, tparams: dict, h: jax.Array) ->
   if "vocab_head" not in hparams:
     return lm_logits(tparams, cfg, h, hparams["norm"]["scale"])
   x = rms_norm(h, hparams["norm"]["scale"], cfg.rms_norm_eps)
-  return jnp.einsum("BTD,VD->BTV", x, hparams["vocab_head"], preferred_element_type=jnp.float32,
-                    precision=matmul_precision(h.dtype))
+  w = hparams["vocab_head"]
+  if jnp.dtype(w.dtype).itemsize < jnp.dtype(x.dtype).itemsize:         # a narrower (training) copy
+    x = x.astype(w.dtype)
+  return jnp.einsum("BTD,VD->BTV", x, w, preferred_element_type=jnp.float32,
+                    precision=matmul_precision(w.dtype))
 
 
 def to_target_vocab(logits: jax.Array, vocab: tuple[int, ...] | None, vocab_size: int) -> jax.Array:

@@ -93,6 +93,8 @@ def usage_cases(tmp_path):
       (["--mode=generate", "--prompt=a", "--draft=snapkv", "--draft_weights=bfloat16"],
        "--draft_weights=bfloat16 is for --draft=streaming"),
       (["--mode=generate", "--prompt=a", "--draft_weights=bfloat16"], None),
+      (["--mode=generate", "--prompt=a", "--distill_compute=bfloat16"],
+       "--distill_compute=bfloat16 is for --mode=distill --draft=feature"),
       (["--mode=convert", "--src=a"], "--mode=convert needs --dst"),
       (["--mode=plan", "--draft=model"], "--draft=model needs --draft_model"),
       (["--mode=plan", "--draft=model", "--draft_layers=2"], None),

@@ -22,3 +22,9 @@ def dense(eq: str, x: jax.Array, w: jax.Array) -> jax.Array:
   if jnp.dtype(w.dtype).itemsize < jnp.dtype(x.dtype).itemsize:
     return jnp.einsum(eq, x.astype(w.dtype), w, preferred_element_type=x.dtype)
   return jnp.einsum(eq, x, w, precision=matmul_precision(w.dtype))
+
+
+def narrow_weights(params, dtype: str):
+  """A copy of a params tree with every matrix (ndim >= 2: projections, MLP, embedding / LM head) cast to
+  `dtype`; vectors (norm scales) are kept, the model still computes in its own dtype (dense above)."""
+  return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 else x, params)
