@@ -112,14 +112,18 @@ def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, ga
   print(f"\nMagicDec demo: {model.name} on {device}, batch {batch} x {prompt_tokens}-token prompts, "
         f"{max_new_tokens} new tokens, temperature {temperature}")
   print(f"  autoregressive : {a['tokens_per_s']:8.1f} tokens/s  ({a['decode_s']:.2f}s, "
-        f"{a['decode_s'] / max(a['verify_steps'] / batch, 1) * 1e3:.0f} ms per step)")
+        f"{a['decode_s'] / max(a['loop_rounds'], 1) * 1e3:.0f} ms per step)")
   print(f"  MagicDec       : {m['tokens_per_s']:8.1f} tokens/s  ({m['decode_s']:.2f}s, "
-        f"{m['decode_s'] / max(m['verify_steps'] / batch, 1) * 1e3:.0f} ms per round of gamma {gamma})")
+        f"{m['decode_s'] / max(m['loop_rounds'], 1) * 1e3:.0f} ms per round of gamma {gamma})")
   print(f"  speedup        : {speedup:.2f}x   acceptance rate {m['acceptance_rate']:.3f}   mean accepted "
         f"length {m['mean_accepted_length']:.2f}")
   if repeats > 1:
     print(f"                   (summed over {repeats} alternated runs each; run by run: "
           + ", ".join(f"{x:.2f}x" for x in pairs) + ")")
+  tail = m["loop_rounds"] / max(m["verify_steps"] / batch, 1)     # batch rounds / the mean row's rounds
+  print(f"  tail           : the mean row needed {m['verify_steps'] / batch / repeats:.1f} rounds, the batch ran "
+        f"{m['loop_rounds'] / repeats:.1f} (its slowest row; finished rows wait), {tail:.2f}x the mean: without "
+        f"that tail ~{speedup * tail:.2f}x (a projection; --mode=datagen refills finished rows)")
   if temperature == 0:
     print(f"  identical greedy tokens: {same}")
   print(f"  prefill (once, shared): {pre.prefill_s:.1f}s"
@@ -136,7 +140,7 @@ def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, ga
   text = md.texts[0] if md.texts else md.tokens[0]
   print(f"\n--- prompt 0 ends with ---\n...{model.tokenizer.decode(prompts[0][-40:])}")
   print(f"--- MagicDec continuation ---\n{text}\n")
-  return {"speedup": speedup, "speedup_by_run": pairs, "identical": same, "ar": a, "magicdec": m,
+  return {"speedup": speedup, "speedup_by_run": pairs, "tail": tail, "identical": same, "ar": a, "magicdec": m,
           "prefill_s": pre.prefill_s, "shared_tokens": pre.shared_tokens}
 
 
@@ -147,7 +151,7 @@ def _weights(dtype: str | None) -> str:
 def _summed(results) -> dict:
   """The stats of several decodes of the same batch as one: summed seconds, tokens and rounds."""
   s = dict(results[-1].stats)
-  for k in ("decode_s", "new_tokens", "verify_steps"):
+  for k in ("decode_s", "new_tokens", "verify_steps", "loop_rounds"):
     s[k] = sum(r.stats[k] for r in results)
   s["tokens_per_s"] = s["new_tokens"] / s["decode_s"] if s["decode_s"] > 0 else None
   return s

@@ -390,6 +390,7 @@ def collect_result(model, state, out, n_out, n, eos, tree, spec, prefill_s, deco
   stats = {
       "prefill_s": max(prefill_s, 0.0), "decode_s": max(decode_s, 0.0), "new_tokens": total_new,
       "tokens_per_s": total_new / decode_s if decode_s > 0 else None, "verify_steps": total_rounds,
+      "loop_rounds": int(state.step),     # rounds the batch ran: its slowest row's (finished rows idle)
       "draft": None if spec is None else type(spec).__name__, "tree_nodes": tree.num_nodes,
       "acceptance_rate": float(accepted.sum()) / (total_rounds * depth) if depth and total_rounds else None,
       "mean_accepted_length": float(accepted.sum() + total_rounds) / total_rounds if total_rounds else None,

@@ -103,6 +103,19 @@ def test_context_sweep_smoke(tmp_path):
   assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_loop_rounds_are_the_slowest_rows():
+  """stats["loop_rounds"] (what the demo divides its decode time by) is the batch's round count: with AR
+  every round emits one token per row, so it is the longest output; speculating, the most rounds a row ran."""
+  model = tiny_model(3, attn_scale=8.0)
+  prompts = random_prompts([40, 23, 57], model.config.vocab_size, seed=9)
+  ar = md.generate(model, prompts, max_new_tokens=11)
+  assert ar.stats["loop_rounds"] == max(len(t) for t in ar.tokens)
+  sd = md.generate(model, prompts, max_new_tokens=11, draft=md.StreamingDraft(2, 8), gamma=3)
+  assert sd.tokens == ar.tokens
+  assert sd.stats["loop_rounds"] == max(r["verify_steps"] for r in sd.row_stats)
+  assert sd.stats["loop_rounds"] >= sd.stats["verify_steps"] / len(prompts)
+
+
 @pytest.mark.slow
 def test_round_cost_smoke(tmp_path):
   out = tmp_path / "round.json"
@@ -130,7 +143,7 @@ def test_demo_runs_and_checks_its_own_tokens(capsys):
   assert res["shared_tokens"] == 256                 # one 256-token chunk prefilled once for both rows
   out = capsys.readouterr().out
   assert "speedup" in out and "identical greedy tokens: True" in out and "crossover" in out
-  assert "alternated runs" in out
+  assert "alternated runs" in out and "the batch ran" in out and res["tail"] >= 1.0
   with pytest.raises(ValueError, match="shared_tokens"):
     cli_demo.run(model, batch=2, prompt_tokens=64, max_new_tokens=8, gamma=2, sink=2, window=16,
                  temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, shared_tokens=64)
