@@ -19,20 +19,21 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from magicdec_jax import checkpoints, shapes, textdata
+from magicdec_jax import calibrate, checkpoints, shapes, textdata
 from magicdec_jax.model import Model, init_params
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def env_info() -> dict:
-  """Where and when: device, versions, date, CPU count, load average."""
+  """Where and when: device, versions, date, CPU count and model, load average."""
   dev = jax.devices()[0]
   return {
       "device": f"{dev.platform}:{dev.device_kind}", "num_devices": jax.device_count(),
       "jax_version": jax.__version__, "python": platform.python_version(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "host_cpus": os.cpu_count(), "loadavg_start": list(os.getloadavg()),
+      "host_cpus": os.cpu_count(), "cpu_model": calibrate.host_cpu_model(),
+      "loadavg_start": list(os.getloadavg()),
   }
 
 

@@ -36,6 +36,9 @@ def main(argv=None):
   ap.add_argument("--window", type=int, default=PRESET["window"])
   ap.add_argument("--max-batch-tokens", type=int, default=PRESET["max_batch_tokens"],
                   help="skip points with batch x context above this (prefill time)")
+  ap.add_argument("--draft-weights", default="none", choices=["none", "bfloat16"],
+                  help="StreamingDraft.weights: the self-draft on the target's weights or a bfloat16 copy "
+                       "(the demo's draft)")
   ap.add_argument("--profile", default=None, help="hardware profile JSON for the predictions (default: nominal)")
   ap.add_argument("--budget-min", type=float, default=30.0, help="start no new point after this many minutes")
   ap.add_argument("--output", default=None)
@@ -57,7 +60,8 @@ def main(argv=None):
     model, source = common.load_smollm(allow_random=False)
   out = args.output or str(common.RESULTS_DIR / f"context_sweep_{common.device_tag()}.json")
   doc = {"benchmark": "context_sweep", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
-         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window}, "greedy": True,
+         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window,
+                   "weights": None if args.draft_weights == "none" else args.draft_weights}, "greedy": True,
          "max_new_tokens": args.max_new, "gammas": args.gammas, "command": " ".join(sys.argv)}
 
   def prompts_for(batch: int, context: int) -> list[list[int]]:
@@ -68,7 +72,8 @@ def main(argv=None):
     with open(out, "w") as f:
       json.dump(d, f, indent=1)
 
-  sweep.run(model, StreamingDraft(args.sink, args.window), prompts_for, batches=args.batches,
+  draft = StreamingDraft(args.sink, args.window, weights=None if args.draft_weights == "none" else args.draft_weights)
+  sweep.run(model, draft, prompts_for, batches=args.batches,
             contexts=args.contexts, gammas=args.gammas, max_new=args.max_new,
             max_batch_tokens=args.max_batch_tokens, budget_min=args.budget_min, hardware=args.profile, doc=doc,
             on_point=save, log=lambda m: print(m, flush=True))

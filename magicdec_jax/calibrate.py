@@ -206,6 +206,19 @@ def fit_profile(name: str, measurements: Sequence[dict], *, tile: int = 128,
               per_row_holdout_rel_err=[round(float(e), 4) for e in loo])
 
 
+def host_cpu_model() -> str:
+  """The host CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) ..."): CPU timings, and the crossover they
+  give, belong to a CPU model, not to jax's generic "cpu" device kind."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.lower().startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine() or "unknown"
+
+
 def device_memory_bytes() -> float:
   dev = jax.devices()[0]
   try:
@@ -232,7 +245,8 @@ def calibrate(params, cfg: ModelConfig, *, drafts: Sequence[DraftUnderTest] = ()
       "format": PROFILE_FORMAT, "device": f"{dev.platform}:{dev.device_kind}", "platform": platform.platform(),
       "jax_version": jax.__version__,
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "host_cpus": os.cpu_count(), "loadavg_start": load0, "model": model_name, "dtype": cfg.dtype,
+      "host_cpus": os.cpu_count(), "cpu_model": host_cpu_model(), "loadavg_start": load0,
+      "model": model_name, "dtype": cfg.dtype,
       "grid": {"batches": list(batches), "contexts": list(contexts), "tokens": list(tokens),
                "draft_tokens": list(draft_tokens),
                "drafts": [{"name": d.name, "kv_tokens": d.kv_tokens,

@@ -32,7 +32,7 @@ import os
 
 import jax
 
-from magicdec_jax import drafts, prefilled, textdata
+from magicdec_jax import calibrate, drafts, prefilled, textdata
 from magicdec_jax.model import Model
 
 CPU_SHAPE = (8, 4096)      # batch x prompt tokens: KV 1.5 GB vs 0.54 GB of weights
@@ -48,20 +48,28 @@ def default_shape() -> tuple[int, int, int]:
   return (*CPU_SHAPE, CPU_GAMMA) if jax.default_backend() == "cpu" else (*GPU_SHAPE, GPU_GAMMA)
 
 
-def measured_crossover(root: str, device: str) -> str | None:
-  """The newest context sweep measured on this kind of device: one line naming where speculation first
-  beats autoregressive decoding per batch, with its date (None if no sweep was recorded here)."""
+def measured_crossover(root: str, device: str, cpu_model: str | None = None) -> str | None:
+  """One line naming where speculation first beat autoregressive decoding per batch, from the newest
+  context sweep (by its recorded date) of this device kind, preferring one recorded on `cpu_model` (CPU
+  timings belong to a CPU model; jax calls every CPU "cpu"); the line names the CPU the sweep ran on and
+  says when that is not this one. None if no sweep was recorded on this device kind."""
   docs = []
   for path in glob.glob(os.path.join(root, SWEEP_GLOB)):
     with open(path) as f:
       doc = json.load(f)
-    if doc.get("env", {}).get("device") == device and doc.get("crossover"):
-      docs.append((doc["env"].get("date", ""), path, doc))
-  for _, path, doc in sorted(docs, key=lambda d: d[:2])[-1:]:        # the newest by its recorded date
+    env = doc.get("env", {})
+    if env.get("device") == device and doc.get("crossover"):
+      same = cpu_model is not None and env.get("cpu_model") == cpu_model
+      docs.append((same, env.get("date", ""), path, doc))
+  for same, _, path, doc in sorted(docs, key=lambda d: d[:3])[-1:]:   # same CPU first, then the newest
     parts = [f"batch {b}: {c['measured'] if c['measured'] is not None else 'not reached'}"
              for b, c in sorted(doc["crossover"].items(), key=lambda kv: int(kv[0]))]
+    ran_on = doc["env"].get("cpu_model")
+    where = "" if cpu_model is None else (
+        f", on this CPU ({ran_on})" if same else
+        f", on {'another CPU (' + ran_on + ')' if ran_on else 'an unrecorded CPU'}, not necessarily like this one")
     return (f"measured crossover (decode speedup > 1 from this context on; {os.path.basename(path)}, "
-            f"{doc['env']['date'][:10]}): " + ", ".join(parts))
+            f"{doc['env']['date'][:10]}{where}): " + ", ".join(parts))
   return None
 
 
@@ -134,7 +142,7 @@ def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, ga
   print(f"  why: each step reads {weights_gb:.2f} GB of weights and {kv_gb:.2f} GB of KV cache; the draft reads "
         f"{draft_w} and only {sink + window} tokens of KV per row, the verify pass the whole cache once for "
         f"{gamma + 1} tokens.")
-  line = measured_crossover(root, device)
+  line = measured_crossover(root, device, calibrate.host_cpu_model() if device.startswith("cpu") else None)
   print("  " + (line or "crossover: no context sweep recorded on this kind of device "
                 "(python benchmarks/context_sweep.py measures it)"))
   text = md.texts[0] if md.texts else md.tokens[0]

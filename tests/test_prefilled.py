@@ -163,3 +163,11 @@ def test_demo_reads_the_newest_sweep_of_this_device(tmp_path):
   write("context_sweep_gpu_2026-11-24.json", "2026-11-24T12:00:00", "gpu:H100", 1024)
   line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu")
   assert "context_sweep_cpu_2026-11-23.json" in line and "batch 1: not reached, batch 4: 2048" in line
+  # A sweep recorded on this host's CPU model wins over a newer one from another CPU, and the line says so.
+  (res / "context_sweep_cpu_2026-11-20.json").write_text(json.dumps({
+      "env": {"date": "2026-11-20T12:00:00", "device": "cpu:cpu", "cpu_model": "CPU A"},
+      "crossover": {"8": {"measured": 4096}}}))
+  line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU A")
+  assert "context_sweep_cpu_2026-11-20.json" in line and "on this CPU (CPU A)" in line and "batch 8: 4096" in line
+  line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU B")
+  assert "context_sweep_cpu_2026-11-23.json" in line and "an unrecorded CPU" in line
