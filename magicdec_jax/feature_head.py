@@ -171,7 +171,7 @@ def head_logits(cfg: ModelConfig, hparams: dict, tparams: dict, h: jax.Array) ->
   x = rms_norm(h, hparams["norm"]["scale"], cfg.rms_norm_eps)
   w = hparams["vocab_head"]
   if jnp.dtype(w.dtype).itemsize < jnp.dtype(x.dtype).itemsize:         # a narrower (training) copy
-    x = x.astype(w.dtype)
+    return dense("BTD,VD->BTV", x, w).astype(jnp.float32)
   return jnp.einsum("BTD,VD->BTV", x, w, preferred_element_type=jnp.float32,
                     precision=matmul_precision(w.dtype))
 

@@ -27,6 +27,22 @@ def test_narrow_dense_matches_float64_of_the_rounded_operands():
                              atol=1e-5)
 
 
+@pytest.mark.parametrize("eq,xshape,wshape", [("BTD,DF->BTF", (1, 1, 16), (16, 24)),
+                                              ("BTD,VD->BTV", (1, 1, 16), (40, 16)),        # a tied LM head
+                                              ("BTNH,NHD->BTD", (1, 1, 2, 8), (2, 8, 16))])  # attention out
+def test_a_single_row_narrow_dense_matches_float64(eq, xshape, wshape):
+  """One row (batch 1, one token) is padded to two on CPU (XLA's one-row bfloat16 path is slow): the
+  result is still the one row's product, shaped as the einsum says."""
+  rng = np.random.default_rng(1)
+  x = rng.standard_normal(xshape).astype(np.float32)
+  w = rng.standard_normal(wshape).astype(np.float32)
+  xb, wb = (np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64) for a in (x, w))
+  got = jax.jit(lambda a, b: dense(eq, a, b))(jnp.asarray(x), jnp.asarray(w, jnp.bfloat16))
+  want = np.einsum(eq.lower(), xb, wb)
+  assert got.shape == want.shape and got.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("kw", [{"gamma": 3}, {"tree": Tree((-1, 0, 0, 1, 2))}])
 def test_bf16_self_draft_decodes_the_autoregressive_tokens(kw):
   model = tiny_model(3, attn_scale=8.0)
@@ -36,6 +52,17 @@ def test_bf16_self_draft_decodes_the_autoregressive_tokens(kw):
   assert res.tokens == want
   full = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8), **kw)
   assert res.stats["acceptance_rate"] >= 0.5 * full.stats["acceptance_rate"] > 0     # drafts about as well
+
+
+def test_bf16_self_draft_at_batch_one():
+  """Batch 1 (the draft's one-row steps take dense's padded path on CPU): AR's tokens, drafting well."""
+  model = tiny_model(3, attn_scale=8.0)
+  prompts = random_prompts([45], model.config.vocab_size, seed=8)
+  want = md.generate(model, prompts, max_new_tokens=16).tokens
+  res = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8, weights="bfloat16"), gamma=3)
+  assert res.tokens == want
+  full = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8), gamma=3)
+  assert res.stats["acceptance_rate"] >= 0.5 * full.stats["acceptance_rate"] > 0
 
 
 def test_the_draft_really_reads_the_narrow_copy():
