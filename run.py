@@ -283,7 +283,7 @@ def mode_distill():
   cfg = distill.DistillConfig(
       steps=FLAGS.distill_steps, lr=FLAGS.lr, warmup_steps=FLAGS.warmup_steps, batch=FLAGS.batch,
       seq_len=FLAGS.seq_len, loss=FLAGS.distill_loss, seed=FLAGS.seed, checkpoint_every=FLAGS.checkpoint_every,
-      eval_every=FLAGS.eval_every, sink=FLAGS.sink, window=FLAGS.window, compute=FLAGS.distill_compute)
+      eval_every=FLAGS.eval_every, sink=FLAGS.sink, window=FLAGS.window)
   v = model.config.vocab_size
   eos = model.config.eos_token_ids[0] if model.config.eos_token_ids else None
   try:
