@@ -59,9 +59,10 @@ def main(argv=None):
   else:
     model, source = common.load_smollm(allow_random=False)
   out = args.output or str(common.RESULTS_DIR / f"context_sweep_{common.device_tag()}.json")
+  weights = None if args.draft_weights == "none" else args.draft_weights
   doc = {"benchmark": "context_sweep", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
          "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window,
-                   "weights": None if args.draft_weights == "none" else args.draft_weights}, "greedy": True,
+                   "weights": weights}, "greedy": True,
          "max_new_tokens": args.max_new, "gammas": args.gammas, "command": " ".join(sys.argv)}
 
   def prompts_for(batch: int, context: int) -> list[list[int]]:
@@ -72,8 +73,7 @@ def main(argv=None):
     with open(out, "w") as f:
       json.dump(d, f, indent=1)
 
-  draft = StreamingDraft(args.sink, args.window, weights=None if args.draft_weights == "none" else args.draft_weights)
-  sweep.run(model, draft, prompts_for, batches=args.batches,
+  sweep.run(model, StreamingDraft(args.sink, args.window, weights=weights), prompts_for, batches=args.batches,
             contexts=args.contexts, gammas=args.gammas, max_new=args.max_new,
             max_batch_tokens=args.max_batch_tokens, budget_min=args.budget_min, hardware=args.profile, doc=doc,
             on_point=save, log=lambda m: print(m, flush=True))

@@ -25,7 +25,6 @@ import numpy as np
 from magicdec_jax.cache import KVCache, RingCache, gather_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
-from magicdec_jax.layers.dense import narrow_weights  # noqa: F401  (the bfloat16 self-draft's copy)
 from magicdec_jax.model import Model, forward
 from magicdec_jax.sampling import Sampling, probabilities, sample_without_replacement
 from magicdec_jax.trees import Tree

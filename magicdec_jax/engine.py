@@ -17,6 +17,7 @@ import numpy as np
 from magicdec_jax import autotune, drafts, feature_draft, loop, sharding
 from magicdec_jax import compile as compiling
 from magicdec_jax.cache import aligned_slots
+from magicdec_jax.layers.dense import narrow_weights
 from magicdec_jax.model import Model, full_forward
 from magicdec_jax.sampling import Sampling
 from magicdec_jax.sharding import planner
@@ -172,7 +173,7 @@ def _narrow_copy(params, dtype: str):
   if key not in _NARROW or _NARROW[key][0] is not params:
     if len(_NARROW) >= 2:
       _NARROW.clear()
-    _NARROW[key] = (params, jax.jit(drafts.narrow_weights, static_argnums=1)(params, dtype))
+    _NARROW[key] = (params, jax.jit(narrow_weights, static_argnums=1)(params, dtype))
   return _NARROW[key][1]
 
 

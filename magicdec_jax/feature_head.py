@@ -42,7 +42,7 @@ import orbax.checkpoint as ocp
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import rms_norm
 from magicdec_jax.layers.attention import NEG_INF
-from magicdec_jax.layers.dense import dense, matmul_precision
+from magicdec_jax.layers.dense import dense
 from magicdec_jax.model import Block, Model, init_params, lm_logits
 
 HEAD_FILE = "feature_head.json"
@@ -169,11 +169,7 @@ def head_logits(cfg: ModelConfig, hparams: dict, tparams: dict, h: jax.Array) ->
   if "vocab_head" not in hparams:
     return lm_logits(tparams, cfg, h, hparams["norm"]["scale"])
   x = rms_norm(h, hparams["norm"]["scale"], cfg.rms_norm_eps)
-  w = hparams["vocab_head"]
-  if jnp.dtype(w.dtype).itemsize < jnp.dtype(x.dtype).itemsize:         # a narrower (training) copy
-    return dense("BTD,VD->BTV", x, w).astype(jnp.float32)
-  return jnp.einsum("BTD,VD->BTV", x, w, preferred_element_type=jnp.float32,
-                    precision=matmul_precision(w.dtype))
+  return dense("BTD,VD->BTV", x, hparams["vocab_head"], out_dtype=jnp.float32)   # (or its bf16 training copy)
 
 
 def to_target_vocab(logits: jax.Array, vocab: tuple[int, ...] | None, vocab_size: int) -> jax.Array:

@@ -25,7 +25,7 @@ from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import Attention, RMSNorm, SwiGLU, rms_norm
 from magicdec_jax.layers.attention import PrefixTree
-from magicdec_jax.layers.dense import dense, matmul_precision
+from magicdec_jax.layers.dense import dense
 
 
 @dataclasses.dataclass
@@ -114,9 +114,7 @@ def lm_logits(params: dict, cfg: ModelConfig, x: jax.Array, norm_scale: jax.Arra
   x = rms_norm(x, norm_scale, cfg.rms_norm_eps)
   # a tied head reads the embedding [V, D] as it lies (a transposed copy would cost V x D more memory)
   head, eq = (params["embed"], "BTD,VD->BTV") if cfg.tie_embeddings else (params["lm_head"], "BTD,DV->BTV")
-  if jnp.dtype(head.dtype).itemsize < jnp.dtype(x.dtype).itemsize:        # a draft's narrower copy
-    return dense(eq, x, head).astype(jnp.float32)
-  return jnp.einsum(eq, x, head, preferred_element_type=jnp.float32, precision=matmul_precision(head.dtype))
+  return dense(eq, x, head, out_dtype=jnp.float32)        # (a draft's narrower copy: a bfloat16 dot)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import drafts
-from magicdec_jax.layers.dense import dense
+from magicdec_jax.layers.dense import dense, narrow_weights
 from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
 
@@ -75,7 +74,7 @@ def test_the_draft_really_reads_the_narrow_copy():
   leaves = jax.tree.leaves(params)
   assert any(x.dtype == jnp.bfloat16 for x in leaves) and any(x.dtype == jnp.float32 for x in leaves)
   assert md.engine.resolve_draft(model, draft, 2, None)[1] is params          # cast once per model
-  zeroed = drafts.narrow_weights(
+  zeroed = narrow_weights(
       jax.tree.map(jnp.zeros_like, model.params), "bfloat16")
   md.engine._NARROW[(id(model.params), "bfloat16")] = (model.params, zeroed)
   try:
@@ -94,6 +93,6 @@ def test_bad_weights_are_refused():
 
 def test_a_draft_no_narrower_than_the_target_is_refused():
   model = tiny_model(3)
-  bf16 = md.model.Model(model.config.replace(dtype="bfloat16"), drafts.narrow_weights(model.params, "bfloat16"))
+  bf16 = md.model.Model(model.config.replace(dtype="bfloat16"), narrow_weights(model.params, "bfloat16"))
   with pytest.raises(ValueError, match="not narrower"):
     md.generate(bf16, [[1, 2, 3]], max_new_tokens=2, draft=md.StreamingDraft(2, 8, weights="bfloat16"))

@@ -20,20 +20,22 @@ def matmul_precision(dtype):
   return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
-def dense(eq: str, x: jax.Array, w: jax.Array) -> jax.Array:
-  """jnp.einsum(eq, x, w) at matmul_precision(w.dtype); a weight narrower than x is multiplied with x cast
-  to it, accumulated and returned in x's dtype."""
+def dense(eq: str, x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
+  """jnp.einsum(eq, x, w) at matmul_precision(w.dtype), returned in `out_dtype` (default: the einsum's);
+  a weight narrower than x is multiplied with x cast to it, accumulated and returned in out_dtype or
+  x's dtype."""
   if jnp.dtype(w.dtype).itemsize < jnp.dtype(x.dtype).itemsize:
-    xs, ws = eq.split("->")[0].split(",")
+    out_dtype = out_dtype or x.dtype
+    lhs, out = eq.split("->")
+    xs, ws = lhs.split(",")
     rows = [i for i, c in enumerate(xs) if c not in ws]          # x's axes that are not contracted
     if rows and math.prod(x.shape[i] for i in rows) == 1 and jax.default_backend() == "cpu":
       axis = rows[0]                                          # one row: pad it to two (see the docstring)
-      out_axis = eq.split("->")[1].index(xs[axis])
       y = jnp.einsum(eq, jnp.concatenate([x, jnp.zeros_like(x)], axis).astype(w.dtype), w,
-                     preferred_element_type=x.dtype)
-      return jax.lax.slice_in_dim(y, 0, 1, axis=out_axis)
-    return jnp.einsum(eq, x.astype(w.dtype), w, preferred_element_type=x.dtype)
-  return jnp.einsum(eq, x, w, precision=matmul_precision(w.dtype))
+                     preferred_element_type=out_dtype)
+      return jax.lax.slice_in_dim(y, 0, 1, axis=out.index(xs[axis]))
+    return jnp.einsum(eq, x.astype(w.dtype), w, preferred_element_type=out_dtype)
+  return jnp.einsum(eq, x, w, precision=matmul_precision(w.dtype), preferred_element_type=out_dtype)
 
 
 def narrow_weights(params, dtype: str):
