@@ -49,10 +49,11 @@ def default_shape() -> tuple[int, int, int]:
 
 
 def measured_crossover(root: str, device: str, cpu_model: str | None = None) -> str | None:
-  """One line naming where speculation first beat autoregressive decoding per batch, from the newest
-  context sweep (by its recorded date) of this device kind, preferring one recorded on `cpu_model` (CPU
-  timings belong to a CPU model; jax calls every CPU "cpu"); the line names the CPU the sweep ran on and
-  says when that is not this one. None if no sweep was recorded on this device kind."""
+  """One line naming where speculation first beat autoregressive decoding per batch, from the context
+  sweeps of this device kind: those recorded on `cpu_model` if there are any (CPU timings belong to a CPU
+  model; jax calls every CPU "cpu"), else all; each batch from the newest sweep (by its recorded date) that
+  measured it, so a sweep of a few batches does not hide the others. The line names the files and the CPU
+  they ran on, and says when that is not this one. None if no sweep was recorded on this device kind."""
   docs = []
   for path in glob.glob(os.path.join(root, SWEEP_GLOB)):
     with open(path) as f:
@@ -61,16 +62,23 @@ def measured_crossover(root: str, device: str, cpu_model: str | None = None) -> 
     if env.get("device") == device and doc.get("crossover"):
       same = cpu_model is not None and env.get("cpu_model") == cpu_model
       docs.append((same, env.get("date", ""), path, doc))
-  for same, _, path, doc in sorted(docs, key=lambda d: d[:3])[-1:]:   # same CPU first, then the newest
-    parts = [f"batch {b}: {c['measured'] if c['measured'] is not None else 'not reached'}"
-             for b, c in sorted(doc["crossover"].items(), key=lambda kv: int(kv[0]))]
-    ran_on = doc["env"].get("cpu_model")
-    where = "" if cpu_model is None else (
-        f", on this CPU ({ran_on})" if same else
-        f", on {'another CPU (' + ran_on + ')' if ran_on else 'an unrecorded CPU'}, not necessarily like this one")
-    return (f"measured crossover (decode speedup > 1 from this context on; {os.path.basename(path)}, "
-            f"{doc['env']['date'][:10]}{where}): " + ", ".join(parts))
-  return None
+  if not docs:
+    return None
+  same = any(d[0] for d in docs)
+  by_batch = {}                                       # batch -> (measured, path, doc) of the newest sweep
+  for _, _, path, doc in sorted(d for d in docs if d[0] == same):   # oldest first: newer ones overwrite
+    for b, c in doc["crossover"].items():
+      by_batch[int(b)] = (c["measured"], path, doc)
+  parts = [f"batch {b}: {m if m is not None else 'not reached'}" for b, (m, _, _) in sorted(by_batch.items())]
+  used = {path: doc for _, path, doc in by_batch.values()}
+  files = ", ".join(f"{os.path.basename(p)}, {d['env']['date'][:10]}" for p, d in sorted(used.items()))
+  where = ""
+  if cpu_model is not None:
+    ran_on = sorted({d["env"].get("cpu_model") or "" for d in used.values()})
+    where = (f", on this CPU ({cpu_model})" if same else
+             ", on " + " / ".join(f"another CPU ({c})" if c else "an unrecorded CPU" for c in ran_on)
+             + ", not necessarily like this one")
+  return f"measured crossover (decode speedup > 1 from this context on; {files}{where}): " + ", ".join(parts)
 
 
 def default_shared_tokens(prompt_tokens: int, chunk: int = 256) -> int:

@@ -171,3 +171,16 @@ def test_demo_reads_the_newest_sweep_of_this_device(tmp_path):
   assert "context_sweep_cpu_2026-11-20.json" in line and "on this CPU (CPU A)" in line and "batch 8: 4096" in line
   line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU B")
   assert "context_sweep_cpu_2026-11-23.json" in line and "an unrecorded CPU" in line
+  # A newer sweep of one batch on this CPU adds that batch; the others still come from the older sweep.
+  (res / "context_sweep_cpu_2026-11-21_b1.json").write_text(json.dumps({
+      "env": {"date": "2026-11-21T12:00:00", "device": "cpu:cpu", "cpu_model": "CPU A"},
+      "crossover": {"1": {"measured": None}, "8": {"measured": 8000}}}))
+  line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU A")
+  assert "batch 1: not reached, batch 8: 8000" in line and "context_sweep_cpu_2026-11-21_b1.json" in line
+  assert "context_sweep_cpu_2026-11-20.json" not in line          # its only batch was measured again later
+  (res / "context_sweep_cpu_2026-11-22_b1.json").write_text(json.dumps({
+      "env": {"date": "2026-11-22T12:00:00", "device": "cpu:cpu", "cpu_model": "CPU A"},
+      "crossover": {"1": {"measured": 4096}}}))
+  line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU A")
+  assert "batch 1: 4096, batch 8: 8000" in line
+  assert "context_sweep_cpu_2026-11-21_b1.json" in line and "context_sweep_cpu_2026-11-22_b1.json" in line
