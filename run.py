@@ -71,7 +71,7 @@ def mode_demo():
                max_new_tokens=FLAGS.max_new_tokens if given("max_new_tokens") else 64,
                gamma=FLAGS.gamma if given("gamma") else gamma, sink=FLAGS.sink, window=FLAGS.window,
                temperature=FLAGS.temperature, seed=FLAGS.seed, progress=FLAGS.progress,
-               shared_tokens=FLAGS.shared_tokens, repeats=FLAGS.demo_repeats,
+               shared_tokens=FLAGS.shared_tokens, repeats=FLAGS.demo_repeats, shrink_batch=FLAGS.shrink_batch,
                draft_weights=(None if FLAGS.draft_weights == "none" else FLAGS.draft_weights)
                if given("draft_weights") else "bfloat16", log=log, root=os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,7 +110,7 @@ def mode_generate():
     texts.append(p)
   kw = cli_flags.gen_kwargs(FLAGS, model)
   log(f"generating {len(texts)} prompt(s) ...")
-  res = engine.generate(model, texts, **kw)
+  res = engine.generate(model, texts, shrink_batch=FLAGS.shrink_batch, **kw)
   for i, (t, reason) in enumerate(zip(res.texts or res.tokens, res.finish_reasons)):
     if len(texts) > 1:
       print(f"=== [{i}] ({reason}) ===")

@@ -88,10 +88,12 @@ def default_shared_tokens(prompt_tokens: int, chunk: int = 256) -> int:
 
 def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, gamma: int, sink: int,
         window: int, temperature: float, seed: int, progress: bool, shared_tokens: int | None = None,
-        repeats: int = 2, draft_weights: str | None = None, log=print, root: str = ".") -> dict:
+        repeats: int = 2, draft_weights: str | None = None, shrink_batch: bool = False, log=print,
+        root: str = ".") -> dict:
   """Prefill once, decode both ways (alternately, `repeats` times each), print the comparison; returns
   the figures. shared_tokens: the document all prompts start with (None: default_shared_tokens);
-  draft_weights: StreamingDraft.weights (None: the target's own; "bfloat16": a narrower copy)."""
+  draft_weights: StreamingDraft.weights (None: the target's own; "bfloat16": a narrower copy);
+  shrink_batch: both decodes shrink the batch as rows finish (shrink.py)."""
   shared_tokens = default_shared_tokens(prompt_tokens) if shared_tokens is None else shared_tokens
   if not 0 <= shared_tokens < prompt_tokens:
     raise ValueError(f"shared_tokens must be in [0, prompt_tokens={prompt_tokens}), got {shared_tokens}")
@@ -106,7 +108,7 @@ def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, ga
   pre = prefilled.prefill(model, prompts, max_new_tokens=max_new_tokens, progress=progress)
   log(f"prefill: {pre.prefill_s:.1f}s ({batch * prompt_tokens / pre.prefill_s:.0f} prompt tokens/s; "
       f"{pre.shared_tokens} shared tokens computed once) + {pre.compile_s:.1f}s compile")
-  gen = dict(temperature=temperature, seed=seed)
+  gen = dict(temperature=temperature, seed=seed, shrink_batch=shrink_batch)
   ars, mds = [], []
   for r in range(repeats):
     ars.append(prefilled.decode(model, pre, **gen))
@@ -137,9 +139,14 @@ def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, ga
     print(f"                   (summed over {repeats} alternated runs each; run by run: "
           + ", ".join(f"{x:.2f}x" for x in pairs) + ")")
   tail = m["loop_rounds"] / max(m["verify_steps"] / batch, 1)     # batch rounds / the mean row's rounds
-  print(f"  tail           : the mean row needed {m['verify_steps'] / batch / repeats:.1f} rounds, the batch ran "
-        f"{m['loop_rounds'] / repeats:.1f} (its slowest row; finished rows wait), {tail:.2f}x the mean: without "
-        f"that tail ~{speedup * tail:.2f}x (a projection; --mode=datagen refills finished rows)")
+  if shrink_batch:
+    print("  shrinking batch: " + ", then ".join(f"{r} rounds at batch {b}" for b, r, _ in md.stats["batch_stages"])
+          + " (last MagicDec run)")
+  else:
+    print(f"  tail           : the mean row needed {m['verify_steps'] / batch / repeats:.1f} rounds, the batch ran "
+          f"{m['loop_rounds'] / repeats:.1f} (its slowest row; finished rows wait), {tail:.2f}x the mean: "
+          f"without that tail ~{speedup * tail:.2f}x (a projection; --shrink_batch shrinks the batch as rows "
+          f"finish, --mode=datagen refills them)")
   if temperature == 0:
     print(f"  identical greedy tokens: {same}")
   print(f"  prefill (once, shared): {pre.prefill_s:.1f}s"

@@ -86,6 +86,10 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
                     "weights: 'none', the target's own, or 'bfloat16', a copy of a float32 target's matrices "
                     "in bfloat16 (half the bytes per draft step; the target still verifies in float32). The "
                     "demo uses bfloat16 unless this is given.", **d)
+  flags.DEFINE_boolean("shrink_batch", False, "generate / demo: once half the rows are done, go on with the "
+                       "rest in a batch half as large, and so on (same tokens; each smaller batch compiles once "
+                       "more, and on a CPU the first copy into fresh memory can cost more than it saves: README).",
+                       **d)
   flags.DEFINE_integer("demo_repeats", 2, "Demo: AR and MagicDec decode alternately this many times each (the "
                        "speedup is of their summed times, robust to a machine whose speed drifts).", lower_bound=1,
                        upper_bound=100, **d)
@@ -246,6 +250,9 @@ def validate(fv) -> None:
   if (mode == "demo" and fv.shared_tokens is not None and fv["prompt_tokens"].present
       and fv.shared_tokens >= fv.prompt_tokens):
     raise app.UsageError(f"--shared_tokens={fv.shared_tokens} must be below --prompt_tokens={fv.prompt_tokens}")
+  if fv.shrink_batch and (mode not in ("generate", "demo") or fv.mesh):
+    raise app.UsageError(f"--shrink_batch is for --mode=generate or demo without --mesh (got --mode={mode}"
+                         + (f" --mesh={fv.mesh})" if fv.mesh else ")"))
   if mode == "demo" and fv.draft == "none":
     raise app.UsageError("--mode=demo compares against a draft; --draft=none is not allowed")
   if mode == "generate":

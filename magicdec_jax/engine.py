@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import autotune, drafts, feature_draft, loop, sharding
+from magicdec_jax import autotune, drafts, feature_draft, loop, sharding, shrink
 from magicdec_jax import compile as compiling
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.layers.dense import narrow_weights
@@ -255,7 +255,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
              tree: Tree | str | None = None, attention_impl: str = "auto",
              stream_ids: Sequence[int] | None = None, hardware=None, acceptance=None,
              auto_fallback: bool = True, mesh=None, device_memory: int | None = None, lengths=None,
-             attention_mask=None, xla_options: dict | None = None) -> GenerateResult:
+             attention_mask=None, xla_options: dict | None = None, shrink_batch: bool = False) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 
   draft: None (autoregressive), StreamingDraft, SnapKVDraft, ModelDraft or FeatureDraft; gamma: chain length,
@@ -270,6 +270,9 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   mesh: a sharding.make_mesh mesh: run tensor/data parallel on it (same tokens as one device; place the
   params once with sharding.shard_model). device_memory: bytes per device for the memory check (default:
   the device's own limit where it reports one); configurations that do not fit are refused before compiling.
+  shrink_batch: once half the rows are done, go on with the rest in a batch half as large, and so on
+  (shrink.py): finished rows stop costing compute; same tokens; each smaller batch compiles once more.
+  Not with a mesh.
 
   prompts: a list of strings or of token-id lists (ragged is fine), or an integer array [B, T] (numpy or
   jax) of token ids. Ragged rows in an array: `lengths` [B] (row i is ids[i, :lengths[i]]) or an HF-style
@@ -281,6 +284,11 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   """
   st = settings(model, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                 eos_token_id=eos_token_id, draft=draft, gamma=gamma, tree=tree, xla_options=xla_options)
+  if not isinstance(shrink_batch, bool):
+    raise ValueError(f"shrink_batch must be True or False, got {shrink_batch!r}")
+  if shrink_batch and mesh is not None:
+    raise ValueError("shrink_batch is not supported with a mesh (the batch must stay a multiple of the data "
+                     "shards)")
   ids = prompt_ids(model, prompts, lengths=lengths, attention_mask=attention_mask)
   check_prompts(model, st, ids)
   n = len(ids)
@@ -325,13 +333,12 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
     state = initial_state(*init_args, options=options, **init_static)
   else:
     state = loop.initial_state(*init_args, **init_static)
-  state = decode_fn(model.params, draft_params, state, cfg=cfg, spec=spec, tree=tree,
-                    sampling=sampling, impl=attention_impl, options=options)
-  out, n_out = np.asarray(state.out), np.asarray(state.n_out)
+  fin = run_decode(decode_fn, model.params, draft_params, state, shrink_batch=shrink_batch, cfg=cfg, spec=spec,
+                   tree=tree, sampling=sampling, impl=attention_impl, options=options)
   t2 = time.perf_counter()
   c2 = compiling.compile_seconds()
   # compilation (first call of a bucket) is reported apart from the prefill / decode times
-  result = collect_result(model, state, out, n_out, n, eos, tree, spec, t1 - t0 - (c1 - c0), t2 - t1 - (c2 - c1))
+  result = collect_result(model, fin, n, eos, tree, spec, t1 - t0 - (c1 - c0), t2 - t1 - (c2 - c1))
   result.stats.update(compile_s=c2 - c0, prefill_compile_s=c1 - c0, decode_compile_s=c2 - c1)
   if plan is not None:
     result.stats["auto_plan"] = {k: v for k, v in plan.items() if isinstance(v, (int, float, str))}
@@ -361,6 +368,14 @@ def decode_loop(target_params, draft_params, state, *, options=None, **static):
                                   donate_argnames=("state",))(*args)
 
 
+def run_decode(decode_fn, target_params, draft_params, state, *, shrink_batch: bool = False,
+               **kw) -> shrink.Finished:
+  """The decode loop to the end, in one batch or (shrink_batch) in shrinking stages; per-row results."""
+  if shrink_batch:
+    return shrink.decode(decode_fn, target_params, draft_params, state, **kw)
+  return shrink.finished(decode_fn(target_params, draft_params, state, **kw))
+
+
 def _check_memory(cfg, mesh, draft, tree, b, num_slots, p_bucket, chunk, device_memory):
   """Refuse (ValueError naming the figures) a configuration the memory planner says does not fit."""
   limit = device_memory if device_memory is not None else planner.device_memory(mesh)
@@ -379,9 +394,9 @@ def row_stat(new_tokens: int, rounds: int, accepted: int, depth: int) -> dict[st
           "mean_accepted_length": (accepted + rounds) / rounds if rounds else None}
 
 
-def collect_result(model, state, out, n_out, n, eos, tree, spec, prefill_s, decode_s) -> GenerateResult:
-  rounds, accepted = np.asarray(state.rounds)[:n], np.asarray(state.accepted)[:n]
-  acc_at = np.asarray(state.accepted_at)[:n]
+def collect_result(model, fin: shrink.Finished, n, eos, tree, spec, prefill_s, decode_s) -> GenerateResult:
+  out, n_out = fin.out, fin.n_out
+  rounds, accepted, acc_at = fin.rounds[:n], fin.accepted[:n], fin.accepted_at[:n]
   toks = [out[i, :n_out[i]].tolist() for i in range(n)]
   reasons = ["eos" if t and t[-1] in eos else "length" for t in toks]
   depth = tree.max_depth
@@ -391,7 +406,9 @@ def collect_result(model, state, out, n_out, n, eos, tree, spec, prefill_s, deco
   stats = {
       "prefill_s": max(prefill_s, 0.0), "decode_s": max(decode_s, 0.0), "new_tokens": total_new,
       "tokens_per_s": total_new / decode_s if decode_s > 0 else None, "verify_steps": total_rounds,
-      "loop_rounds": int(state.step),     # rounds the batch ran: its slowest row's (finished rows idle)
+      "loop_rounds": fin.step,     # rounds the batch ran: its slowest row's (summed over shrinking stages)
+      "batch_stages": [list(x) for x in fin.stages],   # [batch, rounds, seconds] per stage (shrink_batch)
+      "shrink_gather_s": list(fin.gather_s),           # seconds of each copy into a smaller batch
       "draft": None if spec is None else type(spec).__name__, "tree_nodes": tree.num_nodes,
       "acceptance_rate": float(accepted.sum()) / (total_rounds * depth) if depth and total_rounds else None,
       "mean_accepted_length": float(accepted.sum() + total_rounds) / total_rounds if total_rounds else None,

@@ -134,9 +134,12 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
 
 def decode(model: Model, pre: Prefilled, *, draft=None, gamma: int = 4, tree: Tree | None = None,
            temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_token_id=None,
-           max_new_tokens: int | None = None, options: dict | None = None) -> engine.GenerateResult:
+           max_new_tokens: int | None = None, options: dict | None = None,
+           shrink_batch: bool = False) -> engine.GenerateResult:
   """Decode the prefilled batch (its caches are copied, so it can be decoded again). Same arguments and
   result as `engine.generate`; `stats["ring_s"]` is the time taken to build the draft's cache."""
+  if not isinstance(shrink_batch, bool):
+    raise ValueError(f"shrink_batch must be True or False, got {shrink_batch!r}")
   max_new = pre.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
   if not 1 <= max_new <= pre.max_new_tokens:
     raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got {max_new}")
@@ -165,13 +168,11 @@ def decode(model: Model, pre: Prefilled, *, draft=None, gamma: int = 4, tree: Tr
   state = engine.initial_state(pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), jnp.asarray(engine.eos_array(eos)),
                                keys, target, ring, out_len=engine.bucket(pre.max_new_tokens) + tree.num_nodes,
                                tree=tree, options=options)
-  state = engine.decode_loop(model.params, draft_params, state, cfg=cfg, spec=spec, tree=tree,
-                             sampling=sampling, impl="xla", options=options)
-  out, n_out = np.asarray(state.out), np.asarray(state.n_out)
+  fin = engine.run_decode(engine.decode_loop, model.params, draft_params, state, shrink_batch=shrink_batch,
+                          cfg=cfg, spec=spec, tree=tree, sampling=sampling, impl="xla", options=options)
   t2 = time.perf_counter()
   c2 = compiling.compile_seconds()
-  res = engine.collect_result(model, state, out, n_out, n, eos, tree, spec, pre.prefill_s,
-                              t2 - t1 - (c2 - c1))
+  res = engine.collect_result(model, fin, n, eos, tree, spec, pre.prefill_s, t2 - t1 - (c2 - c1))
   res.stats.update(ring_s=t1 - t0 - (c1 - c0), compile_s=c2 - c0, prefill_compile_s=pre.compile_s,
                    decode_compile_s=c2 - c1)
   return res

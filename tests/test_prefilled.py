@@ -144,6 +144,10 @@ def test_demo_runs_and_checks_its_own_tokens(capsys):
   out = capsys.readouterr().out
   assert "speedup" in out and "identical greedy tokens: True" in out and "crossover" in out
   assert "alternated runs" in out and "the batch ran" in out and res["tail"] >= 1.0
+  res = cli_demo.run(model, batch=4, prompt_tokens=300, max_new_tokens=8, gamma=2, sink=2, window=16,
+                     temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, repeats=1,
+                     shrink_batch=True)
+  assert res["identical"] and "rounds at batch 4" in capsys.readouterr().out
   with pytest.raises(ValueError, match="shared_tokens"):
     cli_demo.run(model, batch=2, prompt_tokens=64, max_new_tokens=8, gamma=2, sink=2, window=16,
                  temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, shared_tokens=64)

@@ -106,6 +106,9 @@ def usage_cases(tmp_path):
       ([f"--tree={bad_tree}"], "not a valid tree JSON file"),
       (["--tree=chain4", "--draft=none"], "--tree needs a draft"),
       (["--tree=sequoia16"], None),
+      (["--mode=datagen", "--input=x.jsonl", "--output=y.jsonl", "--shrink_batch"], "--shrink_batch is for"),
+      (["--mode=generate", "--prompt=hi", "--shrink_batch", "--mesh=data:1"], "without --mesh"),
+      (["--mode=generate", "--prompt=hi", "--shrink_batch"], None),
       ([], None),
   ]
 

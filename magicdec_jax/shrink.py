@@ -1,0 +1,105 @@
+"""A fixed batch that shrinks as its rows finish (`generate(..., shrink_batch=True)`).
+
+In one compiled loop every row runs until the slowest is done: a finished row is frozen but still costs
+its share of every round. Speculative rows finish at different rounds (each accepts at its own rate), so
+at 8 x 8000 on a 2-core CPU the batch ran 30 rounds where the mean row needed 24.6, and on a CPU, where
+the verify pass is compute-bound, those idle rows are real time.
+
+`decode` runs the loop in stages. A stage of B rows returns once half of them are done
+(`LoopState.refill_at`); the per-row results are copied to the host, the rows still running are gathered
+into a batch of the next power of two that holds them (every per-row leaf: both caches, counters, PRNG
+keys, output buffers), and the next stage goes on from there, down to `min_batch`. A row's computation
+does not depend on the other rows — its own K/V, its own PRNG stream fold_in(key, its own round count)
+— so the tokens are the fixed batch's. Each smaller batch is another executable of the loop, compiled
+once per shape (then kept in the LRU and the persistent cache): a one-off call pays those compiles. The
+gather writes the survivors' caches into new buffers: on a 2-core CPU VM, where first writes to fresh pages
+are slow, that copy (2.0 s for 4 rows of SmolLM2's 8 x 8000 cache) cost more than the idle rows it saved
+(README). Hence opt-in. Not under a mesh (its batch must stay a multiple of the data shards).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from magicdec_jax import compile as compiling
+from magicdec_jax.loop import LoopState
+
+SHARED_FIELDS = ("eos", "step", "refill_at")   # LoopState fields without a batch axis
+
+
+@dataclasses.dataclass
+class Finished:
+  """The per-row results `engine.collect_result` reads, for every row of the original batch."""
+  out: np.ndarray          # [B, M]
+  n_out: np.ndarray        # [B]
+  rounds: np.ndarray       # [B]
+  accepted: np.ndarray     # [B]
+  accepted_at: np.ndarray  # [B, D]
+  step: int                # rounds run, summed over the stages
+  stages: list             # [(batch, rounds run at that batch, seconds without compilation), ...]
+  gather_s: list = dataclasses.field(default_factory=list)   # seconds of each shrinking copy
+
+
+def take_rows(state: LoopState, rows: jax.Array) -> LoopState:
+  """The state of rows `rows` [b'] (in that order): every per-row leaf gathered, the rest kept."""
+  shared = {f: getattr(state, f) for f in SHARED_FIELDS}
+  per_row = state.replace(**{f: None for f in SHARED_FIELDS})
+  return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), per_row).replace(**shared)
+
+
+def _next_batch(active: int, min_batch: int) -> int:
+  """The smallest power of two >= active, at least min_batch."""
+  return max(1 << max(active - 1, 0).bit_length(), min_batch)
+
+
+def _with_refill(state: LoopState, refill_at: int) -> LoopState:
+  return state.replace(refill_at=jnp.asarray(refill_at, jnp.int32))
+
+
+def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batch: int = 1,
+           options=None, **static) -> Finished:
+  """Run `decode_fn` (engine.decode_loop's signature) in shrinking stages until every row is done."""
+  if not isinstance(min_batch, int) or min_batch < 1:
+    raise ValueError(f"min_batch must be an integer >= 1, got {min_batch!r}")
+  b = int(state.lengths.shape[0])
+  fin = Finished(np.zeros(state.out.shape, np.int32), np.zeros((b,), np.int32), np.zeros((b,), np.int32),
+                 np.zeros((b,), np.int32), np.zeros(state.accepted_at.shape, np.int32), 0, [])
+  rows = np.arange(b)            # original row of each slot of the current batch
+  while True:
+    cur = rows.size
+    can_shrink = cur > min_batch
+    step0, t0, c0 = int(state.step), time.perf_counter(), compiling.compile_seconds()
+    state = decode_fn(target_params, draft_params, _with_refill(state, cur - cur // 2 if can_shrink else cur),
+                      options=options, **static)
+    rounds = int(state.step) - step0
+    fin.stages.append((cur, rounds, time.perf_counter() - t0 - (compiling.compile_seconds() - c0)))
+    for name in ("out", "n_out", "rounds", "accepted", "accepted_at"):
+      getattr(fin, name)[rows] = np.asarray(getattr(state, name))
+    done = np.asarray(state.done)
+    if done.all() or not can_shrink:
+      fin.step = int(state.step)
+      return fin
+    active = np.flatnonzero(~done)
+    nb = _next_batch(active.size, min_batch)
+    if nb >= cur:               # (min_batch) nothing to gain: run the rest at this size
+      min_batch = cur
+      continue
+    keep = np.concatenate([active, np.flatnonzero(done)[:nb - active.size]])   # pad with finished rows
+    keep_j = jnp.asarray(keep, jnp.int32)
+    t0, c0 = time.perf_counter(), compiling.compile_seconds()
+    state = compiling.jit_executable("take_rows", take_rows, (state, keep_j), {}, options=options)(state, keep_j)
+    jax.block_until_ready(state.done)
+    fin.gather_s.append(time.perf_counter() - t0 - (compiling.compile_seconds() - c0))
+    rows = rows[keep]
+
+
+def finished(state: LoopState) -> Finished:
+  """The per-row results of a state every row of which ran in one stage (no shrinking)."""
+  b = int(state.lengths.shape[0])
+  get = lambda name: np.asarray(getattr(state, name))
+  return Finished(get("out"), get("n_out"), get("rounds"), get("accepted"), get("accepted_at"),
+                  int(state.step), [(b, int(state.step), None)])
