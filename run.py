@@ -311,7 +311,9 @@ def mode_calibrate():
   d = cli_flags.build_draft(FLAGS, model)
   under_test = []
   if isinstance(d, drafts.StreamingDraft):
-    under_test.append(calibrate.DraftUnderTest("self", d.sink + d.window))
+    under_test.append(calibrate.DraftUnderTest("self", d.sink + d.window, weights=d.weights))
+    if d.weights is None and model.config.dtype == "float32":     # what auto needs for weights="bfloat16"
+      under_test.append(calibrate.DraftUnderTest("self", d.sink + d.window, weights="bfloat16"))
   elif isinstance(d, drafts.SnapKVDraft):
     under_test.append(calibrate.DraftUnderTest("snapkv", d.budget + d.window))
   elif isinstance(d, drafts.ModelDraft):

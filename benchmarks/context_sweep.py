@@ -130,7 +130,7 @@ def repredict(path: str, profile: str | None, smoke: bool = False) -> dict:
     doc = json.load(f)
   model = cli_flags.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
   hw = autotune.detect_hardware(profile)
-  draft = StreamingDraft(doc["draft"]["sink"], doc["draft"]["window"])
+  draft = StreamingDraft(doc["draft"]["sink"], doc["draft"]["window"], weights=doc["draft"].get("weights"))
   for b, entry in doc["crossover"].items():
     pts = [p for p in doc["points"] if p["batch"] == int(b)]
     entry["predicted_with_profile"] = dict(

@@ -51,8 +51,7 @@ def main():
     head = feature_head.init_head(target, vocab=vocab)
     opt = cfg.optimizer()
     params = jax.tree.map(jnp.copy, head.params)
-    tparams = target.params if compute == "float32" else jax.jit(narrow_weights, static_argnums=1)(
-        target.params, compute)
+    tparams = target.params if compute == "float32" else narrow_weights(target.params, compute)
     fn = functools.partial(distill_feature.train_step, cfg=head.config, tcfg=target.config,
                            layers=tuple(head.layers), fcfg=cfg, opt=opt, vocab=head.vocab)
     runs[compute] = {"fn": fn, "params": params, "opt_state": opt.init(params), "tparams": tparams,

@@ -33,6 +33,7 @@ from magicdec_jax import costmodel, feature_head
 from magicdec_jax.cache import KVCache, aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
+from magicdec_jax.layers.dense import narrow_weights
 from magicdec_jax.model import forward
 
 PROFILE_FORMAT = "magicdec-hardware-profile/1"
@@ -40,6 +41,8 @@ DEFAULT_BATCHES = (1, 4, 8)
 DEFAULT_CONTEXTS = (256, 1024, 2048)
 DEFAULT_TOKENS = (1, 4, 16)          # target: AR (1) and verify sizes
 DEFAULT_DRAFT_TOKENS = (1, 4)        # draft: a chain step (1) and a tree level
+# a narrow-weight draft's grid varies batch x tokens at one fixed ring size: fit only what that separates
+NARROW_FEATURES = ("const", "weight_bytes", "matmul_flops", "activations")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +52,11 @@ class DraftUnderTest:
   kv_tokens: int              # sink + window (StreamingLLM) or budget + window (SnapKV)
   cfg: ModelConfig | None = None
   params: object = None
+  weights: str | None = None  # a self draft on a narrower copy of the target's weights (StreamingDraft.weights)
+
+  @property
+  def role(self) -> str:
+    return f"draft_{self.name}" + (f"_{self.weights}" if self.weights else "")
 
 
 @functools.lru_cache(maxsize=256)
@@ -139,8 +147,10 @@ def grid_rows(batches: Sequence[int] = DEFAULT_BATCHES, contexts: Sequence[int] 
   rows = [{"role": "ar" if t == 1 else "verify", "model": "target", "batch": b, "kv_context": n, "new_tokens": t}
           for n in contexts for b in batches for t in tokens]
   for d in drafts:
-    rows += [{"role": f"draft_{d.name}", "model": "draft" if d.cfg is not None else "target", "batch": b,
-              "kv_context": d.kv_tokens, "new_tokens": t, "draft": d.name} for b in batches for t in draft_tokens]
+    rows += [{"role": d.role, "model": "draft" if d.cfg is not None else "target", "batch": b,
+              "kv_context": d.kv_tokens, "new_tokens": t, "draft": d.role, **({"weights": d.weights} if d.weights
+                                                                             else {})}
+             for b in batches for t in draft_tokens]
   return rows
 
 
@@ -152,12 +162,15 @@ def measure(params, cfg: ModelConfig, shapes: Sequence[dict], drafts: Sequence[D
   a burst of load from other processes then hits one pass of a shape, not all of its samples, and the
   minimum over passes drops it.
   """
-  by_name = {d.name: d for d in drafts}
+  by_role = {d.role: d for d in drafts}
+  narrow = {d.weights: narrow_weights(params, d.weights) for d in drafts if d.weights}
   out = [dict(r, times=[]) for r in shapes]
   for pas in range(passes):
     for i, row in enumerate(shapes):
-      d = by_name.get(row.get("draft"))
+      d = by_role.get(row.get("draft"))
       c, p = (d.cfg, d.params) if d is not None and d.cfg is not None else (cfg, params)
+      if d is not None and d.weights:
+        p = narrow[d.weights]
       kind = "ring" if row["role"].startswith("draft_") else "linear"
       m = time_step(p, c, row["batch"], row["kv_context"], row["new_tokens"], kind, repeats)
       r = out[i]
@@ -179,7 +192,7 @@ def step_rows(measurements: Sequence[dict]) -> list[costmodel.StepRow]:
   for m in measurements:
     cfg = ModelConfig.from_json(json.dumps(m["config"]))
     rows.append(costmodel.StepRow(cfg, int(m["batch"]), int(m["kv_context"]), int(m["new_tokens"]),
-                                  float(m["seconds"]), cfg.dtype, m.get("role", "")))
+                                  float(m["seconds"]), cfg.dtype, m.get("role", ""), m.get("weights")))
   return rows
 
 
@@ -194,16 +207,29 @@ def holdout_errors(rows: Sequence[costmodel.StepRow], *, tile: int = 128) -> np.
 
 def fit_profile(name: str, measurements: Sequence[dict], *, tile: int = 128,
                 memory_bytes: float = math.inf) -> dict:
-  """The 'fit' block of a profile: coefficients, training and leave-one-out relative errors."""
-  rows = step_rows(measurements)
+  """The 'fit' block of a profile: coefficients, training and leave-one-out relative errors. Steps on a
+  narrower weight copy (a DraftUnderTest with `weights`) get a fit of their own (`narrow`: the few
+  NARROW_FEATURES their grid varies), errors under `narrow_rel_err`."""
+  all_rows = step_rows(measurements)
+  rows = [r for r in all_rows if not r.weights_dtype]
   hw = costmodel.fit_step_model(name, rows, tile=tile, memory_bytes=memory_bytes)
+  narrow_rows = {}
+  for r in all_rows:
+    if r.weights_dtype:
+      narrow_rows.setdefault(r.weights_dtype, []).append(r)
+  narrow = tuple((w, costmodel.fit_step_model(name, rs, tile=tile, features=NARROW_FEATURES).coef)
+                 for w, rs in narrow_rows.items())
+  hw = dataclasses.replace(hw, narrow=narrow)
   train = costmodel.relative_errors(hw, rows)
   loo = holdout_errors(rows, tile=tile) if len(rows) > 4 else np.zeros(0)
   stats = lambda e: {"mean": float(e.mean()), "p90": float(np.percentile(e, 90)), "max": float(e.max())} \
       if e.size else None
-  return dict(hw.to_dict(), feature_doc=dict(costmodel.FEATURE_DOC), train_rel_err=stats(train),
-              holdout_rel_err=dict(stats(loo) or {}, method="leave-one-out") if loo.size else None,
-              per_row_holdout_rel_err=[round(float(e), 4) for e in loo])
+  out = dict(hw.to_dict(), feature_doc=dict(costmodel.FEATURE_DOC), train_rel_err=stats(train),
+             holdout_rel_err=dict(stats(loo) or {}, method="leave-one-out") if loo.size else None,
+             per_row_holdout_rel_err=[round(float(e), 4) for e in loo])
+  if narrow_rows:
+    out["narrow_rel_err"] = {w: stats(costmodel.relative_errors(hw, rs)) for w, rs in narrow_rows.items()}
+  return out
 
 
 def host_cpu_model() -> str:
@@ -249,7 +275,7 @@ def calibrate(params, cfg: ModelConfig, *, drafts: Sequence[DraftUnderTest] = ()
       "model": model_name, "dtype": cfg.dtype,
       "grid": {"batches": list(batches), "contexts": list(contexts), "tokens": list(tokens),
                "draft_tokens": list(draft_tokens),
-               "drafts": [{"name": d.name, "kv_tokens": d.kv_tokens,
+               "drafts": [{"name": d.name, "kv_tokens": d.kv_tokens, "weights": d.weights,
                            "model": "target" if d.cfg is None else "draft"} for d in drafts]},
       "repeats": repeats, "passes": passes,
       "timing": "min over passes x repeats calls, each pass after one untimed call (the first compiles)",

@@ -135,11 +135,14 @@ class StepShape:
 
 
 def step_time(cfg: ModelConfig, hw: Hardware, batch: int, context: int, new_tokens: int,
-              dtype: str = "bfloat16", kv_context: int | None = None) -> float:
+              dtype: str = "bfloat16", kv_context: int | None = None, weights_dtype: str | None = None) -> float:
   """Seconds for one step: roofline of step_bytes / step_flops plus hw.step_overhead_s, or the fitted
-  linear model's prediction when hw is a FittedHardware (a measured profile, see magicdec_jax/calibrate.py)."""
+  linear model's prediction when hw is a FittedHardware (a measured profile, see magicdec_jax/calibrate.py).
+  weights_dtype: the step runs on a narrower copy of the weights (the roofline prices its bytes)."""
   if isinstance(hw, FittedHardware):
-    return hw.time_step(cfg, batch, context if kv_context is None else kv_context, new_tokens, dtype)
+    return hw.time_step(cfg, batch, context if kv_context is None else kv_context, new_tokens, dtype,
+                        weights_dtype)
+  dtype = weights_dtype or dtype
   return hw.time(step_bytes(cfg, batch, context, new_tokens, dtype, kv_context),
                  step_flops(cfg, batch, context, new_tokens, kv_context))
 
@@ -186,9 +189,10 @@ class Draft:
   def step_time(self, cfg: ModelConfig, hw: Hardware, b: int, n: int, num_tokens: int = 1,
                 dtype: str = "bfloat16") -> float:
     """One draft step feeding num_tokens tokens per row (1 for a chain, a level's expanding nodes for a tree)."""
-    # a narrower weight copy: priced as a step of that dtype (its KV, sink + window tokens, is negligible)
-    return step_time(self.model(cfg), hw, b, n, num_tokens, self.weights_dtype or dtype,
-                     kv_context=self.kv_tokens(n))
+    # a narrower weight copy: a profile's fit for it where calibrate timed one, else priced as a step of
+    # that dtype (its KV, sink + window tokens, is negligible)
+    return step_time(self.model(cfg), hw, b, n, num_tokens, dtype, kv_context=self.kv_tokens(n),
+                     weights_dtype=self.weights_dtype)
 
 
 def t_draft(kind: str, cfg: ModelConfig, hw: Hardware, b: int, n: int, *, draft_cfg: ModelConfig | None = None,
@@ -487,27 +491,40 @@ class FittedHardware:
   memory_bytes: float = math.inf
   tile: int = 128
   features: tuple[str, ...] = FEATURES
+  # (weights dtype, coefficients) fitted to steps run on a narrower copy of the weights (a StreamingDraft
+  # with weights="bfloat16"): on a CPU such a step is not the half-bytes step the main fit would price
+  narrow: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
   def __post_init__(self):
     if len(self.coef) != len(self.features) or tuple(self.features) != FEATURES:
       raise ValueError(f"a fitted profile needs one coefficient per feature {FEATURES}, got {self.features} "
                        f"/ {len(self.coef)} coefficients")
-    if any(c < 0 or not math.isfinite(c) for c in self.coef):
-      raise ValueError(f"fitted coefficients must be finite and >= 0, got {self.coef}")
+    for dtype, coef in [("", self.coef)] + [(d, c) for d, c in self.narrow]:
+      if len(coef) != len(FEATURES) or any(c < 0 or not math.isfinite(c) for c in coef):
+        raise ValueError(f"fitted coefficients{' for ' + dtype + ' weights' if dtype else ''} must be "
+                         f"{len(FEATURES)} finite values >= 0, got {coef}")
 
   def time_step(self, cfg: ModelConfig, batch: int, kv_context: int, new_tokens: int,
-                dtype: str = "bfloat16") -> float:
-    return float(np.dot(self.coef, step_features(cfg, batch, kv_context, new_tokens, dtype, self.tile)))
+                dtype: str = "bfloat16", weights_dtype: str | None = None) -> float:
+    """Seconds for the step; `weights_dtype` names a narrower weight copy (a fitted one if this profile
+    timed it, else the main fit at that dtype's bytes)."""
+    coef = dict(self.narrow).get(weights_dtype, self.coef)
+    return float(np.dot(coef, step_features(cfg, batch, kv_context, new_tokens, weights_dtype or dtype,
+                                            self.tile)))
 
   def to_dict(self) -> dict:
-    return {"name": self.name, "features": list(self.features), "coef": list(self.coef), "tile": self.tile,
-            "memory_bytes": None if math.isinf(self.memory_bytes) else self.memory_bytes}
+    d = {"name": self.name, "features": list(self.features), "coef": list(self.coef), "tile": self.tile,
+         "memory_bytes": None if math.isinf(self.memory_bytes) else self.memory_bytes}
+    if self.narrow:
+      d["narrow"] = {dtype: list(coef) for dtype, coef in self.narrow}
+    return d
 
   @classmethod
   def from_dict(cls, d: dict) -> "FittedHardware":
     mem = d.get("memory_bytes")
+    narrow = tuple((str(k), tuple(float(c) for c in v)) for k, v in (d.get("narrow") or {}).items())
     return cls(str(d["name"]), tuple(float(c) for c in d["coef"]), math.inf if mem is None else float(mem),
-               int(d.get("tile", 128)), tuple(d.get("features", FEATURES)))
+               int(d.get("tile", 128)), tuple(d.get("features", FEATURES)), narrow)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -520,9 +537,11 @@ class StepRow:
   seconds: float
   dtype: str = "bfloat16"
   role: str = ""
+  weights_dtype: str | None = None   # run on a narrower copy of the weights (fitted apart: FittedHardware.narrow)
 
   def features(self, tile: int = 128) -> np.ndarray:
-    return step_features(self.cfg, self.batch, self.kv_context, self.new_tokens, self.dtype, tile)
+    return step_features(self.cfg, self.batch, self.kv_context, self.new_tokens, self.weights_dtype or self.dtype,
+                         tile)
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -559,5 +578,5 @@ def fit_step_model(name: str, rows: Sequence[StepRow], *, tile: int = 128, memor
 
 def relative_errors(hw: FittedHardware, rows: Sequence[StepRow]) -> np.ndarray:
   """|predicted - measured| / measured per row."""
-  return np.asarray([abs(hw.time_step(r.cfg, r.batch, r.kv_context, r.new_tokens, r.dtype) - r.seconds)
-                     / r.seconds for r in rows])
+  return np.asarray([abs(hw.time_step(r.cfg, r.batch, r.kv_context, r.new_tokens, r.dtype, r.weights_dtype)
+                         - r.seconds) / r.seconds for r in rows])

@@ -297,8 +297,7 @@ def train(target: Model, head: FeatureHead, data: np.ndarray, out_dir: str,
              file=sys.stderr) if progress and end > start else None
   step_fn = functools.partial(train_step, cfg=head.config, tcfg=target.config, layers=tuple(head.layers),
                               fcfg=cfg, opt=opt, vocab=head.vocab)
-  tparams = target.params if cfg.compute == "float32" else \
-      jax.jit(narrow_weights, static_argnums=1)(target.params, cfg.compute)
+  tparams = target.params if cfg.compute == "float32" else narrow_weights(target.params, cfg.compute)
   metrics, t_call = None, time.perf_counter()
   for step in range(start, end):
     batch = data[distill_data.batch_indices(data.shape[0], cfg.batch, step, cfg.seed)]

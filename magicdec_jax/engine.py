@@ -173,7 +173,7 @@ def _narrow_copy(params, dtype: str):
   if key not in _NARROW or _NARROW[key][0] is not params:
     if len(_NARROW) >= 2:
       _NARROW.clear()
-    _NARROW[key] = (params, jax.jit(narrow_weights, static_argnums=1)(params, dtype))
+    _NARROW[key] = (params, narrow_weights(params, dtype))
   return _NARROW[key][1]
 
 

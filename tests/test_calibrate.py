@@ -66,6 +66,46 @@ def test_fit_recovers_a_linear_model_exactly():
   assert cm.relative_errors(hw, rows).max() < 1e-6
 
 
+def test_narrow_weight_steps_get_a_fit_of_their_own():
+  """Steps on a bfloat16 weight copy are fitted apart from the float32 ones (FittedHardware.narrow): synthetic
+  rows from two known linear models (the narrow one not the half-bytes image of the other, as on a CPU)
+  are both recovered, a narrow self-draft is priced by its own, and the fit survives the JSON round trip."""
+  wide = np.array([1e-4, 2e-5, 1e-10, 0.0, 3e-12, 0.0, 2e-10, 1e-11])
+  thin = np.array([3e-4, 0.0, 5e-11, 0.0, 9e-12, 4e-8, 0.0, 0.0])      # only NARROW_FEATURES
+  assert all(c == 0 or f in C.NARROW_FEATURES for f, c in zip(cm.FEATURES, thin))
+  meas = []
+  for b, n, k in itertools.product((1, 2, 4, 8), (64, 256, 1024), (1, 4, 16)):
+    meas.append({"role": "verify", "batch": b, "kv_context": n, "new_tokens": k, "config": json.loads(TINY.to_json()),
+                 "seconds": float(cm.step_features(TINY, b, n, k, "float32") @ wide)})
+  for b, k in itertools.product((1, 2, 4, 8), (1, 4)):
+    meas.append({"role": "draft_self_bfloat16", "batch": b, "kv_context": 68, "new_tokens": k, "weights": "bfloat16",
+                 "config": json.loads(TINY.to_json()),
+                 "seconds": float(cm.step_features(TINY, b, 68, k, "bfloat16") @ thin)})
+  fit = C.fit_profile("synthetic", meas)
+  assert fit["train_rel_err"]["max"] < 1e-6 and fit["narrow_rel_err"]["bfloat16"]["max"] < 1e-6
+  hw = cm.FittedHardware.from_dict(fit)
+  assert cm.FittedHardware.from_dict(hw.to_dict()) == hw
+  d = cm.Draft("self", sink=4, window=64, weights_dtype="bfloat16")
+  want = float(cm.step_features(TINY, 4, 68, 1, "bfloat16") @ thin)
+  assert d.step_time(TINY, hw, 4, 4096, dtype="float32") == pytest.approx(want, rel=1e-6)
+  half_bytes = float(cm.step_features(TINY, 4, 68, 1, "bfloat16") @ np.asarray(hw.coef))
+  assert abs(half_bytes - want) / want > 0.5           # what the main fit alone would have said
+  assert cm.Draft("self", sink=4, window=64).step_time(TINY, hw, 4, 4096, dtype="float32") == pytest.approx(
+      float(cm.step_features(TINY, 4, 68, 1, "float32") @ wide), rel=1e-6)
+
+
+def test_calibrate_times_a_bfloat16_draft_copy():
+  """A DraftUnderTest with weights='bfloat16' is timed on the narrow copy (its own grid rows) and fitted apart."""
+  params = init_params(TINY, jax.random.key(0))
+  drafts = [C.DraftUnderTest("self", 4 + 16), C.DraftUnderTest("self", 4 + 16, weights="bfloat16")]
+  prof = C.calibrate(params, TINY, drafts=drafts, batches=(1, 2), contexts=(64, 128), tokens=(1, 4),
+                     draft_tokens=(1, 4), repeats=1, passes=1)
+  roles = {m["role"] for m in prof["measurements"]}
+  assert {"draft_self", "draft_self_bfloat16"} <= roles
+  assert set(prof["fit"]["narrow"]) == {"bfloat16"} and "bfloat16" in prof["fit"]["narrow_rel_err"]
+  assert [d["weights"] for d in prof["grid"]["drafts"]] == [None, "bfloat16"]
+
+
 # ---- chooser vs brute force ------------------------------------------------------------------------------
 
 def _plane_trees(n: int):

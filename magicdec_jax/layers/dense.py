@@ -8,6 +8,7 @@ the bytes. On XLA:CPU that narrow dot is fast only with two or more rows: a sing
 takes a matrix-vector path that measured 12x slower than the float32 one (SmolLM2's LM head: 39 ms against
 3.5), so a single row is padded to two there (3.2 ms).
 """
+import functools
 import math
 
 import jax
@@ -38,7 +39,9 @@ def dense(eq: str, x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
   return jnp.einsum(eq, x, w, precision=matmul_precision(w.dtype), preferred_element_type=out_dtype)
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def narrow_weights(params, dtype: str):
   """A copy of a params tree with every matrix (ndim >= 2: projections, MLP, embedding / LM head) cast to
-  `dtype`; vectors (norm scales) are kept, the model still computes in its own dtype (dense above)."""
+  `dtype`, as one compiled cast; vectors (norm scales) are kept, the model still computes in its own dtype
+  (dense above)."""
   return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 else x, params)
