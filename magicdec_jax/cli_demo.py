@@ -145,8 +145,8 @@ def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, ga
   else:
     print(f"  tail           : the mean row needed {m['verify_steps'] / batch / repeats:.1f} rounds, the batch ran "
           f"{m['loop_rounds'] / repeats:.1f} (its slowest row; finished rows wait), {tail:.2f}x the mean: "
-          f"without that tail ~{speedup * tail:.2f}x (a projection; --shrink_batch shrinks the batch as rows "
-          f"finish, --mode=datagen refills them)")
+          f"without that tail ~{speedup * tail:.2f}x (a projection; --mode=datagen refills finished rows; "
+          f"--shrink_batch shrinks the batch instead, which did not pay on a 2-core CPU: README)")
   if temperature == 0:
     print(f"  identical greedy tokens: {same}")
   print(f"  prefill (once, shared): {pre.prefill_s:.1f}s"
