@@ -51,7 +51,8 @@ def test_calibrate_plan_profile_acceptance_and_auto(tmp_path):
   p = json.loads(prof.read_text())
   assert p["format"] == "magicdec-hardware-profile/1" and p["device"] and p["jax_version"] and p["date"]
   roles = {m["role"] for m in p["measurements"]}
-  assert roles == {"ar", "verify", "draft_self"}
+  assert roles == {"ar", "verify", "draft_self", "draft_self_bfloat16"}   # a float32 target: the bf16 copy too
+  assert set(p["fit"]["narrow"]) == {"bfloat16"}
   assert all(m["seconds"] > 0 for m in p["measurements"]) and len(p["fit"]["coef"]) == 8
   assert out["measured_steps"] == len(p["measurements"])
 
