@@ -284,11 +284,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   """
   st = settings(model, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                 eos_token_id=eos_token_id, draft=draft, gamma=gamma, tree=tree, xla_options=xla_options)
-  if not isinstance(shrink_batch, bool):
-    raise ValueError(f"shrink_batch must be True or False, got {shrink_batch!r}")
-  if shrink_batch and mesh is not None:
-    raise ValueError("shrink_batch is not supported with a mesh (the batch must stay a multiple of the data "
-                     "shards)")
+  check_shrink_batch(shrink_batch, mesh)
   ids = prompt_ids(model, prompts, lengths=lengths, attention_mask=attention_mask)
   check_prompts(model, st, ids)
   n = len(ids)
@@ -366,6 +362,15 @@ def decode_loop(target_params, draft_params, state, *, options=None, **static):
   args = (target_params, draft_params, state)
   return compiling.jit_executable("decode", loop.decode, args, static, options=options,
                                   donate_argnames=("state",))(*args)
+
+
+def check_shrink_batch(shrink_batch, mesh=None) -> None:
+  """ValueError (before anything compiles) for a shrink_batch that is not a bool, or set with a mesh."""
+  if not isinstance(shrink_batch, bool):
+    raise ValueError(f"shrink_batch must be True or False, got {shrink_batch!r}")
+  if shrink_batch and mesh is not None:
+    raise ValueError("shrink_batch is not supported with a mesh (the batch must stay a multiple of the data "
+                     "shards)")
 
 
 def run_decode(decode_fn, target_params, draft_params, state, *, shrink_batch: bool = False,

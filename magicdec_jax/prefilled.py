@@ -138,8 +138,7 @@ def decode(model: Model, pre: Prefilled, *, draft=None, gamma: int = 4, tree: Tr
            shrink_batch: bool = False) -> engine.GenerateResult:
   """Decode the prefilled batch (its caches are copied, so it can be decoded again). Same arguments and
   result as `engine.generate`; `stats["ring_s"]` is the time taken to build the draft's cache."""
-  if not isinstance(shrink_batch, bool):
-    raise ValueError(f"shrink_batch must be True or False, got {shrink_batch!r}")
+  engine.check_shrink_batch(shrink_batch)
   max_new = pre.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
   if not 1 <= max_new <= pre.max_new_tokens:
     raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got {max_new}")
