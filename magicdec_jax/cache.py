@@ -13,8 +13,12 @@ num_static + j % window), and `scratch` slots holding this round's speculative n
 never enter the ring, so a rejection can never evict a live entry: only committed positions are written
 there, after verification.
 
-Slot counts are rounded up to a multiple of `SLOT_ALIGN` (`aligned_slots`) by the engine and the ring
+Slot counts are rounded up to a multiple of `slot_align()` (`aligned_slots`) by the engine and the ring
 constructor, so attention over a cache never needs a padded copy of it; the extra slots are never visible.
+On an accelerator that is the attention tile (128); on a CPU only the vector width matters, and the slots
+past the live ones are read by every attention dot: a draft ring of sink 4 + window 256 + 3 scratch took
+384 slots at 128, 272 at 16, and the 30-layer ring attention of SmolLM2 at batch 8 fell from 12.7 to 9.0 ms
+(benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
@@ -26,12 +30,19 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import write_rows
 
 SLOT_ALIGN = 128      # attention tile: XLA's GPU dot tiles and the Pallas kernel's block_k divide it
+CPU_SLOT_ALIGN = 16   # a CPU has no tile to fill: one 64-byte line of float32 per 16 slots
 Layers = tuple        # one jax.Array per layer
 
 
+def slot_align() -> int:
+  """The slot-count multiple for caches on the default backend (CPU_SLOT_ALIGN on a CPU, else SLOT_ALIGN)."""
+  return CPU_SLOT_ALIGN if jax.default_backend() == "cpu" else SLOT_ALIGN
+
+
 def aligned_slots(n: int) -> int:
-  """n rounded up to a multiple of SLOT_ALIGN."""
-  return -(-int(n) // SLOT_ALIGN) * SLOT_ALIGN
+  """n rounded up to a multiple of slot_align()."""
+  align = slot_align()
+  return -(-int(n) // align) * align
 
 
 def _zeros(cfg: ModelConfig, batch: int, num_slots: int) -> Layers:

@@ -81,7 +81,7 @@ def time_step(params, cfg: ModelConfig, batch: int, kv_context: int, t: int, kin
               repeats: int = 5, options: dict | None = None) -> dict:
   """{'seconds' (min), 'median_s', 'times', 'first_call_s'} of one forward of t tokens per row after
   kv_context cached ones (the first call, compiling on the first use of a shape, is not counted). The
-  cache has the engine's slot count (a multiple of cache.SLOT_ALIGN); `options`: XLA compiler
+  cache has the engine's slot count (cache.aligned_slots); `options`: XLA compiler
   options for this step's executable only (e.g. {"xla_gpu_enable_triton_gemm": False})."""
   slots = aligned_slots(kv_context + t)          # as the engine sizes both the target cache and the rings
   cache = KVCache.zeros(cfg, batch, slots)

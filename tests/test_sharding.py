@@ -20,6 +20,7 @@ import jax
 import pytest
 
 from magicdec_jax import cli_flags, datagen, sharding
+from magicdec_jax.cache import aligned_slots
 from magicdec_jax.drafts import ModelDraft, StreamingDraft, truncate_layers
 from magicdec_jax.engine import generate
 
@@ -130,7 +131,7 @@ def test_planner_single_device_and_refusal_in_process():
   assert sharding.plan_memory(cfg, None, batch=1, max_context=64).params == nbytes
   plan = sharding.plan_memory(cfg, None, batch=4, max_context=64, draft=StreamingDraft(sink=1, window=8),
                               tree_nodes=4)
-  ring = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * 128 * cfg.head_dim * 4 + 4 * 9 * 4   # 1+8+4 -> 128 slots
+  ring = 2 * cfg.num_layers * 4 * cfg.num_kv_heads * aligned_slots(1 + 8 + 4) * cfg.head_dim * 4 + 4 * 9 * 4
   assert plan.target_kv == 2 * cfg.num_layers * 4 * cfg.num_kv_heads * 64 * cfg.head_dim * 4
   assert plan.draft_kv == ring
   draft = ModelDraft(truncate_layers(model, 1), sink=1, window=8)
