@@ -61,14 +61,14 @@ def load_target():
 
 def mode_demo():
   """The main job (magicdec_jax/cli_demo.py): prefill once, decode AR and MagicDec, print the comparison.
-  Unless given, batch, prompt length and gamma are where MagicDec should win on this backend, 64 new
-  tokens, decoded twice each way (alternately)."""
+  Unless given, batch, prompt length and gamma are where MagicDec should win on this backend, DEMO_NEW_TOKENS
+  new tokens, decoded twice each way (alternately)."""
   model = load_target()
   batch, prompt_tokens, gamma = cli_demo.default_shape()
   given = lambda name: FLAGS[name].present
   cli_demo.run(model, batch=FLAGS.batch_size if given("batch_size") else batch,
                prompt_tokens=FLAGS.prompt_tokens if given("prompt_tokens") else prompt_tokens,
-               max_new_tokens=FLAGS.max_new_tokens if given("max_new_tokens") else 64,
+               max_new_tokens=FLAGS.max_new_tokens if given("max_new_tokens") else cli_demo.DEMO_NEW_TOKENS,
                gamma=FLAGS.gamma if given("gamma") else gamma, sink=FLAGS.sink, window=FLAGS.window,
                temperature=FLAGS.temperature, seed=FLAGS.seed, progress=FLAGS.progress,
                shared_tokens=FLAGS.shared_tokens, repeats=FLAGS.demo_repeats, shrink_batch=FLAGS.shrink_batch,

@@ -40,6 +40,8 @@ CPU_GAMMA = 2              # on a CPU a verify pass pays for its extra tokens in
 DISTINCT_TAIL = 256        # each demo prompt's own passage after the shared document (tokens)
 GPU_SHAPE = (32, 7900)     # the paper's regime for a model of 8K context (not measured on a GPU here)
 GPU_GAMMA = 3
+DEMO_NEW_TOKENS = 128      # a fixed batch waits for its slowest row; over 128 tokens that tail is ~1.05x the
+                           # mean row's rounds, over 64 ~1.09x (8 x 4096, this CPU: README "Measured")
 SWEEP_GLOB = "benchmarks/results/context_sweep_*.json"
 
 
