@@ -30,7 +30,7 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import write_rows
 
 SLOT_ALIGN = 128      # attention tile: XLA's GPU dot tiles and the Pallas kernel's block_k divide it
-CPU_SLOT_ALIGN = 16   # a CPU has no tile to fill: one 64-byte line of float32 per 16 slots
+CPU_SLOT_ALIGN = 16   # a CPU has no tile to fill: the logits' slot axis fills whole 16-lane float32 vectors
 Layers = tuple        # one jax.Array per layer
 
 

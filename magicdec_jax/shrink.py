@@ -30,6 +30,7 @@ from magicdec_jax import compile as compiling
 from magicdec_jax.loop import LoopState
 
 SHARED_FIELDS = ("eos", "step", "refill_at")   # LoopState fields without a batch axis
+ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at")   # what Finished keeps per row
 
 
 @dataclasses.dataclass
@@ -78,7 +79,7 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
                       options=options, **static)
     rounds = int(state.step) - step0
     fin.stages.append((cur, rounds, time.perf_counter() - t0 - (compiling.compile_seconds() - c0)))
-    for name in ("out", "n_out", "rounds", "accepted", "accepted_at"):
+    for name in ROW_RESULTS:
       getattr(fin, name)[rows] = np.asarray(getattr(state, name))
     done = np.asarray(state.done)
     if done.all() or not can_shrink:
@@ -101,6 +102,5 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
 def finished(state: LoopState) -> Finished:
   """The per-row results of a state every row of which ran in one stage (no shrinking)."""
   b = int(state.lengths.shape[0])
-  get = lambda name: np.asarray(getattr(state, name))
-  return Finished(get("out"), get("n_out"), get("rounds"), get("accepted"), get("accepted_at"),
-                  int(state.step), [(b, int(state.step), None)])
+  return Finished(**{name: np.asarray(getattr(state, name)) for name in ROW_RESULTS}, step=int(state.step),
+                  stages=[(b, int(state.step), None)])
