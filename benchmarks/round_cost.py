@@ -28,11 +28,13 @@ import jax.numpy as jnp  # noqa: E402
 
 from magicdec_jax import calibrate, cli_flags, drafts, loop  # noqa: E402
 from magicdec_jax.cache import KVCache, aligned_slots  # noqa: E402
+from magicdec_jax.layers.dense import narrow_weights  # noqa: E402
 from magicdec_jax.sampling import Sampling  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402
 
 
-def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: int, repeats: int) -> dict:
+def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: int, repeats: int,
+                    draft_params=None) -> dict:
   """Median seconds per round of loop.decode (compiled once) over a zero cache of `context` tokens."""
   cfg, params = model.config, model.params
   slots = aligned_slots(context + rounds * tree.num_nodes + tree.num_nodes + 1)
@@ -48,13 +50,13 @@ def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: i
     return jax.block_until_ready(s)
 
   t0 = time.perf_counter()
-  comp = loop.decode.lower(params, None, state(), cfg=cfg, spec=spec, tree=tree, sampling=Sampling()).compile()
+  comp = loop.decode.lower(params, draft_params, state(), cfg=cfg, spec=spec, tree=tree, sampling=Sampling()).compile()
   compile_s = time.perf_counter() - t0
   per_round = []
   for _ in range(repeats):
     s = state()
     t0 = time.perf_counter()
-    out = comp(params, None, s)
+    out = comp(params, draft_params, s)
     jax.block_until_ready(out.out)
     per_round.append((time.perf_counter() - t0) / int(out.step))
   return {"median_s": statistics.median(per_round), "times": per_round, "compile_s": compile_s}
@@ -66,6 +68,8 @@ def main(argv=None):
   ap.add_argument("--gammas", type=common.int_list, default=[3])
   ap.add_argument("--sink", type=int, default=4)
   ap.add_argument("--window", type=int, default=256)
+  ap.add_argument("--draft_weights", choices=["none", "bfloat16"], default="none",
+                  help="the self-draft's weights: the target's own, or a bfloat16 copy (the demo's draft)")
   ap.add_argument("--rounds", type=int, default=24, help="rounds per in-loop run")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--output", default=None)
@@ -77,10 +81,13 @@ def main(argv=None):
   else:
     model, source = common.load_smollm(allow_random=False)
   out_path = args.output or str(common.RESULTS_DIR / f"round_cost_{common.device_tag()}.json")
-  spec = drafts.StreamingDraft(args.sink, args.window)
+  weights = None if args.draft_weights == "none" else args.draft_weights
+  spec = drafts.StreamingDraft(args.sink, args.window, weights=weights)
   doc = {"benchmark": "round_cost", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
-         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window}, "rows": []}
+         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window, "weights": weights},
+         "rows": []}
   cfg, params = model.config, model.params
+  draft_params = narrow_weights(params, weights) if weights else None
   for b, n in args.shapes:
     iso = lambda t, kind="linear", ctx=n: calibrate.time_step(params, cfg, b, ctx, t, kind, repeats=args.repeats + 2)
     ar_alone = iso(1)
@@ -88,11 +95,12 @@ def main(argv=None):
     row = {"batch": b, "context": n, "ar_alone_s": ar_alone["median_s"], "ar_alone_min_s": ar_alone["seconds"],
            "ar_in_loop_s": ar_loop["median_s"], "ar_ratio": ar_loop["median_s"] / ar_alone["median_s"],
            "draft_alone_s": None, "gammas": []}
-    draft = iso(1, "ring", args.sink + args.window)
+    draft = calibrate.time_step(draft_params or params, cfg, b, args.sink + args.window, 1, "ring",
+                                repeats=args.repeats + 2)
     row["draft_alone_s"] = draft["median_s"]
     for g in args.gammas:
       verify = iso(g + 1)
-      rnd = in_loop_round_s(model, b, n, spec, Tree.chain(g), args.rounds, args.repeats)
+      rnd = in_loop_round_s(model, b, n, spec, Tree.chain(g), args.rounds, args.repeats, draft_params)
       parts = g * draft["median_s"] + verify["median_s"]
       row["gammas"].append({"gamma": g, "verify_alone_s": verify["median_s"], "sum_of_steps_s": parts,
                             "round_in_loop_s": rnd["median_s"], "ratio": rnd["median_s"] / parts,
