@@ -40,8 +40,9 @@ CPU_GAMMA = 2              # on a CPU a verify pass pays for its extra tokens in
 DISTINCT_TAIL = 256        # each demo prompt's own passage after the shared document (tokens)
 GPU_SHAPE = (32, 7900)     # the paper's regime for a model of 8K context (not measured on a GPU here)
 GPU_GAMMA = 3
-DEMO_NEW_TOKENS = 128      # a fixed batch waits for its slowest row; over 128 tokens that tail is ~1.05x the
-                           # mean row's rounds, over 64 ~1.09x (8 x 4096, this CPU: README "Measured")
+DEMO_NEW_TOKENS = 256      # a fixed batch waits for its slowest row; that tail is ~1.09x the mean row's
+                           # rounds over 64 tokens, ~1.05x over 128, ~1.04x over 256 (8 x 4096, this CPU:
+                           # benchmarks/NOTES.md, "The demo's tail")
 SWEEP_GLOB = "benchmarks/results/context_sweep_*.json"
 
 
@@ -50,37 +51,72 @@ def default_shape() -> tuple[int, int, int]:
   return (*CPU_SHAPE, CPU_GAMMA) if jax.default_backend() == "cpu" else (*GPU_SHAPE, GPU_GAMMA)
 
 
-def measured_crossover(root: str, device: str, cpu_model: str | None = None) -> str | None:
-  """One line naming where speculation first beat autoregressive decoding per batch, from the context
-  sweeps of this device kind: those recorded on `cpu_model` if there are any (CPU timings belong to a CPU
-  model; jax calls every CPU "cpu"), else all; each batch from the newest sweep (by its recorded date) that
-  measured it, so a sweep of a few batches does not hide the others. The line names the files and the CPU
-  they ran on, and says when that is not this one. None if no sweep was recorded on this device kind."""
+def _sweeps(root: str, device: str, cpu_model: str | None) -> list[tuple[str, dict]]:
+  """(path, doc) of the context sweeps recorded on this device kind, oldest first (by recorded date): those
+  recorded on `cpu_model` if there are any (CPU timings belong to a CPU model; jax calls every CPU "cpu"),
+  else all of them."""
   docs = []
   for path in glob.glob(os.path.join(root, SWEEP_GLOB)):
     with open(path) as f:
       doc = json.load(f)
     env = doc.get("env", {})
-    if env.get("device") == device and doc.get("crossover"):
+    if env.get("device") == device:
       same = cpu_model is not None and env.get("cpu_model") == cpu_model
       docs.append((same, env.get("date", ""), path, doc))
-  if not docs:
-    return None
   same = any(d[0] for d in docs)
+  return [(path, doc) for _, _, path, doc in sorted(d for d in docs if d[0] == same)]
+
+
+def _where(cpu_model: str | None, docs) -> str:
+  """', on this CPU (...)' or ', on another CPU (...)': which CPU the sweeps `docs` ran on."""
+  if cpu_model is None:
+    return ""
+  ran_on = sorted({d["env"].get("cpu_model") or "" for d in docs})
+  if ran_on == [cpu_model]:
+    return f", on this CPU ({cpu_model})"
+  return (", on " + " / ".join(f"another CPU ({c})" if c else "an unrecorded CPU" for c in ran_on)
+          + ", not necessarily like this one")
+
+
+def _cite(path: str, doc: dict) -> str:
+  return f"{os.path.basename(path)}, {doc['env']['date'][:10]}"
+
+
+def measured_crossover(root: str, device: str, cpu_model: str | None = None) -> str | None:
+  """One line naming where speculation first beat autoregressive decoding per batch, from the context
+  sweeps of this device kind (`_sweeps`: this CPU model's if any), each batch from the newest sweep (by
+  its recorded date) that measured it, so a sweep of a few batches does not hide the others. The line
+  names the files and the CPU they ran on, and says when that is not this one. None if no sweep was
+  recorded on this device kind."""
   by_batch = {}                                       # batch -> (measured, path, doc) of the newest sweep
-  for _, _, path, doc in sorted(d for d in docs if d[0] == same):   # oldest first: newer ones overwrite
-    for b, c in doc["crossover"].items():
+  for path, doc in _sweeps(root, device, cpu_model):  # oldest first: newer ones overwrite
+    for b, c in (doc.get("crossover") or {}).items():
       by_batch[int(b)] = (c["measured"], path, doc)
+  if not by_batch:
+    return None
   parts = [f"batch {b}: {m if m is not None else 'not reached'}" for b, (m, _, _) in sorted(by_batch.items())]
   used = {path: doc for _, path, doc in by_batch.values()}
-  files = ", ".join(f"{os.path.basename(p)}, {d['env']['date'][:10]}" for p, d in sorted(used.items()))
-  where = ""
-  if cpu_model is not None:
-    ran_on = sorted({d["env"].get("cpu_model") or "" for d in used.values()})
-    where = (f", on this CPU ({cpu_model})" if same else
-             ", on " + " / ".join(f"another CPU ({c})" if c else "an unrecorded CPU" for c in ran_on)
-             + ", not necessarily like this one")
-  return f"measured crossover (decode speedup > 1 from this context on; {files}{where}): " + ", ".join(parts)
+  files = ", ".join(_cite(p, d) for p, d in sorted(used.items()))
+  return (f"measured crossover (decode speedup > 1 from this context on; {files}"
+          f"{_where(cpu_model, used.values())}): " + ", ".join(parts))
+
+
+def measured_point(root: str, device: str, batch: int, context: int, cpu_model: str | None = None) -> str | None:
+  """One line giving the newest sweep's measured decode speedup at this batch x context (its prompts are
+  distinct passages, not one shared document), or None if no sweep of this device kind measured it."""
+  found = None
+  for path, doc in _sweeps(root, device, cpu_model):
+    for p in doc.get("points", []):
+      if p.get("batch") == batch and p.get("context") == context and p.get("best_decode_speedup"):
+        found = (path, doc, p)
+  if found is None:
+    return None
+  path, doc, p = found
+  best = next((s for s in p.get("spec", []) if s.get("gamma") == p.get("best_gamma")), {})
+  acc = best.get("acceptance_rate")
+  return (f"the context sweep at {batch} x {context} (distinct prompts, {doc.get('max_new_tokens')} new tokens"
+          f"{', acceptance %.2f' % acc if acc is not None else ''}; {_cite(path, doc)}"
+          f"{_where(cpu_model, [doc])}): decode speedup {p['best_decode_speedup']:.2f}x")
 
 
 def default_shared_tokens(prompt_tokens: int, chunk: int = 256) -> int:
@@ -159,14 +195,20 @@ def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, ga
   print(f"  why: each step reads {weights_gb:.2f} GB of weights and {kv_gb:.2f} GB of KV cache; the draft reads "
         f"{draft_w} and only {sink + window} tokens of KV per row, the verify pass the whole cache once for "
         f"{gamma + 1} tokens.")
-  line = measured_crossover(root, device, calibrate.host_cpu_model() if device.startswith("cpu") else None)
+  cpu_model = calibrate.host_cpu_model() if device.startswith("cpu") else None
+  line = measured_crossover(root, device, cpu_model)
   print("  " + (line or "crossover: no context sweep recorded on this kind of device "
                 "(python benchmarks/context_sweep.py measures it)"))
+  copied = sum(textdata.copied_share(p, t) for p, t in zip(prompts, md.tokens)) / batch
+  point = measured_point(root, device, batch, prompt_tokens, cpu_model)
+  print(f"  predictability : {copied:.0%} of the new tokens repeat a 4-token sequence already in their prompt or "
+        f"output, which lifts acceptance (greedy decoding of a small model loops)"
+        + (f"; for less repetitive text, {point}" if point else ""))
   text = md.texts[0] if md.texts else md.tokens[0]
   print(f"\n--- prompt 0 ends with ---\n...{model.tokenizer.decode(prompts[0][-40:])}")
   print(f"--- MagicDec continuation ---\n{text}\n")
-  return {"speedup": speedup, "speedup_by_run": pairs, "tail": tail, "identical": same, "ar": a, "magicdec": m,
-          "prefill_s": pre.prefill_s, "shared_tokens": pre.shared_tokens}
+  return {"speedup": speedup, "speedup_by_run": pairs, "tail": tail, "identical": same, "copied_share": copied,
+          "ar": a, "magicdec": m, "prefill_s": pre.prefill_s, "shared_tokens": pre.shared_tokens}
 
 
 def _weights(dtype: str | None) -> str:

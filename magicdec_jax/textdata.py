@@ -106,3 +106,21 @@ def document_prompts(tokenizer, n_prompts: int, n_tokens: int, shared_tokens: in
   enc_all = shakespeare_prompt(tokenizer, n_tokens + (n_prompts - 1) * tail, held_out=held_out)
   doc, rest = enc_all[:shared_tokens], enc_all[shared_tokens:]
   return [(doc + rest[i * tail:(i + 1) * tail])[:n_tokens] for i in range(n_prompts)]
+
+
+def copied_share(prompt: list[int], continuation: list[int], n: int = 4) -> float:
+  """The share of `continuation`'s tokens that complete an n-gram already seen earlier in prompt +
+  continuation (the token and the n - 1 before it). A measure of how much a text repeats itself: a
+  speculative draft predicts such tokens easily, so acceptance rises with it (greedy decoding of a small
+  model tends to loop). 0.0 for an empty continuation."""
+  if n < 1:
+    raise ValueError(f"n must be >= 1, got {n}")
+  text = list(prompt) + list(continuation)
+  seen = set()
+  copied = 0
+  for i in range(n - 1, len(text)):
+    gram = tuple(text[i - n + 1:i + 1])
+    if i >= len(prompt) and gram in seen:
+      copied += 1
+    seen.add(gram)
+  return copied / len(continuation) if continuation else 0.0

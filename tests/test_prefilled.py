@@ -144,6 +144,7 @@ def test_demo_runs_and_checks_its_own_tokens(capsys):
   out = capsys.readouterr().out
   assert "speedup" in out and "identical greedy tokens: True" in out and "crossover" in out
   assert "alternated runs" in out and "the batch ran" in out and res["tail"] >= 1.0
+  assert "predictability" in out and 0.0 <= res["copied_share"] <= 1.0
   res = cli_demo.run(model, batch=4, prompt_tokens=300, max_new_tokens=8, gamma=2, sink=2, window=16,
                      temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, repeats=1,
                      shrink_batch=True)
@@ -188,3 +189,33 @@ def test_demo_reads_the_newest_sweep_of_this_device(tmp_path):
   line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU A")
   assert "batch 1: 4096, batch 8: 8000" in line
   assert "context_sweep_cpu_2026-11-21_b1.json" in line and "context_sweep_cpu_2026-11-22_b1.json" in line
+
+
+def test_copied_share_counts_tokens_that_complete_a_seen_ngram():
+  """Hand-counted: a token counts when it and the n - 1 before it already occurred as an n-gram."""
+  # text 1 2 3 | 1 2 3 1 2: the new bigrams are (3,1) unseen, then (1,2) (2,3) (3,1) (1,2) all seen
+  assert textdata.copied_share([1, 2, 3], [1, 2, 3, 1, 2], n=2) == 4 / 5
+  assert textdata.copied_share([], [5, 6, 7, 8], n=2) == 0.0
+  assert textdata.copied_share([9], [9, 9, 9], n=3) == 1 / 3                # (9,9,9) first ends at index 2
+  assert textdata.copied_share([1, 2], [], n=2) == 0.0
+  with pytest.raises(ValueError, match="n must be"):
+    textdata.copied_share([1], [1], n=0)
+
+
+def test_demo_quotes_the_sweeps_figure_at_its_own_shape(tmp_path):
+  """measured_point: the newest sweep of this device that measured batch x context, with its acceptance."""
+  res = tmp_path / "benchmarks" / "results"
+  res.mkdir(parents=True)
+  def write(name, date, speedup, acc, context=4096):
+    (res / name).write_text(json.dumps({
+        "env": {"date": date, "device": "cpu:cpu", "cpu_model": "CPU A"}, "max_new_tokens": 128,
+        "points": [{"batch": 8, "context": context, "best_gamma": 2, "best_decode_speedup": speedup,
+                    "spec": [{"gamma": 3, "acceptance_rate": 0.5}, {"gamma": 2, "acceptance_rate": acc}]}]}))
+  assert cli_demo.measured_point(str(tmp_path), "cpu:cpu", 8, 4096, "CPU A") is None
+  write("context_sweep_cpu_b.json", "2026-11-25T10:00:00", 1.12, 0.87)
+  write("context_sweep_cpu_a.json", "2026-11-20T10:00:00", 0.9, 0.7)
+  write("context_sweep_cpu_c.json", "2026-11-26T10:00:00", 1.5, 0.9, context=2048)
+  line = cli_demo.measured_point(str(tmp_path), "cpu:cpu", 8, 4096, "CPU A")
+  assert "1.12x" in line and "acceptance 0.87" in line and "context_sweep_cpu_b.json, 2026-11-25" in line
+  assert "on this CPU (CPU A)" in line and "distinct prompts, 128 new tokens" in line
+  assert cli_demo.measured_point(str(tmp_path), "gpu:H100", 8, 4096) is None
