@@ -106,13 +106,16 @@ def combine(paths: list[str], png: str) -> dict:
     color = f"C{i}"
     for x in xs:
       ax.plot([x] * len(table[b][x]), table[b][x], "o", color=color, alpha=0.45, ms=5)
+    n = max(len(v) for v in table[b].values())
     ax.plot(xs, [float(np.mean(table[b][x])) for x in xs], "-", color=color, lw=2,
-            label=f"batch {b} (mean of {max(len(v) for v in table[b].values())} runs)")
+            label=f"batch {b} ({f'mean of {n} runs' if n > 1 else 'one run'})")
   ax.axhline(1.0, color="gray", lw=0.8)
   ax.set_xscale("log", base=2)
   ax.set_xlabel("context (prompt tokens)")
   ax.set_ylabel("decode speedup over AR (best gamma)")
-  ax.set_title(f"MagicDec StreamingDraft vs AR, {runs[0][0]['model']}, {runs[0][0]['env']['device']}", fontsize=9)
+  env = runs[0][0]["env"]
+  where = env["device"] + (f" ({env['cpu_model']})" if env.get("cpu_model") else "")
+  ax.set_title(f"MagicDec StreamingDraft vs AR, {runs[0][0]['model']}, {where}", fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()

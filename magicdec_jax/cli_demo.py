@@ -32,7 +32,7 @@ import os
 
 import jax
 
-from magicdec_jax import calibrate, drafts, prefilled, textdata
+from magicdec_jax import calibrate, drafts, prefilled, sweep, textdata
 from magicdec_jax.model import Model
 
 CPU_SHAPE = (8, 4096)      # batch x prompt tokens: KV 1.5 GB vs 0.54 GB of weights
@@ -82,20 +82,35 @@ def _cite(path: str, doc: dict) -> str:
   return f"{os.path.basename(path)}, {doc['env']['date'][:10]}"
 
 
+def _crossover_text(points: list[dict]) -> str:
+  """One batch's crossover over its measured points: '4096'; '<= 1024' when speculation won already at
+  the smallest context measured (the crossover lies there or below); 'not reached up to 8000'."""
+  contexts = [p["context"] for p in points]
+  measured = sweep.measured_crossover(points)
+  if measured is None:
+    return f"not reached up to {max(contexts)}"
+  return f"<= {measured}" if measured == min(contexts) else str(measured)
+
+
 def measured_crossover(root: str, device: str, cpu_model: str | None = None) -> str | None:
   """One line naming where speculation first beat autoregressive decoding per batch, from the context
-  sweeps of this device kind (`_sweeps`: this CPU model's if any), each batch from the newest sweep (by
-  its recorded date) that measured it, so a sweep of a few batches does not hide the others. The line
-  names the files and the CPU they ran on, and says when that is not this one. None if no sweep was
-  recorded on this device kind."""
-  by_batch = {}                                       # batch -> (measured, path, doc) of the newest sweep
+  sweeps of this device kind (`_sweeps`: this CPU model's if any). The sweeps' points are merged, the
+  newest measurement (by recorded date) of each batch x context winning, and the crossover is taken over
+  the merged contexts of each batch: a later sweep of one batch or one context adds to the earlier ones
+  instead of hiding them. The line names the files and the CPU they ran on, and says when that is not
+  this one. None if no sweep was recorded on this device kind."""
+  newest = {}                                         # (batch, context) -> (point, path, doc)
   for path, doc in _sweeps(root, device, cpu_model):  # oldest first: newer ones overwrite
-    for b, c in (doc.get("crossover") or {}).items():
-      by_batch[int(b)] = (c["measured"], path, doc)
-  if not by_batch:
+    for p in doc.get("points", []):
+      if p.get("best_decode_speedup") is not None:
+        newest[(p["batch"], p["context"])] = (p, path, doc)
+  if not newest:
     return None
-  parts = [f"batch {b}: {m if m is not None else 'not reached'}" for b, (m, _, _) in sorted(by_batch.items())]
-  used = {path: doc for _, path, doc in by_batch.values()}
+  by_batch: dict[int, list[dict]] = {}
+  for (b, _), (p, _, _) in sorted(newest.items()):
+    by_batch.setdefault(b, []).append(p)
+  parts = [f"batch {b}: {_crossover_text(pts)}" for b, pts in sorted(by_batch.items())]
+  used = {path: doc for _, path, doc in newest.values()}
   files = ", ".join(_cite(p, d) for p, d in sorted(used.items()))
   return (f"measured crossover (decode speedup > 1 from this context on; {files}"
           f"{_where(cpu_model, used.values())}): " + ", ".join(parts))

@@ -155,40 +155,45 @@ def test_demo_runs_and_checks_its_own_tokens(capsys):
 
 
 def test_demo_reads_the_newest_sweep_of_this_device(tmp_path):
-  """The demo's crossover line comes from the sweep with the newest recorded date on this device kind,
-  whatever the file names sort as; none recorded -> None."""
+  """The demo's crossover line: the sweeps of this device kind (this CPU model's if any) merged point by
+  point, the newest recorded date winning whatever the file names sort as; none recorded -> None."""
   res = tmp_path / "benchmarks" / "results"
   res.mkdir(parents=True)
   assert cli_demo.measured_crossover(str(tmp_path), "cpu:cpu") is None
-  def write(name, date, device, measured):
-    (res / name).write_text(json.dumps({"env": {"date": date, "device": device},
-                                        "crossover": {"4": {"measured": measured}, "1": {"measured": None}}}))
-  write("context_sweep_cpu_2026-11-23_z.json", "2026-11-23T10:00:00", "cpu:cpu", 8000)
-  write("context_sweep_cpu_2026-11-23.json", "2026-11-23T12:00:00", "cpu:cpu", 2048)
-  write("context_sweep_gpu_2026-11-24.json", "2026-11-24T12:00:00", "gpu:H100", 1024)
+  def write(name, date, device, speedups, cpu_model=None):
+    """speedups: {batch: {context: best decode speedup}}"""
+    env = {"date": date, "device": device, **({"cpu_model": cpu_model} if cpu_model else {})}
+    points = [{"batch": b, "context": c, "best_decode_speedup": v}
+              for b, row in speedups.items() for c, v in row.items()]
+    (res / name).write_text(json.dumps({"env": env, "points": points}))
+  write("context_sweep_cpu_2026-11-23_z.json", "2026-11-23T10:00:00", "cpu:cpu",
+        {4: {2048: 0.9, 8000: 1.1}, 1: {2048: 0.5}})
+  write("context_sweep_cpu_2026-11-23.json", "2026-11-23T12:00:00", "cpu:cpu",
+        {4: {1024: 0.8, 2048: 1.05, 8000: 1.2}, 1: {1024: 0.6, 2048: 0.7}})
+  write("context_sweep_gpu_2026-11-24.json", "2026-11-24T12:00:00", "gpu:H100", {4: {1024: 1.5}})
   line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu")
-  assert "context_sweep_cpu_2026-11-23.json" in line and "batch 1: not reached, batch 4: 2048" in line
+  # the newer file's 2048 (1.05) wins over the older one's (0.9): 4 crosses at 2048
+  assert "batch 1: not reached up to 2048, batch 4: 2048" in line
+  assert "context_sweep_cpu_2026-11-23.json" in line and "_z.json" not in line   # every point re-measured
   # A sweep recorded on this host's CPU model wins over a newer one from another CPU, and the line says so.
-  (res / "context_sweep_cpu_2026-11-20.json").write_text(json.dumps({
-      "env": {"date": "2026-11-20T12:00:00", "device": "cpu:cpu", "cpu_model": "CPU A"},
-      "crossover": {"8": {"measured": 4096}}}))
+  write("context_sweep_cpu_2026-11-20.json", "2026-11-20T12:00:00", "cpu:cpu",
+        {8: {2048: 0.9, 4096: 1.1, 8000: 1.3}}, "CPU A")
   line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU A")
   assert "context_sweep_cpu_2026-11-20.json" in line and "on this CPU (CPU A)" in line and "batch 8: 4096" in line
   line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU B")
   assert "context_sweep_cpu_2026-11-23.json" in line and "an unrecorded CPU" in line
-  # A newer sweep of one batch on this CPU adds that batch; the others still come from the older sweep.
-  (res / "context_sweep_cpu_2026-11-21_b1.json").write_text(json.dumps({
-      "env": {"date": "2026-11-21T12:00:00", "device": "cpu:cpu", "cpu_model": "CPU A"},
-      "crossover": {"1": {"measured": None}, "8": {"measured": 8000}}}))
+  # A later sweep of one batch x context adds to the earlier points instead of hiding them (a one-point
+  # sweep at 8 x 8000 must not turn batch 8's crossover into '<= 8000').
+  write("context_sweep_cpu_2026-11-21_8k.json", "2026-11-21T12:00:00", "cpu:cpu", {8: {8000: 1.6}}, "CPU A")
   line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU A")
-  assert "batch 1: not reached, batch 8: 8000" in line and "context_sweep_cpu_2026-11-21_b1.json" in line
-  assert "context_sweep_cpu_2026-11-20.json" not in line          # its only batch was measured again later
-  (res / "context_sweep_cpu_2026-11-22_b1.json").write_text(json.dumps({
-      "env": {"date": "2026-11-22T12:00:00", "device": "cpu:cpu", "cpu_model": "CPU A"},
-      "crossover": {"1": {"measured": 4096}}}))
+  assert "batch 8: 4096" in line
+  assert "context_sweep_cpu_2026-11-20.json" in line and "context_sweep_cpu_2026-11-21_8k.json" in line
+  # A newer loss at 2048 with a win at 1024 before it keeps the crossover above the loss; a batch that
+  # won already at the smallest context measured bounds its crossover from above only.
+  write("context_sweep_cpu_2026-11-22.json", "2026-11-22T12:00:00", "cpu:cpu",
+        {8: {1024: 1.1, 2048: 0.95}, 2: {1024: 1.2, 2048: 1.3}, 1: {8000: 0.9}}, "CPU A")
   line = cli_demo.measured_crossover(str(tmp_path), "cpu:cpu", "CPU A")
-  assert "batch 1: 4096, batch 8: 8000" in line
-  assert "context_sweep_cpu_2026-11-21_b1.json" in line and "context_sweep_cpu_2026-11-22_b1.json" in line
+  assert "batch 1: not reached up to 8000, batch 2: <= 1024, batch 8: 4096" in line
 
 
 def test_copied_share_counts_tokens_that_complete_a_seen_ngram():
