@@ -124,7 +124,7 @@ def main(argv=None):
     # what auto picks (the same call generate(gamma="auto"/tree="auto") makes); a pick that is also in the
     # sweep is the same configuration and executable: its sweep run is its measurement, not run twice
     context = max(len(p) for p in prompts) + args.max_new // 2
-    picks = auto_picks(model.config, draft, len(prompts), context, args.profile, vec)
+    picks = auto_picks(model.config, draft, len(prompts), context, args.profile, vec, args.max_new)
     rec["auto_picks"] = {k: dict(info, nodes=t.num_nodes, depth=t.max_depth, chain=t.is_chain)
                          for k, (t, info) in picks.items()}
     configs = [(f"gamma{g}", trees.Tree.chain(g)) for g in args.gammas]
@@ -162,12 +162,13 @@ def main(argv=None):
   common.finish(doc, out_path, os.path.basename(out_path))
 
 
-def auto_picks(cfg, draft, batch: int, context: int, profile, vec) -> dict:
-  """What generate(gamma="auto") / generate(tree="auto") resolve to (before the fallback): name -> (tree, info)."""
+def auto_picks(cfg, draft, batch: int, context: int, profile, vec, new_tokens: int) -> dict:
+  """What generate(gamma="auto") / generate(tree="auto") resolve to (before the fallback): name -> (tree, info).
+  As in generate, a chain is priced with the fixed batch's tail over new_tokens (trees without it)."""
   picks = {}
   for name, want_tree in (("auto_gamma", False), ("auto_tree", True)):
     tree, info = autotune.choose(cfg, draft, batch, context, want_tree=want_tree, hardware=profile,
-                                 acceptance_vector=vec)
+                                 acceptance_vector=vec, new_tokens=new_tokens)
     picks[name] = (tree, {k: v for k, v in info.items() if isinstance(v, (int, float, str))})
   return picks
 
@@ -185,7 +186,8 @@ def rescore(path: str, output: str | None, smoke: bool = False) -> dict:
     measured = {n: (trees.Tree.chain(int(n[5:])) if n.startswith("gamma") else trees.default_tree(n))
                 for n in rec["runs"] if n.startswith("gamma") or n in args.trees.split(",")}
     context = rec["context"] + doc["max_new_tokens"] // 2
-    picks = auto_picks(model.config, draft, rec["batch"], context, args.profile, doc["acceptance_vector"])
+    picks = auto_picks(model.config, draft, rec["batch"], context, args.profile, doc["acceptance_vector"],
+                       doc["max_new_tokens"])
     rec["auto_picks"] = {k: dict(info, nodes=t.num_nodes, depth=t.max_depth, chain=t.is_chain)
                          for k, (t, info) in picks.items()}
     for k, (t, _) in picks.items():

@@ -128,7 +128,8 @@ def combine(paths: list[str], png: str) -> dict:
 
 def repredict(path: str, profile: str | None, smoke: bool = False) -> dict:
   """Predictions of a recorded sweep recomputed with another hardware profile, stored beside the first ones
-  as crossover[batch]["predicted_with_profile"] (the measured figures are not touched)."""
+  as crossover[batch]["predicted_with_profile"] (the measured figures are not touched); priced with the
+  fixed batch's tail over the sweep's max_new_tokens, as it was measured."""
   with open(path) as f:
     doc = json.load(f)
   model = cli_flags.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
@@ -137,7 +138,8 @@ def repredict(path: str, profile: str | None, smoke: bool = False) -> dict:
   for b, entry in doc["crossover"].items():
     pts = [p for p in doc["points"] if p["batch"] == int(b)]
     entry["predicted_with_profile"] = dict(
-        sweep.predicted_crossover(model, hw, autotune.cost_draft(draft), int(b), pts, doc["gammas"]),
+        sweep.predicted_crossover(model, hw, autotune.cost_draft(draft), int(b), pts, doc["gammas"],
+                                  doc.get("max_new_tokens")),
         profile=profile)
   with open(path, "w") as f:
     json.dump(doc, f, indent=1)

@@ -84,7 +84,7 @@ AUTO_TIE = 0.03
 
 def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool, hardware=None,
            alpha: float | None = None, acceptance_vector=None, max_gamma: int = 8,
-           allow_autoregressive: bool = False) -> tuple[trees.Tree, dict]:
+           allow_autoregressive: bool = False, new_tokens: int | None = None) -> tuple[trees.Tree, dict]:
   """The chain or tree the cost model predicts fastest; info holds the predicted speedup.
 
   allow_autoregressive: where even the best chain / tree is not predicted at least AUTO_MARGIN faster
@@ -93,19 +93,20 @@ def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool,
 
   acceptance_vector (a list or a JSON path) drives both: a chain's expected tokens use its first entry
   per position; alpha (a chain only) overrides it. Without either, a hardware profile's stored vector is
-  used, then the defaults.
+  used, then the defaults. new_tokens: a chain is priced as a fixed batch of `batch` rows generating that
+  many tokens each, waiting for its slowest row (batch_tail); None prices a steady state (refilled slots).
   """
   hw = detect_hardware(hardware)
   vec = load_acceptance(acceptance_vector)
   if vec is None and calibrate.is_profile_path(hardware):
     vec = calibrate.load_profile(str(hardware))[1].get("acceptance_vector")
-  tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma)
+  tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens)
   if allow_autoregressive and (info["speedup"] < 1 + AUTO_MARGIN or tree.max_depth == 0):   # (depth 0: no speculation)
     return AR_TREE, dict(info, speculate=False)
   return tree, dict(info, speculate=True)
 
 
-def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma):
+def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens):
   draft = cost_draft(spec)
   if want_tree:
     vec = vec or trees.DEFAULT_ACCEPTANCE_VECTOR
@@ -113,11 +114,11 @@ def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma):
     return tree, dict(info, hardware=hw.name)
   if alpha is None and vec is not None:
     gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, None, max_gamma, dtype=cfg.dtype,
-                                            acceptance_vector=vec, tie=AUTO_TIE)
+                                            acceptance_vector=vec, tie=AUTO_TIE, new_tokens=new_tokens)
     return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": vec[0], "hardware": hw.name}
   a = DEFAULT_ALPHA if alpha is None else alpha
   gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, a, max_gamma, dtype=cfg.dtype,
-                                          tie=AUTO_TIE)
+                                          tie=AUTO_TIE, new_tokens=new_tokens)
   return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": a, "hardware": hw.name}
 
 

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from magicdec_jax.config import ModelConfig
+from magicdec_jax import batch_tail
 from magicdec_jax import trees as trees_lib
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
@@ -219,17 +220,23 @@ def expected_tokens_chain(alpha: float, gamma: int) -> float:
 def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, *,
                       gamma: int | None = None, alpha: float | None = None,
                       tree: trees_lib.Tree | None = None, acceptance_vector: Sequence[float] | None = None,
-                      dtype: str = "bfloat16") -> float:
+                      dtype: str = "bfloat16", new_tokens: int | None = None) -> float:
   """E[tokens/step] * T_AR / (draft time + T_verify) for a chain (gamma, alpha) or a tree (tree, vector).
 
   A chain is drafted in gamma one-token steps and verified as gamma + 1 tokens; a tree in max_depth steps, step d
-  feeding the level-d nodes that have children, and verified as num_nodes tokens.
+  feeding the level-d nodes that have children, and verified as num_nodes tokens. new_tokens (a chain): a
+  fixed batch generating that many tokens per row runs until its slowest row is done (batch_tail), so
+  E[tokens/step] becomes new_tokens / E[the slowest row's rounds]; None prices a steady state (slots refilled).
   """
   if tree is None:
     if gamma is None or alpha is None:
       raise ValueError("give (gamma, alpha) for a chain or (tree, acceptance_vector) for a tree")
     e, widths, n_verify = expected_tokens_chain(alpha, gamma), [1] * gamma, gamma + 1
+    if new_tokens is not None:
+      e = batch_tail.tokens_per_round(alpha, gamma, new_tokens, batch)
   else:
+    if new_tokens is not None:
+      raise ValueError("new_tokens prices a chain's fixed-batch tail; a tree is priced without it")
     if acceptance_vector is None:
       raise ValueError("a tree needs acceptance_vector")
     e, widths, n_verify = tree.expected_tokens(acceptance_vector), tree.expanding_per_level, tree.num_nodes
@@ -240,32 +247,39 @@ def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, 
 
 def choose_gamma(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, alpha: float,
                  max_gamma: int = 8, dtype: str = "bfloat16",
-                 acceptance_vector: Sequence[float] | None = None, tie: float = 0.0) -> tuple[int, float]:
+                 acceptance_vector: Sequence[float] | None = None, tie: float = 0.0,
+                 new_tokens: int | None = None) -> tuple[int, float]:
   """(best gamma in 1..max_gamma, its predicted speedup); ties go to the smaller gamma. With an acceptance
   vector the chain's expected tokens come from it (a chain node's one child is rank 0: p[0] per position).
-  tie: the smallest gamma predicted within this fraction of the best counts as the best."""
+  tie: the smallest gamma predicted within this fraction of the best counts as the best. new_tokens: price
+  a fixed batch's tail (predicted_speedup)."""
   return choose_gamma_table(
       t_ar(cfg, hw, batch, context, dtype),
       lambda w: draft.step_time(cfg, hw, batch, context, w, dtype),
       lambda n: t_verify(cfg, hw, batch, context, n, dtype),
       alpha=alpha if acceptance_vector is None else None, acceptance_vector=acceptance_vector,
-      max_gamma=max_gamma, tie=tie)
+      max_gamma=max_gamma, tie=tie, batch=batch, new_tokens=new_tokens)
 
 
 def choose_gamma_table(t_ar_s: float, t_draft, t_verify_fn, *, alpha: float | None = None,
                        acceptance_vector: Sequence[float] | None = None, max_gamma: int = 8,
-                       tie: float = 0.0) -> tuple[int, float]:
+                       tie: float = 0.0, batch: int = 1, new_tokens: int | None = None) -> tuple[int, float]:
   """The chain chooser on any step-time table: t_draft(width) / t_verify_fn(tokens) seconds (callables).
   speedup(gamma) = E[tokens | gamma] * t_ar / (gamma * t_draft(1) + t_verify(gamma + 1)); the smallest gamma
-  within `tie` (a fraction) of the best predicted speedup is chosen."""
+  within `tie` (a fraction) of the best predicted speedup is chosen. new_tokens: E[tokens | gamma] is that
+  of a fixed batch of `batch` rows generating new_tokens each (batch_tail: its slowest row sets the pace)."""
   if (alpha is None) == (acceptance_vector is None):
     raise ValueError("give alpha or acceptance_vector")
   if not 0 <= tie < 1:
     raise ValueError(f"tie must be in [0, 1), got {tie}")
   table = []
   for g in range(1, max_gamma + 1):
-    e = expected_tokens_chain(alpha, g) if acceptance_vector is None else \
-        trees_lib.Tree.chain(g).expected_tokens(acceptance_vector)
+    if new_tokens is not None:
+      e = batch_tail.tokens_per_round(alpha if acceptance_vector is None else acceptance_vector[0], g,
+                                      new_tokens, batch)
+    else:
+      e = expected_tokens_chain(alpha, g) if acceptance_vector is None else \
+          trees_lib.Tree.chain(g).expected_tokens(acceptance_vector)
     table.append((g, e * t_ar_s / (g * t_draft(1) + t_verify_fn(g + 1))))
   best = max(s for _, s in table)
   return next((g, s) for g, s in table if s >= best * (1 - tie) - 1e-12 * abs(best))

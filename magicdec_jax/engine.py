@@ -217,13 +217,16 @@ def check_prompts(model: Model, st: Settings, ids: Sequence[Sequence[int]], firs
 
 
 def resolve_auto(model: Model, st: Settings, batch: int, context: int, hardware, acceptance,
-                 auto_fallback: bool) -> tuple[Settings, dict | None]:
-  """gamma / tree = "auto": the cost model's choice for this batch and context -> (settings, plan)."""
+                 auto_fallback: bool, fixed_batch: bool = False) -> tuple[Settings, dict | None]:
+  """gamma / tree = "auto": the cost model's choice for this batch and context -> (settings, plan).
+  fixed_batch: the rows run together until the slowest is done (generate), so a chain is priced with
+  that tail over st.max_new_tokens (batch_tail); not for refilled slots (stream, datagen)."""
   if not isinstance(st.tree, str):
     return st, None
   tree, plan = autotune.choose(model.config, st.spec, batch, context, want_tree=(st.tree == "auto"),
                                hardware=hardware, acceptance_vector=acceptance,
-                               allow_autoregressive=auto_fallback)
+                               allow_autoregressive=auto_fallback,
+                               new_tokens=st.max_new_tokens if fixed_batch else None)
   st = dataclasses.replace(st, tree=tree)
   if not plan["speculate"]:          # predicted to lose: plain decoding (same distribution, no draft)
     st = dataclasses.replace(st, spec=None, draft_params=None, draft=None)
@@ -289,7 +292,7 @@ def generate(model: Model, prompts, *, max_new_tokens: int, temperature: float =
   check_prompts(model, st, ids)
   n = len(ids)
   st, plan = resolve_auto(model, st, n, max(len(p) for p in ids) + max_new_tokens // 2, hardware, acceptance,
-                          auto_fallback)
+                          auto_fallback, fixed_batch=True)
   sampling, spec, draft_params, draft, tree, eos, options = (st.sampling, st.spec, st.draft_params, st.draft,
                                                              st.tree, st.eos, st.options)
   cfg = model.config

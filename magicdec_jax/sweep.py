@@ -65,20 +65,22 @@ def measured_crossover(points: list[dict]) -> int | None:
   return out
 
 
-def predicted_crossover(model: Model, hw, draft_cost, batch: int, points: list[dict], gammas) -> dict:
+def predicted_crossover(model: Model, hw, draft_cost, batch: int, points: list[dict], gammas,
+                        new_tokens: int | None = None) -> dict:
   """The cost model's view (a prediction): crossover context at this batch and S_inflection per gamma, at
-  the mean acceptance measured in `points`."""
+  the mean acceptance measured in `points`; new_tokens: the speedups priced with the fixed batch's tail
+  over that many new tokens (batch_tail), as the sweep measures them."""
   cfg = model.config
   accs = [f["acceptance_rate"] for p in points for f in p["spec"] if f["acceptance_rate"] is not None]
   alpha = float(np.mean(accs)) if accs else 0.8
   best = lambda n: max(costmodel.predicted_speedup(cfg, hw, draft_cost, batch, n, gamma=g, alpha=alpha,
-                                                   dtype=cfg.dtype) for g in gammas)
+                                                   dtype=cfg.dtype, new_tokens=new_tokens) for g in gammas)
   grid = [int(n) for n in np.unique(np.round(np.geomspace(128, cfg.max_position_embeddings, 96)))]
   cross = next((n for n in grid if best(n) > 1), None)
   s_infl = {str(g): costmodel.s_inflection(cfg, hw, draft_cost, g, alpha, dtype=cfg.dtype,
                                            n_max=cfg.max_position_embeddings * 16) for g in gammas}
   return {"label": "predicted by the cost model", "hardware": getattr(hw, "name", str(hw)), "alpha": alpha,
-          "crossover_context": cross, "s_inflection": s_infl}
+          "crossover_context": cross, "s_inflection": s_infl, "tail_new_tokens": new_tokens}
 
 
 def run(model: Model, draft, prompts_for: Callable[[int, int], list], *, batches: Sequence[int],
@@ -113,7 +115,7 @@ def run(model: Model, draft, prompts_for: Callable[[int, int], list], *, batches
       doc["points"].append(p)
       pts = [q for q in doc["points"] if q["batch"] == b]
       doc["crossover"][str(b)] = {"measured": measured_crossover(pts),
-                                  **predicted_crossover(model, hw, draft_cost, b, pts, gammas)}
+                                  **predicted_crossover(model, hw, draft_cost, b, pts, gammas, max_new)}
       doc["elapsed_s"] = time.time() - t0
       log(f"{b} x {n}: prefill {p['prefill_tok_s']:.0f} tok/s; AR {p['ar']['decode_tok_s']:.1f} tok/s; best "
           f"gamma {p['best_gamma']}: decode {p['best_decode_speedup']:.2f}x, end-to-end "
