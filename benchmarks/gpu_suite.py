@@ -11,7 +11,7 @@ v[k] = alpha (1 - alpha)^k, so a chain sees alpha per position), drafted and ver
 KV contents are zeros (prefill is skipped: with random weights and forced acceptance only the costs
 matter, and those do not depend on the values).
 
-Every measured step (AR, verify, each draft) feeds the fitted step-time model (costmodel.FittedHardware;
+Every measured step (AR, verify, each draft) feeds the fitted step-time model (stepfit.FittedHardware;
 its leave-one-out error is reported and the profile is written beside the output, usable as
 `run.py --hardware=...profile.json`), which picks gamma where --e2e-gammas is not given. A greedy-agreement
 figure compares speculative greedy tokens with AR's (same random weights, real acceptance, dtype of the run).
@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax import calibrate, costmodel, drafts, engine, feature_head, loop, shapes, trees, verify  # noqa: E402
+from magicdec_jax import calibrate, costmodel, drafts, engine, feature_head, loop, shapes, stepfit, trees, verify  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax.cache import KVCache  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
@@ -273,15 +273,15 @@ def draft_objects(args, model: Model, small: Model):
 
 
 def _step_row(cfg, b, kv, t, sec, role):
-  return costmodel.StepRow(cfg, b, kv, t, sec, cfg.dtype, role)
+  return stepfit.StepRow(cfg, b, kv, t, sec, cfg.dtype, role)
 
 
-def fit_from_steps(name: str, rows, hw_bytes: float) -> tuple[costmodel.FittedHardware | None, dict]:
+def fit_from_steps(name: str, rows, hw_bytes: float) -> tuple[stepfit.FittedHardware | None, dict]:
   """The fitted step-time model from every measured step, and its report (coefficients, errors)."""
   if len(rows) < 3:
     return None, {"skipped": f"{len(rows)} measured steps (need >= 3)"}
-  hw = costmodel.fit_step_model(name, rows, memory_bytes=hw_bytes)
-  train = costmodel.relative_errors(hw, rows)
+  hw = stepfit.fit_step_model(name, rows, memory_bytes=hw_bytes)
+  train = stepfit.relative_errors(hw, rows)
   loo = calibrate.holdout_errors(rows) if len(rows) > 4 else np.zeros(0)
   rep = dict(hw.to_dict(), steps=len(rows), train_rel_err_mean=float(train.mean()),
              train_rel_err_max=float(train.max()))
@@ -370,7 +370,7 @@ def run(args) -> dict:
             "measurements": [{"role": r.role, "batch": r.batch, "kv_context": r.kv_context,
                               "new_tokens": r.new_tokens, "seconds": r.seconds,
                               "config": json.loads(r.cfg.to_json())} for r in rows],
-            "fit": dict(hw.to_dict(), feature_doc=dict(costmodel.FEATURE_DOC))}
+            "fit": dict(hw.to_dict(), feature_doc=dict(stepfit.FEATURE_DOC))}
     doc["hardware_profile"] = prof
   e2e = []
   for b, ctx in args.e2e:

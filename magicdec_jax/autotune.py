@@ -1,7 +1,7 @@
 """`gamma="auto"` / `tree="auto"`: pick the speculation size for (batch, context) from the cost model.
 
 The hardware is named ("h100", "a100", "h200", "cpu") or detected from the first JAX device; a calibrated
-`costmodel.Hardware`, a `costmodel.FittedHardware` or the path of a hardware profile JSON (written by
+`costmodel.Hardware`, a `stepfit.FittedHardware` or the path of a hardware profile JSON (written by
 `run.py --mode=calibrate`, fitted to this machine's measured step times) can be passed instead. The
 acceptance rate (chain) or acceptance vector (chain and tree) defaults to the profile's vector if it has
 one, else the paper's self-speculation figure and the shipped Sequoia vector; measure your own with
@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import calibrate, costmodel, drafts, trees
+from magicdec_jax import calibrate, costmodel, drafts, stepfit, trees
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import PrefixTree
@@ -31,7 +31,7 @@ CPU = costmodel.Hardware("cpu", hbm_bytes_per_s=8e9, flops_per_s=4e10, memory_by
 
 def detect_hardware(name=None):
   """A Hardware / FittedHardware from a name, a profile path (*.json), an object, or the first device."""
-  if isinstance(name, (costmodel.Hardware, costmodel.FittedHardware)):
+  if isinstance(name, (costmodel.Hardware, stepfit.FittedHardware)):
     return name
   if calibrate.is_profile_path(name):
     return calibrate.load_profile(str(name))[0]

@@ -4,7 +4,7 @@
 the cache donated and written in place as in the decode loop) over a small grid: the target's AR step
 (1 token per row), its verify step (T tokens per row, a chain or a tree's nodes) and each draft's step
 (the target's weights or a draft model against the draft's fixed-size cache, 1 or a tree level's tokens).
-`fit_profile` fits `costmodel.FittedHardware` to every measured step by non-negative least squares and
+`fit_profile` fits `stepfit.FittedHardware` to every measured step by non-negative least squares and
 reports its leave-one-out error (each step predicted by a fit that never saw it). `calibrate` does both and
 returns the profile; `load_profile` gives back a FittedHardware that every cost-model function (and
 `generate(..., hardware=PATH)`, `run.py --hardware=PATH`, `--mode=plan`) accepts.
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import costmodel, feature_head
+from magicdec_jax import feature_head, stepfit
 from magicdec_jax.cache import KVCache, aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
@@ -186,22 +186,22 @@ def measure(params, cfg: ModelConfig, shapes: Sequence[dict], drafts: Sequence[D
   return out
 
 
-def step_rows(measurements: Sequence[dict]) -> list[costmodel.StepRow]:
-  """Profile measurements -> costmodel.StepRow (the config is stored with every measurement)."""
+def step_rows(measurements: Sequence[dict]) -> list[stepfit.StepRow]:
+  """Profile measurements -> stepfit.StepRow (the config is stored with every measurement)."""
   rows = []
   for m in measurements:
     cfg = ModelConfig.from_json(json.dumps(m["config"]))
-    rows.append(costmodel.StepRow(cfg, int(m["batch"]), int(m["kv_context"]), int(m["new_tokens"]),
+    rows.append(stepfit.StepRow(cfg, int(m["batch"]), int(m["kv_context"]), int(m["new_tokens"]),
                                   float(m["seconds"]), cfg.dtype, m.get("role", ""), m.get("weights")))
   return rows
 
 
-def holdout_errors(rows: Sequence[costmodel.StepRow], *, tile: int = 128) -> np.ndarray:
+def holdout_errors(rows: Sequence[stepfit.StepRow], *, tile: int = 128) -> np.ndarray:
   """Leave-one-out relative errors: row i predicted by a fit on every other row."""
   errs = []
   for i in range(len(rows)):
-    hw = costmodel.fit_step_model("loo", [r for j, r in enumerate(rows) if j != i], tile=tile)
-    errs.append(costmodel.relative_errors(hw, [rows[i]])[0])
+    hw = stepfit.fit_step_model("loo", [r for j, r in enumerate(rows) if j != i], tile=tile)
+    errs.append(stepfit.relative_errors(hw, [rows[i]])[0])
   return np.asarray(errs)
 
 
@@ -212,23 +212,23 @@ def fit_profile(name: str, measurements: Sequence[dict], *, tile: int = 128,
   NARROW_FEATURES their grid varies), errors under `narrow_rel_err`."""
   all_rows = step_rows(measurements)
   rows = [r for r in all_rows if not r.weights_dtype]
-  hw = costmodel.fit_step_model(name, rows, tile=tile, memory_bytes=memory_bytes)
+  hw = stepfit.fit_step_model(name, rows, tile=tile, memory_bytes=memory_bytes)
   narrow_rows = {}
   for r in all_rows:
     if r.weights_dtype:
       narrow_rows.setdefault(r.weights_dtype, []).append(r)
-  narrow = tuple((w, costmodel.fit_step_model(name, rs, tile=tile, features=NARROW_FEATURES).coef)
+  narrow = tuple((w, stepfit.fit_step_model(name, rs, tile=tile, features=NARROW_FEATURES).coef)
                  for w, rs in narrow_rows.items())
   hw = dataclasses.replace(hw, narrow=narrow)
-  train = costmodel.relative_errors(hw, rows)
+  train = stepfit.relative_errors(hw, rows)
   loo = holdout_errors(rows, tile=tile) if len(rows) > 4 else np.zeros(0)
   stats = lambda e: {"mean": float(e.mean()), "p90": float(np.percentile(e, 90)), "max": float(e.max())} \
       if e.size else None
-  out = dict(hw.to_dict(), feature_doc=dict(costmodel.FEATURE_DOC), train_rel_err=stats(train),
+  out = dict(hw.to_dict(), feature_doc=dict(stepfit.FEATURE_DOC), train_rel_err=stats(train),
              holdout_rel_err=dict(stats(loo) or {}, method="leave-one-out") if loo.size else None,
              per_row_holdout_rel_err=[round(float(e), 4) for e in loo])
   if narrow_rows:
-    out["narrow_rel_err"] = {w: stats(costmodel.relative_errors(hw, rs)) for w, rs in narrow_rows.items()}
+    out["narrow_rel_err"] = {w: stats(stepfit.relative_errors(hw, rs)) for w, rs in narrow_rows.items()}
   return out
 
 
@@ -297,7 +297,7 @@ def save_profile(profile: dict, path: str) -> str:
   return path
 
 
-def load_profile(path: str) -> tuple[costmodel.FittedHardware, dict]:
+def load_profile(path: str) -> tuple[stepfit.FittedHardware, dict]:
   """(FittedHardware, the whole profile dict) from a profile JSON; ValueError if it is not one."""
   try:
     with open(path) as f:
@@ -308,7 +308,7 @@ def load_profile(path: str) -> tuple[costmodel.FittedHardware, dict]:
     raise ValueError(f"{path}: not a hardware profile (expected 'format': {PROFILE_FORMAT!r} and a 'fit' block; "
                      "write one with `run.py --mode=calibrate`)")
   try:
-    hw = costmodel.FittedHardware.from_dict(prof["fit"])
+    hw = stepfit.FittedHardware.from_dict(prof["fit"])
   except (KeyError, TypeError, ValueError) as e:
     raise ValueError(f"{path}: bad 'fit' block ({e})") from None
   return hw, prof

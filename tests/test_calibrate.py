@@ -20,7 +20,7 @@ import pytest
 
 from magicdec_jax import calibrate as C
 from magicdec_jax import costmodel as cm
-from magicdec_jax import shapes, trees
+from magicdec_jax import shapes, stepfit, trees
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import init_params
 
@@ -42,12 +42,12 @@ def test_fitted_model_predicts_held_out_shapes():
   train = [m for m in meas if not _held_out(m)]
   test = [m for m in meas if _held_out(m)]
   assert len(test) == 5 and len(train) == len(meas) - 5
-  hw = cm.fit_step_model("tiny-cpu", C.step_rows(train))
-  err = cm.relative_errors(hw, C.step_rows(test))
+  hw = stepfit.fit_step_model("tiny-cpu", C.step_rows(train))
+  err = stepfit.relative_errors(hw, C.step_rows(test))
   noise = float(np.median([m["median_s"] / m["seconds"] - 1 for m in meas]))
   tol = max(0.10, noise)
   print(f"held-out relative errors {np.round(err, 3).tolist()} (mean {err.mean():.3f}); timing noise "
-        f"{noise:.3f}; tolerance {tol:.3f}; coef {dict(zip(cm.FEATURES, hw.coef))}")
+        f"{noise:.3f}; tolerance {tol:.3f}; coef {dict(zip(stepfit.FEATURES, hw.coef))}")
   assert err.mean() <= tol, (err, noise)
   assert err.max() <= 3 * tol, (err, noise)
   # the fitted model is a cost: monotone in batch, context and tokens
@@ -60,10 +60,10 @@ def test_fit_recovers_a_linear_model_exactly():
   true = np.array([1e-4, 2e-5, 1e-10, 0.0, 3e-12, 0.0, 2e-10, 1e-11])
   rows = []
   for c, b, n, k in itertools.product(cfgs, (1, 2, 4, 8), (64, 256, 1024), (1, 4, 16, 64)):
-    f = cm.step_features(c, b, n, k, "float32")
-    rows.append(cm.StepRow(c, b, n, k, float(f @ true), "float32"))
-  hw = cm.fit_step_model("synthetic", rows)
-  assert cm.relative_errors(hw, rows).max() < 1e-6
+    f = stepfit.step_features(c, b, n, k, "float32")
+    rows.append(stepfit.StepRow(c, b, n, k, float(f @ true), "float32"))
+  hw = stepfit.fit_step_model("synthetic", rows)
+  assert stepfit.relative_errors(hw, rows).max() < 1e-6
 
 
 def test_narrow_weight_steps_get_a_fit_of_their_own():
@@ -72,26 +72,26 @@ def test_narrow_weight_steps_get_a_fit_of_their_own():
   are both recovered, a narrow self-draft is priced by its own, and the fit survives the JSON round trip."""
   wide = np.array([1e-4, 2e-5, 1e-10, 0.0, 3e-12, 0.0, 2e-10, 1e-11])
   thin = np.array([3e-4, 0.0, 5e-11, 0.0, 9e-12, 4e-8, 0.0, 0.0])      # only NARROW_FEATURES
-  assert all(c == 0 or f in C.NARROW_FEATURES for f, c in zip(cm.FEATURES, thin))
+  assert all(c == 0 or f in C.NARROW_FEATURES for f, c in zip(stepfit.FEATURES, thin))
   meas = []
   for b, n, k in itertools.product((1, 2, 4, 8), (64, 256, 1024), (1, 4, 16)):
     meas.append({"role": "verify", "batch": b, "kv_context": n, "new_tokens": k, "config": json.loads(TINY.to_json()),
-                 "seconds": float(cm.step_features(TINY, b, n, k, "float32") @ wide)})
+                 "seconds": float(stepfit.step_features(TINY, b, n, k, "float32") @ wide)})
   for b, k in itertools.product((1, 2, 4, 8), (1, 4)):
     meas.append({"role": "draft_self_bfloat16", "batch": b, "kv_context": 68, "new_tokens": k, "weights": "bfloat16",
                  "config": json.loads(TINY.to_json()),
-                 "seconds": float(cm.step_features(TINY, b, 68, k, "bfloat16") @ thin)})
+                 "seconds": float(stepfit.step_features(TINY, b, 68, k, "bfloat16") @ thin)})
   fit = C.fit_profile("synthetic", meas)
   assert fit["train_rel_err"]["max"] < 1e-6 and fit["narrow_rel_err"]["bfloat16"]["max"] < 1e-6
-  hw = cm.FittedHardware.from_dict(fit)
-  assert cm.FittedHardware.from_dict(hw.to_dict()) == hw
+  hw = stepfit.FittedHardware.from_dict(fit)
+  assert stepfit.FittedHardware.from_dict(hw.to_dict()) == hw
   d = cm.Draft("self", sink=4, window=64, weights_dtype="bfloat16")
-  want = float(cm.step_features(TINY, 4, 68, 1, "bfloat16") @ thin)
+  want = float(stepfit.step_features(TINY, 4, 68, 1, "bfloat16") @ thin)
   assert d.step_time(TINY, hw, 4, 4096, dtype="float32") == pytest.approx(want, rel=1e-6)
-  half_bytes = float(cm.step_features(TINY, 4, 68, 1, "bfloat16") @ np.asarray(hw.coef))
+  half_bytes = float(stepfit.step_features(TINY, 4, 68, 1, "bfloat16") @ np.asarray(hw.coef))
   assert abs(half_bytes - want) / want > 0.5           # what the main fit alone would have said
   assert cm.Draft("self", sink=4, window=64).step_time(TINY, hw, 4, 4096, dtype="float32") == pytest.approx(
-      float(cm.step_features(TINY, 4, 68, 1, "float32") @ wide), rel=1e-6)
+      float(stepfit.step_features(TINY, 4, 68, 1, "float32") @ wide), rel=1e-6)
 
 
 def test_calibrate_times_a_bfloat16_draft_copy():
@@ -189,7 +189,7 @@ def test_choose_gamma_with_vector_equals_alpha_form():
 # ---- profiles ------------------------------------------------------------------------------------------
 
 def test_profile_round_trip_and_cost_functions(tmp_path):
-  hw = cm.FittedHardware("fake", (1e-3, 1e-5, 1e-11, 0.0, 1e-12, 0.0, 3e-10, 1e-12), memory_bytes=80e9)
+  hw = stepfit.FittedHardware("fake", (1e-3, 1e-5, 1e-11, 0.0, 1e-12, 0.0, 3e-10, 1e-12), memory_bytes=80e9)
   prof = {"format": C.PROFILE_FORMAT, "fit": hw.to_dict(), "measurements": []}
   path = str(tmp_path / "p.json")
   C.save_profile(prof, path)
@@ -209,7 +209,7 @@ def test_auto_falls_back_to_autoregressive_when_speculation_is_predicted_to_lose
   from magicdec_jax import cli_flags, engine
   from magicdec_jax.drafts import StreamingDraft
   model = cli_flags.random_tiny_model(0)
-  flat = cm.FittedHardware("every-step-costs-the-same", (1e-3,) + (0.0,) * 7)   # a draft step = a verify step
+  flat = stepfit.FittedHardware("every-step-costs-the-same", (1e-3,) + (0.0,) * 7)   # a draft step = a verify step
   prompts = [[1, 2, 3, 4] * 10] * 2
   ar = engine.generate(model, prompts, max_new_tokens=6)
   for kw in (dict(gamma="auto"), dict(tree="auto")):
