@@ -9,16 +9,20 @@ needs exactly N steps for every row, so only speculation pays this tail. Measure
 Model: the tokens a row gains per round are independent draws of a chain's accepted length X (gamma draft
 tokens, each accepted with probability alpha while the ones before it were: P(X = k) = alpha^(k-1) (1 -
 alpha) for k <= gamma, P(X = gamma + 1) = alpha^gamma, the bonus token included). A row needs
-R = min{r : X_1 + ... + X_r >= N} rounds; the batch max(R_1..R_B) over independent rows. Both are computed
-exactly from the distribution of the partial sums (no normal approximation). Rows whose acceptance differs
-from each other (one hard prompt in the batch) lengthen the tail beyond this model, which assumes one
-alpha for all rows: read its figure as a lower bound.
+R = min{r : X_1 + ... + X_r >= N} rounds; the batch max(R_1..R_B) over independent rows. Up to
+EXACT_UP_TO new tokens both come exactly from the distribution of the partial sums (cost ~ new_tokens^2);
+beyond, from the normal approximation of a renewal count (within 0.03% of exact at the switch, tested).
+Rows whose acceptance differs from each other (one hard prompt in the batch) lengthen the tail beyond
+this model, which assumes one alpha for all rows: read its figure as a lower bound.
 """
 from __future__ import annotations
 
 import functools
 
 import numpy as np
+from scipy.special import ndtr
+
+EXACT_UP_TO = 8192     # new tokens computed exactly; above, the normal approximation (normal_batch_rounds)
 
 
 def chain_accept_pmf(alpha: float, gamma: int) -> np.ndarray:
@@ -53,11 +57,33 @@ def rounds_survival(pmf: np.ndarray, new_tokens: int, tol: float = 1e-13) -> np.
 
 @functools.lru_cache(maxsize=4096)
 def expected_batch_rounds(alpha: float, gamma: int, new_tokens: int, batch: int) -> float:
-  """E[max over `batch` independent rows of the rounds each needs for `new_tokens` tokens] (a chain)."""
+  """E[max over `batch` independent rows of the rounds each needs for `new_tokens` tokens] (a chain):
+  exact up to EXACT_UP_TO new tokens, the normal approximation beyond."""
   if batch < 1:
     raise ValueError(f"batch must be >= 1, got {batch}")
-  surv = rounds_survival(chain_accept_pmf(alpha, gamma), new_tokens)
+  pmf = chain_accept_pmf(alpha, gamma)
+  if new_tokens > EXACT_UP_TO:
+    return normal_batch_rounds(pmf, new_tokens, batch)
+  surv = rounds_survival(pmf, new_tokens)
   return float(np.sum(1.0 - (1.0 - surv) ** batch))       # E[M] = sum_r P(M > r)
+
+
+def expected_max_std_normal(batch: int) -> float:
+  """E[max of `batch` independent standard normals] = integral of P(M > x) - P(M < -x) over x > 0."""
+  x = np.linspace(0.0, 12.0, 24001)
+  f = 1.0 - ndtr(x) ** batch - ndtr(-x) ** batch
+  return float(np.sum((f[1:] + f[:-1]) / 2) * (x[1] - x[0]))
+
+
+def normal_batch_rounds(pmf: np.ndarray, new_tokens: int, batch: int) -> float:
+  """The renewal count's normal approximation: a row's rounds R have mean (N - 1 + E[overshoot]) / mu with
+  the lattice overshoot E[X (X + 1)] / (2 mu), variance N sigma^2 / mu^3; the batch's E[max] adds
+  sd * E[max of `batch` standard normals]."""
+  k = np.arange(len(pmf))
+  mu = float((k * pmf).sum())
+  var = float((k * k * pmf).sum()) - mu * mu
+  mean = (new_tokens - 1 + float((k * (k + 1) * pmf).sum()) / (2 * mu)) / mu
+  return mean + np.sqrt(new_tokens * var / mu ** 3) * expected_max_std_normal(batch)
 
 
 def tokens_per_round(alpha: float, gamma: int, new_tokens: int, batch: int) -> float:

@@ -80,3 +80,18 @@ def test_the_cost_model_prices_a_fixed_batchs_tail():
   with pytest.raises(ValueError, match="tree"):
     costmodel.predicted_speedup(cfg, hw, draft, b, n, tree=trees.Tree.chain(2), acceptance_vector=[0.8],
                                 new_tokens=new)
+
+
+def test_long_runs_use_a_normal_approximation_that_agrees_at_the_switch():
+  # E[max of B standard normals]: 0 for one, 1 / sqrt(pi) for two, 3 / (2 sqrt(pi)) for three (closed forms)
+  assert abs(batch_tail.expected_max_std_normal(1)) < 1e-9
+  assert batch_tail.expected_max_std_normal(2) == pytest.approx(1 / np.sqrt(np.pi), rel=1e-6)
+  assert batch_tail.expected_max_std_normal(3) == pytest.approx(1.5 / np.sqrt(np.pi), rel=1e-6)
+  n = batch_tail.EXACT_UP_TO
+  for a, g, b in [(0.8, 3, 8), (0.5, 2, 1), (0.95, 5, 32)]:
+    exact = batch_tail.expected_batch_rounds(a, g, n, b)
+    assert batch_tail.normal_batch_rounds(batch_tail.chain_accept_pmf(a, g), n, b) == pytest.approx(exact, rel=1e-3)
+  # beyond the switch: the approximation, fast and still above the steady state by a shrinking tail
+  e = costmodel.expected_tokens_chain(0.8, 3)
+  r = batch_tail.expected_batch_rounds(0.8, 3, 16 * n, 8)
+  assert 16 * n / e < r < 1.01 * 16 * n / e
