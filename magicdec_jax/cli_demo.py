@@ -92,18 +92,24 @@ def _crossover_text(points: list[dict]) -> str:
   return f"<= {measured}" if measured == min(contexts) else str(measured)
 
 
-def measured_crossover(root: str, device: str, cpu_model: str | None = None) -> str | None:
-  """One line naming where speculation first beat autoregressive decoding per batch, from the context
-  sweeps of this device kind (`_sweeps`: this CPU model's if any). The sweeps' points are merged, the
-  newest measurement (by recorded date) of each batch x context winning, and the crossover is taken over
-  the merged contexts of each batch: a later sweep of one batch or one context adds to the earlier ones
-  instead of hiding them. The line names the files and the CPU they ran on, and says when that is not
-  this one. None if no sweep was recorded on this device kind."""
-  newest = {}                                         # (batch, context) -> (point, path, doc)
+def _newest_points(root: str, device: str, cpu_model: str | None) -> dict[tuple[int, int], tuple]:
+  """(batch, context) -> (point, path, doc): the sweeps of this device kind (`_sweeps`: this CPU model's if
+  any) merged point by point, the newest measurement (by recorded date) of each batch x context winning."""
+  newest = {}
   for path, doc in _sweeps(root, device, cpu_model):  # oldest first: newer ones overwrite
     for p in doc.get("points", []):
       if p.get("best_decode_speedup") is not None:
         newest[(p["batch"], p["context"])] = (p, path, doc)
+  return newest
+
+
+def measured_crossover(root: str, device: str, cpu_model: str | None = None) -> str | None:
+  """One line naming where speculation first beat autoregressive decoding per batch, from the context
+  sweeps' merged points (`_newest_points`): the crossover is taken over the merged contexts of each batch,
+  so a later sweep of one batch or one context adds to the earlier ones instead of hiding them. The line
+  names the files and the CPU they ran on, and says when that is not this one. None if no sweep was
+  recorded on this device kind."""
+  newest = _newest_points(root, device, cpu_model)
   if not newest:
     return None
   by_batch: dict[int, list[dict]] = {}
@@ -119,14 +125,10 @@ def measured_crossover(root: str, device: str, cpu_model: str | None = None) -> 
 def measured_point(root: str, device: str, batch: int, context: int, cpu_model: str | None = None) -> str | None:
   """One line giving the newest sweep's measured decode speedup at this batch x context (its prompts are
   distinct passages, not one shared document), or None if no sweep of this device kind measured it."""
-  found = None
-  for path, doc in _sweeps(root, device, cpu_model):
-    for p in doc.get("points", []):
-      if p.get("batch") == batch and p.get("context") == context and p.get("best_decode_speedup"):
-        found = (path, doc, p)
+  found = _newest_points(root, device, cpu_model).get((batch, context))
   if found is None:
     return None
-  path, doc, p = found
+  p, path, doc = found
   best = next((s for s in p.get("spec", []) if s.get("gamma") == p.get("best_gamma")), {})
   acc = best.get("acceptance_rate")
   return (f"the context sweep at {batch} x {context} (distinct prompts, {doc.get('max_new_tokens')} new tokens"
