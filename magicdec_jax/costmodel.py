@@ -219,6 +219,15 @@ def expected_tokens_chain(alpha: float, gamma: int) -> float:
   return (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
+def chain_tokens_per_round(alpha: float, gamma: int, batch: int = 1, new_tokens: int | None = None) -> float:
+  """Tokens a row gains per round of a gamma chain: its mean accepted length (a steady state, slots
+  refilled), or for a fixed batch of `batch` rows generating new_tokens each, new_tokens / E[the slowest
+  row's rounds] (batch_tail)."""
+  if new_tokens is None:
+    return expected_tokens_chain(alpha, gamma)
+  return batch_tail.tokens_per_round(alpha, gamma, new_tokens, batch)
+
+
 def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, *,
                       gamma: int | None = None, alpha: float | None = None,
                       tree: trees_lib.Tree | None = None, acceptance_vector: Sequence[float] | None = None,
@@ -233,9 +242,7 @@ def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, 
   if tree is None:
     if gamma is None or alpha is None:
       raise ValueError("give (gamma, alpha) for a chain or (tree, acceptance_vector) for a tree")
-    e, widths, n_verify = expected_tokens_chain(alpha, gamma), [1] * gamma, gamma + 1
-    if new_tokens is not None:
-      e = batch_tail.tokens_per_round(alpha, gamma, new_tokens, batch)
+    e, widths, n_verify = chain_tokens_per_round(alpha, gamma, batch, new_tokens), [1] * gamma, gamma + 1
   else:
     if new_tokens is not None:
       raise ValueError("new_tokens prices a chain's fixed-batch tail; a tree is priced without it")
@@ -276,12 +283,7 @@ def choose_gamma_table(t_ar_s: float, t_draft, t_verify_fn, *, alpha: float | No
     raise ValueError(f"tie must be in [0, 1), got {tie}")
   table = []
   for g in range(1, max_gamma + 1):
-    if new_tokens is not None:
-      e = batch_tail.tokens_per_round(alpha if acceptance_vector is None else acceptance_vector[0], g,
-                                      new_tokens, batch)
-    else:
-      e = expected_tokens_chain(alpha, g) if acceptance_vector is None else \
-          trees_lib.Tree.chain(g).expected_tokens(acceptance_vector)
+    e = chain_tokens_per_round(alpha if acceptance_vector is None else acceptance_vector[0], g, batch, new_tokens)
     table.append((g, e * t_ar_s / (g * t_draft(1) + t_verify_fn(g + 1))))
   best = max(s for _, s in table)
   return next((g, s) for g, s in table if s >= best * (1 - tie) - 1e-12 * abs(best))
