@@ -89,14 +89,14 @@ def main(argv=None):
   cfg, params = model.config, model.params
   draft_params = narrow_weights(params, weights) if weights else None
   for b, n in args.shapes:
-    iso = lambda t, kind="linear", ctx=n: calibrate.time_step(params, cfg, b, ctx, t, kind, repeats=args.repeats + 2)
+    iso = lambda t, kind="linear", ctx=n, p=params: calibrate.time_step(p, cfg, b, ctx, t, kind,
+                                                                       repeats=args.repeats + 2)
     ar_alone = iso(1)
     ar_loop = in_loop_round_s(model, b, n, None, Tree((-1,)), args.rounds, args.repeats)
     row = {"batch": b, "context": n, "ar_alone_s": ar_alone["median_s"], "ar_alone_min_s": ar_alone["seconds"],
            "ar_in_loop_s": ar_loop["median_s"], "ar_ratio": ar_loop["median_s"] / ar_alone["median_s"],
            "draft_alone_s": None, "gammas": []}
-    draft = calibrate.time_step(draft_params or params, cfg, b, args.sink + args.window, 1, "ring",
-                                repeats=args.repeats + 2)
+    draft = iso(1, "ring", args.sink + args.window, draft_params or params)
     row["draft_alone_s"] = draft["median_s"]
     for g in args.gammas:
       verify = iso(g + 1)
