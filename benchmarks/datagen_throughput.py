@@ -1,8 +1,8 @@
 """Offline generation throughput: static vs continuous batching, SmolLM2-135M chat prompts, natural EOS.
 
 Workload: `--prompts` chat requests (an instruction template x a topic, rendered with SmolLM2's ChatML) x
-`--samples` samples each, temperature 0.8, up to `--max-new` tokens; rows end at the model's own EOS, so
-lengths spread. Both ways run `generate_stream` on `--batch` slots: static batching is `refill_at = batch`
+`--samples` samples each, temperature 0.8 (`--top-p` for a nucleus cut), up to `--max-new` tokens; rows
+end at the model's own EOS, so lengths spread. Both ways run `generate_stream` on `--batch` slots: static batching is `refill_at = batch`
 (every slot waits for the batch's longest row, then all are refilled: what datagen did before), continuous
 is `refill_at = --refill-at`. Each sample's stream depends only on its (seed, stream id), so both ways
 produce the very same samples (checked: `same_outputs`), and the comparison is of time alone.
@@ -65,7 +65,7 @@ def run_config(model, source: str, config: str, args) -> dict:
   requests = chat_requests(model, args.prompts)
   refill = args.batch if batching == "static" else args.refill_at
   kw = dict(max_new_tokens=args.max_new, batch_size=args.batch, refill_at=refill, num_samples=args.samples,
-            temperature=args.temperature, seed=args.seed, draft=draft, gamma=args.gamma)
+            temperature=args.temperature, top_p=args.top_p, seed=args.seed, draft=draft, gamma=args.gamma)
   c0 = compiling.compile_seconds()
   t0 = time.perf_counter()
   g = generate_stream(model, requests, **kw)
@@ -91,7 +91,7 @@ def run_config(model, source: str, config: str, args) -> dict:
   }
 
 
-def merge(part_dir, out_dir) -> dict:
+def merge(part_dir, out_dir, name: str = NAME) -> dict:
   parts = {}
   for c in CONFIGS:
     path = os.path.join(part_dir, f"{c}.json")
@@ -113,8 +113,8 @@ def merge(part_dir, out_dir) -> dict:
                    "same_outputs": s["outputs_sha256"] == c["outputs_sha256"]}
   doc = {"benchmark": "datagen_throughput", "configs": parts, "summary": modes}
   os.makedirs(out_dir, exist_ok=True)
-  _plot(parts, modes, os.path.join(out_dir, f"{NAME}.png"))
-  common.finish(doc, os.path.join(out_dir, f"{NAME}.json"), NAME)
+  _plot(parts, modes, os.path.join(out_dir, f"{name}.png"))
+  common.finish(doc, os.path.join(out_dir, f"{name}.json"), name)
   return doc
 
 
@@ -157,6 +157,8 @@ def main(argv=None):
   ap.add_argument("--refill-at", type=int, default=1)
   ap.add_argument("--max-new", type=int, default=256)
   ap.add_argument("--temperature", type=float, default=0.8)
+  ap.add_argument("--top-p", type=float, default=1.0)
+  ap.add_argument("--name", default=NAME, help="merged file name (without .json / .png)")
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--gamma", type=int, default=2)
   ap.add_argument("--sink", type=int, default=4)
@@ -176,7 +178,7 @@ def main(argv=None):
       json.dump(part, f, indent=1)
     print(json.dumps({k: v for k, v in part.items() if k not in ("lengths", "prompt_tokens", "env")}), flush=True)
   if args.merge:
-    merge(part_dir, out_dir)
+    merge(part_dir, out_dir, args.name)
 
 
 if __name__ == "__main__":

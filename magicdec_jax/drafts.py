@@ -233,8 +233,9 @@ def propose(spec, tree: Tree, sampling: Sampling, target_params, target_cfg: Mod
             ring: RingCache, last: jax.Array, prev: jax.Array, lengths: jax.Array, keys: jax.Array):
   """Draft the tree's candidates. last/prev [B]: tokens at positions L-1 (root) and L-2; lengths [B] = L.
 
-  Returns node_tokens [B, N] (node 0 = last), draft logits [B, N, V] at expanded nodes (0 elsewhere), and
-  the ring with this round's scratch slots written. A tree is drafted level by level, unrolled (levels
+  Returns node_tokens [B, N] (node 0 = last), the draft's distribution [B, N, V] at expanded nodes (0
+  elsewhere: logits under greedy, the filtered probabilities q it sampled from under sampling, so the round
+  does not filter them twice), and the ring with this round's scratch slots written. A tree is drafted level by level, unrolled (levels
   differ in width); a chain's levels all have one node, so they run as one `fori_loop` whose body is
   compiled once (with one unrolled forward per level, a 30-layer model would compile gamma copies).
   """
@@ -268,13 +269,14 @@ def propose(spec, tree: Tree, sampling: Sampling, target_params, target_cfg: Mod
     logits, ring = forward(params, cfg, toks, jnp.maximum(q_pos, 0), ring, slots,
                            window_attention(spec, mask, q_pos, spec.num_static))
     logits = logits[:, 1:] if with_prev else logits                            # drop prev's output
-    all_logits = all_logits.at[:, expanding].set(logits)
     width = children.shape[1]
     level_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7919 + d))(keys)
     if sampling.greedy:
+      all_logits = all_logits.at[:, expanding].set(logits)
       children_tok = jax.lax.top_k(logits, width)[1].astype(jnp.int32)           # [B, E, W]
     else:
       q = probabilities(logits, sampling)
+      all_logits = all_logits.at[:, expanding].set(q)
       keys_e = jax.vmap(lambda k: jax.random.split(k, expanding.shape[0]))(level_keys)
       children_tok = sample_without_replacement(keys_e, q, width)
     node_tokens = node_tokens.at[:, children].set(children_tok, mode="drop")

@@ -122,7 +122,8 @@ def _level(spec, tcfg, head_params, target_params, ring: RingCache, node_pos, an
 def propose(spec: FeatureSpec, tree: Tree, sampling: Sampling, target_params, tcfg: ModelConfig,
             head_params, fring: FeatureRing, last: jax.Array, prev: jax.Array, lengths: jax.Array,
             keys: jax.Array):
-  """Same contract as drafts.propose: node_tokens [B, N], draft logits [B, N, V], the updated state."""
+  """Same contract as drafts.propose: node_tokens [B, N], draft logits (greedy) or q (sampling) [B, N, V],
+  the updated state."""
   del prev
   b, n_nodes = last.shape[0], tree.num_nodes
   node_pos = jnp.maximum((lengths - 2)[:, None] + jnp.asarray(tree.depths)[None, :], 0)   # [B, N]
@@ -134,15 +135,17 @@ def propose(spec: FeatureSpec, tree: Tree, sampling: Sampling, target_params, tc
     node_tokens, all_logits, hidden, ring = carry
     logits, h, ring = _level(spec, tcfg, head_params, target_params, ring, node_pos, anc, before, g,
                              node_tokens[:, expanding], expanding)
-    all_logits = all_logits.at[:, expanding].set(logits)
     hidden = hidden.at[:, expanding].set(h)
     width = children.shape[1]
     if sampling.greedy:
+      all_logits = all_logits.at[:, expanding].set(logits)
       children_tok = jax.lax.top_k(logits, width)[1].astype(jnp.int32)
     else:
+      q = probabilities(logits, sampling)
+      all_logits = all_logits.at[:, expanding].set(q)
       level_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7919 + d))(keys)
       keys_e = jax.vmap(lambda k: jax.random.split(k, expanding.shape[0]))(level_keys)
-      children_tok = sample_without_replacement(keys_e, probabilities(logits, sampling), width)
+      children_tok = sample_without_replacement(keys_e, q, width)
     node_tokens = node_tokens.at[:, children].set(children_tok, mode="drop")
     return node_tokens, all_logits, hidden, ring
 

@@ -128,10 +128,10 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   if spec is None:
     node_tokens = state.last[:, None]
   else:
-    node_tokens, draft_logits, ring = (feature_draft.propose if feature else drafts.propose)(
+    node_tokens, draft_dist, ring = (feature_draft.propose if feature else drafts.propose)(
         spec, tree, sampling, target_params, cfg, draft_params, ring, state.last, state.prev,
         state.lengths, draft_keys)
-    q = None if sampling.greedy else probabilities(draft_logits, sampling)
+    q = None if sampling.greedy else draft_dist          # already filtered: the q the draft sampled from
   n_nodes = tree.num_nodes
   positions = base[:, None] + jnp.asarray(tree.depths)[None, :]
   slots = base[:, None] + jnp.arange(n_nodes)[None, :]

@@ -1,7 +1,23 @@
 """Sampling settings and the one filter that turns logits into probabilities.
 
 Target (p) and draft (q) distributions both come from `probabilities`, so temperature / top-k / top-p are
-always applied identically to both — a precondition of lossless speculative sampling.
+always applied identically to both.
+
+The top-k and top-p cuts never sort the vocabulary. Each is a threshold on the row's temperature-scaled
+logits, and the kept set is the sorted definition's:
+  top-k: every logit >= the k-th largest (ties at the k-th value kept);
+  top-p: every logit >= t*, the smallest logit whose strictly-greater mass is < top_p (the token that
+         crosses the mass is kept; ties at t* kept).
+Both are "the smallest value t with W(t) < bound", W(t) = the weight of the logits > t (weight 1 for top-k,
+exp(logit - max) for top-p), a step function that falls as t rises. `_smallest_below` finds it exactly:
+bisection narrows a bracket (lo, hi] (W(lo) >= bound > W(hi)) with one compare-and-sum pass over the row
+per halving, until at most CANDIDATES logits lie inside; those are then the top CANDIDATES logits <= hi
+(`lax.top_k`, a selection, not a sort), and a cumulative sum over them gives t* exactly. Halvings split the
+values while they can and the float32 bit patterns (`float_to_key`) after, so the search ends on every
+input, heavy ties included. Top-p starts from a bracket of width ~log(V / (1 - top_p)): t* > max +
+log((1 - top_p) Z / V), since the V logits <= t* carry more than (1 - top_p) Z. Top-k with k <= CANDIDATES
+is one `lax.top_k`. On a CPU each row is searched on its own (`lax.map`: its bracket ends as soon as it is
+resolved, and one row's data stays in cache); accelerators search all rows at once.
 """
 from __future__ import annotations
 
@@ -31,36 +47,151 @@ class Sampling:
     return self.temperature == 0.0
 
 
+def float_to_key(x: jax.Array) -> jax.Array:
+  """float32 -> uint32 with the same order (IEEE sign-magnitude to unsigned: flip all bits of negatives,
+  only the sign bit of non-negatives). -0.0 and +0.0 get neighbouring keys; compare floats, not keys."""
+  bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  sign = bits >> 31
+  return bits ^ jnp.where(sign == 1, jnp.uint32(0xFFFFFFFF), jnp.uint32(0x80000000))
+
+
+def key_to_float(k: jax.Array) -> jax.Array:
+  """The inverse of `float_to_key`."""
+  bits = jnp.where(k >> 31 == 1, k ^ jnp.uint32(0x80000000), k ^ jnp.uint32(0xFFFFFFFF))
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+CANDIDATES = 64     # logits left in the bracket when the search hands over to lax.top_k
+VALUE_HALVINGS = 24  # halvings of the float values before the search halves bit patterns instead
+
+
+def _search(x: jax.Array, w: jax.Array | None, bound: jax.Array, lo: jax.Array, hi: jax.Array) -> jax.Array:
+  """x [R, V], w [R, V] or None (weight 1); bound, lo, hi [R] with W(lo) >= bound > W(hi) = 0,
+  W(t) = the weight of the logits > t. -> [R, 1]: the smallest logit t with W(t) < bound."""
+  n_cand = min(CANDIDATES, x.shape[-1])
+
+  def inside(c):
+    lo, hi, n_lo, n_hi, _, it = c
+    return (n_lo - n_hi > n_cand) & (float_to_key(hi) - float_to_key(lo) > 1)
+
+  def halve(c):
+    lo, hi, n_lo, n_hi, w_hi, it = c
+    k_lo, k_hi = float_to_key(lo), float_to_key(hi)
+    by_value = lo + (hi - lo) * 0.5
+    k_val = float_to_key(by_value)
+    use_value = (it < VALUE_HALVINGS) & (k_val > k_lo) & (k_val < k_hi)
+    mid = jnp.where(use_value, by_value, key_to_float(k_lo + (k_hi - k_lo) // 2))
+    above = x > mid[:, None]
+    n_mid = above.sum(-1, dtype=jnp.int32)
+    w_mid = n_mid.astype(jnp.float32) if w is None else jnp.where(above, w, 0.0).sum(-1)
+    active = inside(c)                         # rows already resolved keep their bracket
+    up, down = active & (w_mid < bound), active & ~(w_mid < bound)
+    return (jnp.where(down, mid, lo), jnp.where(up, mid, hi), jnp.where(down, n_mid, n_lo),
+            jnp.where(up, n_mid, n_hi), jnp.where(up, w_mid, w_hi), it + 1)
+
+  n_all = jnp.full(lo.shape, x.shape[-1], jnp.int32)        # an upper bound of the count above lo
+  zero = jnp.zeros_like(n_all)
+  lo, hi, _, _, w_hi, _ = jax.lax.while_loop(
+      lambda c: inside(c).any(), halve, (lo, hi, n_all, zero, zero.astype(jnp.float32), jnp.int32(0)))
+  # at most n_cand logits in (lo, hi] (or all of them equal to hi): the largest logits <= hi hold them
+  cand, idx = jax.lax.top_k(jnp.where(x <= hi[:, None], x, -jnp.inf), n_cand)
+  w_cand = jnp.ones_like(cand) if w is None else jnp.take_along_axis(w, idx, axis=-1)
+  w_above = w_hi[:, None] + jnp.cumsum(w_cand, axis=-1) - w_cand    # W at each candidate (first of ties)
+  ok = (cand > lo[:, None]) & (w_above < bound[:, None])
+  return jnp.min(jnp.where(ok, cand, hi[:, None]), axis=-1, keepdims=True)
+
+
+def _smallest_below(x: jax.Array, w: jax.Array | None, bound: jax.Array, lo: jax.Array,
+                    hi: jax.Array) -> jax.Array:
+  """`_search`, one row at a time on a CPU (lax.map: each row's bracket ends when that row is resolved,
+  and its data stays in cache), all rows at once on an accelerator."""
+  if jax.default_backend() != "cpu" or x.shape[0] == 1:
+    return _search(x, w, bound, lo, hi)
+  if w is None:
+    return jax.lax.map(lambda r: _search(r[0][None], None, *(a[None] for a in r[1:]))[0], (x, bound, lo, hi))
+  return jax.lax.map(lambda r: _search(*(a[None] for a in r))[0], (x, w, bound, lo, hi))
+
+
+def top_k_threshold(x: jax.Array, k: int) -> jax.Array:
+  """x [R, V] float32 -> [R, 1]: the k-th largest value of each row (x >= it keeps the top k, ties kept)."""
+  if k <= CANDIDATES:
+    # min of the values, not the last one: slicing the last value lets XLA turn top_k into a full sort
+    return jax.lax.top_k(x, k)[0].min(-1, keepdims=True)
+  lo = key_to_float(float_to_key(x.min(-1)) - 1)           # below every value: all V are above it
+  return _smallest_below(x, None, jnp.full(x.shape[:1], k, jnp.float32), lo, x.max(-1))
+
+
+def top_p_threshold(x: jax.Array, top_p: float) -> jax.Array:
+  """x [R, V] float32 (-inf = cut) -> [R, 1]: the smallest value t with mass(x > t) < top_p."""
+  m = x.max(-1)
+  e = jnp.exp(x - m[:, None])
+  z = e.sum(-1)
+  lo = m + jnp.log((1.0 - top_p) * z / x.shape[-1]) - 1.0     # t* is above this (1 nat of slack)
+  return _smallest_below(x, e, top_p * z, lo, m)
+
+
+def filter_logits(logits: jax.Array, s: Sampling) -> jax.Array:
+  """float32 logits [..., V] -> temperature-scaled logits with the top-k / top-p cuts set to -inf."""
+  x = logits.astype(jnp.float32) / s.temperature
+  shape = x.shape
+  x = x.reshape(-1, shape[-1])
+  if s.top_k and s.top_k < shape[-1]:
+    x = jnp.where(x < top_k_threshold(x, s.top_k), -jnp.inf, x)
+  if s.top_p < 1.0:
+    x = jnp.where(x < top_p_threshold(x, s.top_p), -jnp.inf, x)
+  return x.reshape(shape)
+
+
 def probabilities(logits: jax.Array, s: Sampling) -> jax.Array:
   """float32 logits [..., V] -> float32 probabilities [..., V] after temperature, top-k and top-p."""
-  logits = logits.astype(jnp.float32)
   if s.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
-  logits = logits / s.temperature
-  if s.top_k and s.top_k < logits.shape[-1]:
-    kth = jax.lax.top_k(logits, s.top_k)[0][..., -1:]
-    logits = jnp.where(logits < kth, -jnp.inf, logits)
-  if s.top_p < 1.0:
-    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
-    sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
-    # keep the smallest prefix whose mass reaches top_p (the token crossing the threshold is kept)
-    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep = mass_before < s.top_p
-    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-    logits = jnp.where(logits < threshold, -jnp.inf, logits)
-  return jax.nn.softmax(logits, axis=-1)
+  return jax.nn.softmax(filter_logits(logits, s), axis=-1)
+
+
+SAMPLE_BLOCK = 256   # tokens per block of the two-stage inverse-CDF draw
+
+
+def _pick(w: jax.Array, u: jax.Array) -> jax.Array:
+  """w [R, K] >= 0, u [R] in [0, 1) -> [R] the index i with cumsum(w)[i-1] <= u * sum(w) < cumsum(w)[i]:
+  always an entry of positive weight (float rounding past the end falls back to the last such entry)."""
+  c = jnp.cumsum(w, axis=-1)
+  i = (c <= (u * c[:, -1])[:, None]).sum(-1, dtype=jnp.int32)
+  last = jnp.max(jnp.where(w > 0, jnp.arange(w.shape[-1], dtype=jnp.int32), 0), axis=-1)
+  return jnp.where(i < w.shape[-1], i, last)
+
+
+def sample_without_replacement(key: jax.Array, probs: jax.Array, n: int) -> jax.Array:
+  """n distinct tokens per row in draw order, each drawn from probs [..., V] (keys [...]) renormalized over
+  the tokens not yet drawn: sequential draws without replacement (the order Gumbel top-n would give).
+
+  Each draw is an inverse-CDF draw in two stages, so it reads the vocabulary once per call instead of
+  generating V random numbers: a block of SAMPLE_BLOCK tokens with probability of its mass (one uniform),
+  then a token inside it with probability of its share of the block (a second, fresh uniform). Two 24-bit
+  uniforms resolve a token's probability to ~1e-7 of its block's mass, not of the whole distribution.
+  """
+  lead, v = probs.shape[:-1], probs.shape[-1]
+  p = probs.reshape(-1, v).astype(jnp.float32)
+  r = p.shape[0]
+  nb = -(-v // SAMPLE_BLOCK)
+  blocks = jnp.pad(p, ((0, 0), (0, nb * SAMPLE_BLOCK - v))).reshape(r, nb, SAMPLE_BLOCK)
+  block_mass = blocks.sum(-1)                                                     # [R, nb]
+  u = jax.vmap(lambda k: jax.random.uniform(k, (n, 2)))(key.reshape(-1))          # [R, n, 2]
+  rows = jnp.arange(r)
+  in_block = jnp.arange(SAMPLE_BLOCK, dtype=jnp.int32)
+  drawn = []
+  for j in range(n):
+    b = _pick(block_mass, u[:, j, 0])
+    inner = jnp.take_along_axis(blocks, b[:, None, None], axis=1)[:, 0]          # [R, BLOCK]
+    for t in drawn:                                                               # earlier draws removed
+      inner = jnp.where(b[:, None] * SAMPLE_BLOCK + in_block == t[:, None], 0.0, inner)
+    i = _pick(inner, u[:, j, 1])
+    drawn.append(b * SAMPLE_BLOCK + i)
+    if j + 1 < n:
+      block_mass = block_mass.at[rows, b].set(jnp.where(in_block == i[:, None], 0.0, inner).sum(-1))
+  return jnp.stack(drawn, -1).reshape(lead + (n,))
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
   """One token per row from probabilities [..., V] (keys [...] of the same leading shape)."""
-  return jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(
-      key.reshape(-1), probs.reshape(-1, probs.shape[-1])).reshape(probs.shape[:-1]).astype(jnp.int32)
-
-
-def sample_without_replacement(key: jax.Array, probs: jax.Array, n: int) -> jax.Array:
-  """n distinct tokens per row, in draw order (Gumbel top-n == sequential draws without replacement)."""
-  def one(k, p):
-    g = jax.random.gumbel(k, p.shape)
-    return jax.lax.top_k(jnp.where(p > 0, jnp.log(p) + g, -jnp.inf), n)[1]
-  flat = jax.vmap(one)(key.reshape(-1), probs.reshape(-1, probs.shape[-1]))
-  return flat.reshape(probs.shape[:-1] + (n,)).astype(jnp.int32)
+  return sample_without_replacement(key, probs, 1)[..., 0]

@@ -51,7 +51,7 @@ def test_shrinking_batch_gives_the_autoregressive_tokens(draft, kw):
 
 def test_shrinking_batch_keeps_every_rows_samples():
   prompts, eos = prompts_and_eos()
-  kw = dict(max_new_tokens=NEW, eos_token_id=eos, temperature=0.9, top_k=20, seed=3)
+  kw = dict(max_new_tokens=NEW, eos_token_id=eos, temperature=0.9, top_k=20, seed=1)   # rows end apart
   for draft in (None, DRAFTS["streaming-s0-w4"]()):
     fixed = md.generate(target(), prompts, draft=draft, gamma=2, **kw)
     shrunk = md.generate(target(), prompts, draft=draft, gamma=2, shrink_batch=True, **kw)
