@@ -12,7 +12,7 @@ calibrate.
   python run.py --mode=plan --hardware=profile.json      # plan with it (datasheet column beside)
   python run.py --helpfull                        # every flag
 
-Flags are validated (magicdec_jax/cli_flags.py) before any model is loaded; progress goes to stderr,
+Flags are validated (magicdec_jax/cli/flags.py) before any model is loaded; progress goes to stderr,
 results (generated text, tables, summaries) to stdout.
 """
 from __future__ import annotations
@@ -30,11 +30,12 @@ import jax
 
 import numpy as np
 
-from magicdec_jax import (acceptance, calibrate, checkpoints, cli_bench, cli_demo, cli_flags, costmodel, datagen,
-                          distill, distill_data, distill_feature, drafts, engine, feature_head, shapes, sweep,
-                          textdata)
+from magicdec_jax import checkpoints, datagen, drafts, engine, feature_head, textdata
+from magicdec_jax.tuning import acceptance, calibrate, costmodel, shapes, sweep
+from magicdec_jax.cli import bench as cli_bench, demo as cli_demo, flags as cli_flags
+from magicdec_jax.training import distill, distill_data, distill_feature
 from magicdec_jax import compile as compiling
-from magicdec_jax.autotune import detect_hardware
+from magicdec_jax.tuning.autotune import detect_hardware
 from magicdec_jax.sampling import Sampling
 from magicdec_jax.sharding import distributed
 from magicdec_jax.sharding.planner import DoesNotFit
@@ -60,7 +61,7 @@ def load_target():
 # ---- demo ---------------------------------------------------------------------------------------------------
 
 def mode_demo():
-  """The main job (magicdec_jax/cli_demo.py): prefill once, decode AR and MagicDec, print the comparison.
+  """The main job (magicdec_jax/cli/demo.py): prefill once, decode AR and MagicDec, print the comparison.
   Unless given, batch, prompt length and gamma are where MagicDec should win on this backend, DEMO_NEW_TOKENS
   new tokens, decoded twice each way (alternately)."""
   model = load_target()

@@ -23,7 +23,8 @@ import common  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax import cli_flags, drafts, textdata  # noqa: E402
+from magicdec_jax import drafts, textdata  # noqa: E402
+from magicdec_jax import testing
 from magicdec_jax.model import full_forward  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def main(argv=None):
   ap.add_argument("--smoke", action="store_true", help="random tiny model, random ids")
   args = ap.parse_args(argv)
   if args.smoke:
-    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+    model, source = testing.random_tiny_model(0), "random-tiny"
     args.windows, args.tokens, args.drop = 2, 64, [1]
     windows = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 64)).tolist()
   else:

@@ -26,7 +26,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from magicdec_jax import StreamingDraft, autotune, calibrate, cli_flags, costmodel, prefilled, trees  # noqa: E402
+from magicdec_jax import StreamingDraft, prefilled, trees  # noqa: E402
+from magicdec_jax.tuning import autotune, calibrate, costmodel
+from magicdec_jax import testing
 
 DEFAULT_VECTOR = os.path.join(common.RESULTS_DIR, "acceptance_vector_smollm2_streaming4+128_cpu_2026-11-22.json")
 
@@ -56,7 +58,7 @@ def main(argv=None):
   out_path = args.output or str(common.RESULTS_DIR / f"auto_vs_sweep_{common.device_tag()}.json")
 
   if args.smoke:
-    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+    model, source = testing.random_tiny_model(0), "random-tiny"
   else:
     model, source = common.load_smollm(allow_random=False)
   draft = StreamingDraft(sink=args.sink, window=args.window)
@@ -179,7 +181,7 @@ def rescore(path: str, output: str | None, smoke: bool = False) -> dict:
   measurement does not depend on who picked it; a pick that was not measured is left unscored)."""
   with open(path) as f:
     doc = json.load(f)
-  model = cli_flags.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
+  model = testing.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
   draft = StreamingDraft(sink=doc["draft"]["sink"], window=doc["draft"]["window"])
   args = argparse.Namespace(**doc["args"])
   for rec in doc["shapes"]:

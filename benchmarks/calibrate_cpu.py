@@ -9,7 +9,8 @@ import json
 
 import jax
 
-from magicdec_jax import calibrate, init_params, shapes
+from magicdec_jax import init_params
+from magicdec_jax.tuning import calibrate, shapes
 
 
 def main():

@@ -19,7 +19,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from magicdec_jax import calibrate, checkpoints, shapes, textdata
+from magicdec_jax import checkpoints, textdata
+from magicdec_jax.tuning import calibrate, shapes
 from magicdec_jax.model import Model, init_params
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"

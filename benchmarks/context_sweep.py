@@ -1,6 +1,6 @@
 """Where does MagicDec start to win? Decode and end-to-end throughput of AR vs StreamingDraft over context x batch.
 
-SmolLM2-135M on held-out Shakespeare, greedy; the measurement is magicdec_jax/sweep.py (prefill once per
+SmolLM2-135M on held-out Shakespeare, greedy; the measurement is magicdec_jax/tuning/sweep.py (prefill once per
 point, AR and each gamma from copies of the same caches; measured crossover beside the cost model's
 predicted one, labelled). JSON (rewritten after every point, so an interrupted run keeps what it measured)
 + PNG (speedup vs context per batch). `run.py --mode=bench --bench_preset=long_context` runs the same grid.
@@ -21,7 +21,9 @@ import common  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from magicdec_jax import StreamingDraft, autotune, cli_flags, sweep  # noqa: E402
+from magicdec_jax import StreamingDraft  # noqa: E402
+from magicdec_jax.tuning import autotune, sweep
+from magicdec_jax import testing
 
 PRESET = sweep.LONG_CONTEXT
 
@@ -55,7 +57,7 @@ def main(argv=None):
     return repredict(args.repredict, args.profile, args.smoke)
   if args.smoke:
     args.batches, args.contexts, args.gammas, args.max_new, args.window = [1, 2], [64, 128], [2], 8, 16
-    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+    model, source = testing.random_tiny_model(0), "random-tiny"
   else:
     model, source = common.load_smollm(allow_random=False)
   out = args.output or str(common.RESULTS_DIR / f"context_sweep_{common.device_tag()}.json")
@@ -132,7 +134,7 @@ def repredict(path: str, profile: str | None, smoke: bool = False) -> dict:
   fixed batch's tail over the sweep's max_new_tokens, as it was measured."""
   with open(path) as f:
     doc = json.load(f)
-  model = cli_flags.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
+  model = testing.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
   hw = autotune.detect_hardware(profile)
   draft = StreamingDraft(doc["draft"]["sink"], doc["draft"]["window"], weights=doc["draft"].get("weights"))
   for b, entry in doc["crossover"].items():

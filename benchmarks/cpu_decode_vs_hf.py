@@ -29,7 +29,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax import hlo, loop  # noqa: E402
+from magicdec_jax import loop  # noqa: E402
+from magicdec_jax.tuning import hlo
 from magicdec_jax.cache import aligned_slots  # noqa: E402
 from magicdec_jax.engine import AR_TREE, bucket, generate  # noqa: E402
 from magicdec_jax.sampling import Sampling  # noqa: E402
@@ -104,7 +105,7 @@ def prefix_match(a: list[list[int]], b: list[list[int]]) -> float:
 
 def hlo_cache_ops(model, batch: int, context: int, max_new: int = 32) -> dict:
   """Ops in the compiled AR decode loop body that copy, slice or pad a weight matrix or a layer's cache
-  (magicdec_jax.hlo.loop_body_copies; expected: none)."""
+  (magicdec_jax.tuning.hlo.loop_body_copies; expected: none)."""
   cfg = model.config
   s = aligned_slots(bucket(context) + bucket(max_new) + AR_TREE.num_nodes + 1)
   tokens = jnp.zeros((batch, context), jnp.int32)

@@ -33,7 +33,7 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from magicdec_jax import cli_flags  # noqa: E402
+from magicdec_jax import testing  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax import tokenizer as tok_lib  # noqa: E402
 from magicdec_jax.drafts import StreamingDraft  # noqa: E402
@@ -167,7 +167,7 @@ def main(argv=None):
   out_dir = args.out_dir or str(common.RESULTS_DIR)
   part_dir = os.path.join(args.out_dir, "parts") if args.out_dir else str(PART_DIR)
   if args.smoke:
-    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+    model, source = testing.random_tiny_model(0), "random-tiny"
     args.prompts, args.max_new, args.batch, args.window = min(args.prompts, 6), min(args.max_new, 8), 2, 8
   elif args.run:
     model, source = common.load_smollm("float32")

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
 from conftest import tiny_model  # noqa: E402
-from magicdec_jax import distill  # noqa: E402
+from magicdec_jax.training import distill  # noqa: E402
 
 
 def main():

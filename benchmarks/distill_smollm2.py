@@ -23,7 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from magicdec_jax import checkpoints, distill, textdata  # noqa: E402
+from magicdec_jax import checkpoints, textdata  # noqa: E402
+from magicdec_jax.training import distill
 
 
 def main():

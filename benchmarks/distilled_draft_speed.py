@@ -21,7 +21,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from magicdec_jax import checkpoints, cli_flags, distill  # noqa: E402
+from magicdec_jax import checkpoints  # noqa: E402
+from magicdec_jax import testing
+from magicdec_jax.training import distill
 from magicdec_jax.drafts import ModelDraft, StreamingDraft  # noqa: E402
 from magicdec_jax.engine import generate  # noqa: E402
 
@@ -38,7 +40,7 @@ def main(argv=None):
   ap.add_argument("--smoke", action="store_true", help="random tiny target and 1-layer draft, tiny shapes")
   args = ap.parse_args(argv)
   if args.smoke:
-    target, source = cli_flags.random_tiny_model(0), "random-tiny"
+    target, source = testing.random_tiny_model(0), "random-tiny"
     draft_model = distill.init_draft(target, layers=1)
     args.shapes, args.max_new, args.gammas, args.window = [(2, 64)], 8, [2], 16
   else:

@@ -26,7 +26,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout's package
 import common  # noqa: E402
 
-from magicdec_jax import calibrate, cli_flags, feature_head, prefilled  # noqa: E402
+from magicdec_jax import feature_head, prefilled  # noqa: E402
+from magicdec_jax.tuning import calibrate
+from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft  # noqa: E402
 from magicdec_jax.feature_draft import FeatureDraft  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402
@@ -54,7 +56,7 @@ def main(argv=None):
   ap.add_argument("--smoke", action="store_true", help="random tiny target and head, tiny shapes")
   args = ap.parse_args(argv)
   if args.smoke:
-    target, source = cli_flags.random_tiny_model(0), "random-tiny"
+    target, source = testing.random_tiny_model(0), "random-tiny"
     head = feature_head.init_head(target)
     args.shapes, args.step_contexts, args.max_new, args.gammas, args.window = [(2, 64)], [64], 8, [2], 16
     args.trees = [(2, 1)]

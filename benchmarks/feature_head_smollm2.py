@@ -25,7 +25,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from magicdec_jax import checkpoints, distill_feature, feature_head, textdata  # noqa: E402
+from magicdec_jax import checkpoints, feature_head, textdata  # noqa: E402
+from magicdec_jax.training import distill_feature
 
 
 def held_out_plays(tok, train: np.ndarray, held) -> tuple[int, int]:

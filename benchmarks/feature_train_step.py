@@ -26,7 +26,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from magicdec_jax import checkpoints, distill_feature, feature_head, textdata  # noqa: E402
+from magicdec_jax import checkpoints, feature_head, textdata  # noqa: E402
+from magicdec_jax.training import distill_feature
 from magicdec_jax.layers.dense import narrow_weights  # noqa: E402
 
 

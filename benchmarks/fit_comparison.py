@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from magicdec_jax import calibrate, costmodel
+from magicdec_jax.tuning import calibrate, costmodel
 
 
 def roofline_loo(rows, combine):

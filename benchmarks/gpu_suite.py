@@ -40,7 +40,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax import calibrate, costmodel, drafts, engine, feature_head, loop, shapes, stepfit, trees, verify  # noqa: E402
+from magicdec_jax import drafts, engine, feature_head, loop, trees, verify  # noqa: E402
+from magicdec_jax.tuning import calibrate, costmodel, shapes, stepfit
 from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax.cache import KVCache  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402

@@ -24,7 +24,9 @@ import common  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from magicdec_jax import cli_flags, costmodel, loop  # noqa: E402
+from magicdec_jax import loop  # noqa: E402
+from magicdec_jax import testing
+from magicdec_jax.tuning import costmodel
 from magicdec_jax.cache import KVCache, aligned_slots  # noqa: E402
 from magicdec_jax.layers.attention import PrefixTree  # noqa: E402
 from magicdec_jax.model import forward  # noqa: E402
@@ -73,7 +75,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.smoke:
     args.shape, args.chunk, args.matmul_n = [(2, 64)], 16, 256
-    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+    model, source = testing.random_tiny_model(0), "random-tiny"
   else:
     model, source = common.load_smollm(allow_random=False)
   (b, p), = args.shape

@@ -26,7 +26,9 @@ import common  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from magicdec_jax import calibrate, cli_flags, drafts, loop  # noqa: E402
+from magicdec_jax import drafts, loop  # noqa: E402
+from magicdec_jax.tuning import calibrate
+from magicdec_jax import testing
 from magicdec_jax.cache import KVCache, aligned_slots  # noqa: E402
 from magicdec_jax.layers.dense import narrow_weights  # noqa: E402
 from magicdec_jax.sampling import Sampling  # noqa: E402
@@ -77,7 +79,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.smoke:
     args.shapes, args.gammas, args.window, args.rounds, args.repeats = [(2, 64)], [2], 16, 4, 1
-    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+    model, source = testing.random_tiny_model(0), "random-tiny"
   else:
     model, source = common.load_smollm(allow_random=False)
   out_path = args.output or str(common.RESULTS_DIR / f"round_cost_{common.device_tag()}.json")

@@ -30,7 +30,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax import cli_flags, engine, prefilled, sampling  # noqa: E402
+from magicdec_jax import engine, prefilled, sampling  # noqa: E402
+from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft  # noqa: E402
 
 SETTINGS = {"greedy": dict(temperature=0.0), "t0.8": dict(temperature=0.8),
@@ -164,7 +165,7 @@ def main(argv=None):
             for s in args.shapes.split(",") if s]
   vocabs = common.int_list(args.vocabs)
   if args.smoke:
-    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+    model, source = testing.random_tiny_model(0), "random-tiny"
     shapes, vocabs, args.window, args.filter_rows = [(2, 64, 8)], [512], 16, 4
   else:
     model, source = common.load_smollm(allow_random=False)

@@ -19,7 +19,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
-from magicdec_jax import cli_demo, cli_flags, drafts, prefilled, textdata  # noqa: E402
+from magicdec_jax import drafts, prefilled, textdata  # noqa: E402
+from magicdec_jax import testing
+from magicdec_jax.cli import demo as cli_demo
 
 KEYS = ("decode_s", "loop_rounds", "verify_steps", "batch_stages", "shrink_gather_s", "mean_accepted_length")
 
@@ -38,7 +40,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.smoke:
     args.shapes, args.max_new, args.window, args.repeats = [(4, 300)], 12, 16, 1
-    model, source = cli_flags.random_tiny_model(0), "random-tiny"
+    model, source = testing.random_tiny_model(0), "random-tiny"
   else:
     model, source = common.load_smollm()
   if min(args.max_new, args.gamma, args.window, args.repeats) < 1 or args.sink < 0:

@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import autotune, drafts, feature_draft, loop, sharding, shrink
+from magicdec_jax import drafts, feature_draft, loop, sharding, shrink
+from magicdec_jax.tuning import autotune
 from magicdec_jax import compile as compiling
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.layers.dense import narrow_weights

@@ -7,7 +7,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import cli_flags
+from magicdec_jax import testing
 from magicdec_jax.model import full_forward
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,7 +20,7 @@ def test_acceptance_ceiling_smoke(tmp_path):
   out = tmp_path / "c.json"
   acceptance_ceiling.main(["--smoke", "--output", str(out)])
   doc = json.loads(out.read_text())
-  model = cli_flags.random_tiny_model(0)
+  model = testing.random_tiny_model(0)
   ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 64))
   lg = np.asarray(full_forward(model.params, model.config, jnp.asarray(ids, jnp.int32)), np.float64)
   lg = lg.reshape(-1, lg.shape[-1])

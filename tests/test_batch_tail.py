@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from magicdec_jax import batch_tail, costmodel, shapes, trees
+from magicdec_jax import trees
+from magicdec_jax.tuning import batch_tail, costmodel, shapes
 
 
 def simulate_batch_rounds(alpha, gamma, new_tokens, batch, trials, seed=0):

@@ -1,4 +1,4 @@
-"""magicdec_jax.calibrate + costmodel's fitted step-time model and chooser.
+"""magicdec_jax.tuning.calibrate + costmodel's fitted step-time model and chooser.
 
 * held-out accuracy: time real forward steps of a tiny-but-not-trivial model (4 layers, d 256, vocab 2048,
   float32) over batch {1,2,4} x context {128,512,1024} x tokens {1,4,16} plus self-draft steps, fit on the
@@ -18,9 +18,10 @@ import jax
 import numpy as np
 import pytest
 
-from magicdec_jax import calibrate as C
-from magicdec_jax import costmodel as cm
-from magicdec_jax import shapes, stepfit, trees
+from magicdec_jax.tuning import calibrate as C
+from magicdec_jax.tuning import costmodel as cm
+from magicdec_jax import trees
+from magicdec_jax.tuning import shapes, stepfit
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import init_params
 
@@ -206,9 +207,10 @@ def test_profile_round_trip_and_cost_functions(tmp_path):
 
 
 def test_auto_falls_back_to_autoregressive_when_speculation_is_predicted_to_lose():
-  from magicdec_jax import cli_flags, engine
+  from magicdec_jax import engine
+  from magicdec_jax.cli import flags as cli_flags
   from magicdec_jax.drafts import StreamingDraft
-  model = cli_flags.random_tiny_model(0)
+  model = testing.random_tiny_model(0)
   flat = stepfit.FittedHardware("every-step-costs-the-same", (1e-3,) + (0.0,) * 7)   # a draft step = a verify step
   prompts = [[1, 2, 3, 4] * 10] * 2
   ar = engine.generate(model, prompts, max_new_tokens=6)

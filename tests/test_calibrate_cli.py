@@ -10,7 +10,9 @@ import sys
 import pytest
 from absl import app, flags
 
-from magicdec_jax import cli_flags, engine
+from magicdec_jax import engine
+from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,7 +72,7 @@ def test_calibrate_plan_profile_acceptance_and_auto(tmp_path):
   a = json.loads(acc.read_text())
   assert a["source"] == str(prompts) and len(a["acceptance_vector"]) == 8 and a["positions"] > 0
 
-  model = cli_flags.random_tiny_model(0)
+  model = testing.random_tiny_model(0)
   res = engine.generate(model, [[1, 2, 3] * 20] * 2, max_new_tokens=8, draft=StreamingDraft(2, 16),
                         gamma="auto", hardware=str(prof), acceptance=str(acc))
   assert res.stats["auto_plan"]["hardware"].endswith("(fitted)") and len(res.tokens[0]) == 8

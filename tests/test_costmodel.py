@@ -1,12 +1,13 @@
-"""Tests for magicdec_jax.costmodel and magicdec_jax.shapes: byte counts, trends, S_inflection, calibration."""
+"""Tests for magicdec_jax.tuning.costmodel and magicdec_jax.tuning.shapes: byte counts, trends, S_inflection, calibration."""
 import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from magicdec_jax import costmodel as cm
-from magicdec_jax import shapes, trees
+from magicdec_jax.tuning import costmodel as cm
+from magicdec_jax import trees
+from magicdec_jax.tuning import shapes
 
 CFG = shapes.llama31_8b()
 H100 = cm.HARDWARE["h100"]

@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from magicdec_jax import cli_flags, datagen, engine
+from magicdec_jax import datagen, engine
+from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,7 +26,7 @@ GEN = dict(max_new_tokens=8, draft=StreamingDraft(sink=2, window=8), gamma=2, te
 
 @functools.lru_cache(maxsize=None)
 def tiny():
-  return cli_flags.random_tiny_model(0)     # what run.py --model=random-tiny loads
+  return testing.random_tiny_model(0)     # what run.py --model=random-tiny loads
 
 
 def write(path, lines):

@@ -1,4 +1,4 @@
-"""Draft distillation (magicdec_jax.distill): the loss falls, resume is exact, bad input fails early, and the
+"""Draft distillation (magicdec_jax.training.distill): the loss falls, resume is exact, bad input fails early, and the
 trained draft loads and decodes losslessly."""
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model
-from magicdec_jax import checkpoints, cli_flags, distill, distill_data, drafts, engine
+from magicdec_jax import checkpoints, drafts, engine
+from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax import testing
+from magicdec_jax.training import distill, distill_data
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import full_forward
 
@@ -83,7 +86,7 @@ KILL_SCRIPT = """
 import os, sys, numpy as np
 sys.path.insert(0, {tests!r})
 from conftest import tiny_model
-from magicdec_jax import distill
+from magicdec_jax.training import distill
 import test_distill as T
 orig = distill.train_step
 n = [0]
@@ -179,7 +182,7 @@ def test_cli_distill_writes_a_draft_that_decodes_losslessly(tmp_path):
                       "--batch=2", "--seq_len=32", "--window=16", "--noprogress"],
                      capture_output=True, text=True, cwd=root, env=dict(os.environ, PYTHONPATH=root), timeout=600)
   assert r.returncode == 0, r.stderr[-3000:]
-  target = cli_flags.random_tiny_model(0)
+  target = testing.random_tiny_model(0)
   prompts = [np.random.default_rng(6).integers(0, target.config.vocab_size, size=n).tolist() for n in (9, 20)]
   ar = engine.generate(target, prompts, max_new_tokens=10)
   sd = engine.generate(target, prompts, max_new_tokens=10, gamma=2,

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from magicdec_jax import autotune
-from magicdec_jax import distill_feature as dfm
+from magicdec_jax.tuning import autotune
+from magicdec_jax.training import distill_feature as dfm
 from magicdec_jax import feature_head
 from magicdec_jax.engine import generate
 from magicdec_jax.feature_draft import FeatureDraft

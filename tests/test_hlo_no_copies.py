@@ -3,7 +3,7 @@
 From the optimized HLO of `loop.decode` (CPU), for autoregressive, chain (StreamingDraft), tree
 (SnapKVDraft) and model-draft decoding of a small model with distinctive dimensions: no op inside the
 while-loop body produces a buffer shaped like a weight matrix or a layer's KV cache except the in-place
-cache writes (magicdec_jax/hlo.py). A control with the old layout (a scan over stacked weights and a
+cache writes (magicdec_jax/tuning/hlo.py). A control with the old layout (a scan over stacked weights and a
 stacked cache) must be flagged, so the check is known to see copies when they are there.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from magicdec_jax import drafts, hlo, loop
+from magicdec_jax import drafts, loop
+from magicdec_jax.tuning import hlo
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, init_params

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import cli_demo, cli_flags, prefilled, textdata
+from magicdec_jax import prefilled, textdata
+from magicdec_jax import testing
+from magicdec_jax.cli import demo as cli_demo
 from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
 
@@ -61,7 +63,7 @@ def test_a_shared_prefix_is_prefilled_once_and_decodes_as_separate_prompts():
 
 
 def test_document_prompts_share_the_document_and_differ_after_it():
-  tok = cli_flags.random_tiny_model(0).tokenizer            # byte-level: the text's bytes
+  tok = testing.random_tiny_model(0).tokenizer            # byte-level: the text's bytes
   rows = textdata.document_prompts(tok, 3, 300, 256)
   assert [len(r) for r in rows] == [300] * 3
   assert rows[0] == textdata.shakespeare_prompt(tok, 300)
@@ -136,7 +138,7 @@ def test_prefill_bench_smoke(tmp_path):
 
 def test_demo_runs_and_checks_its_own_tokens(capsys):
   """The main job's code path (cli_demo.run) on a random tiny model: greedy MagicDec equals AR there."""
-  model = cli_flags.random_tiny_model(0)
+  model = testing.random_tiny_model(0)
   res = cli_demo.run(model, batch=2, prompt_tokens=300, max_new_tokens=8, gamma=2, sink=2, window=16,
                      temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, shared_tokens=256)
   assert res["identical"] and res["speedup"] > 0 and len(res["speedup_by_run"]) == 2

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from absl import app, flags
 
-from magicdec_jax import acceptance, cli_bench, cli_flags
+from magicdec_jax.tuning import acceptance
+from magicdec_jax.cli import bench as cli_bench, flags as cli_flags
+from magicdec_jax import testing
 from magicdec_jax.drafts import ModelDraft, StreamingDraft
 from magicdec_jax.model import full_forward
 
@@ -26,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @functools.lru_cache(maxsize=None)
 def tiny():
-  return cli_flags.random_tiny_model(0)
+  return testing.random_tiny_model(0)
 
 
 def parse(argv):

@@ -19,7 +19,8 @@ import tempfile
 import jax
 import pytest
 
-from magicdec_jax import cli_flags, datagen, sharding
+from magicdec_jax import datagen, sharding
+from magicdec_jax import testing
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.drafts import ModelDraft, StreamingDraft, truncate_layers
 from magicdec_jax.engine import generate
@@ -125,7 +126,7 @@ def test_smollm2_on_every_mesh():
 
 def test_planner_single_device_and_refusal_in_process():
   """One device (this process): exact parameter bytes, and generate refuses an oversize batch."""
-  model = cli_flags.random_tiny_model(0)
+  model = testing.random_tiny_model(0)
   cfg = model.config
   nbytes = sum(a.nbytes for a in jax.tree.leaves(model.params))
   assert sharding.plan_memory(cfg, None, batch=1, max_context=64).params == nbytes
@@ -155,8 +156,8 @@ def test_mesh_spec_errors():
 
 def test_layouts_for_any_model_axis():
   """SmolLM2's shape (9 heads, 3 KV heads) gets a valid layout on 1..8 model devices."""
-  from magicdec_jax import shapes
-  smol = cli_flags.random_tiny_model(0).config.replace(num_heads=9, num_kv_heads=3, hidden_size=576,
+  from magicdec_jax.tuning import shapes
+  smol = testing.random_tiny_model(0).config.replace(num_heads=9, num_kv_heads=3, hidden_size=576,
                                                        intermediate_size=1536, vocab_size=49152)
   got = {m: sharding.layout_for(smol, m).attention for m in range(1, 9)}
   assert got == {1: "heads", 2: "replicated", 3: "heads", 4: "replicated", 5: "replicated",
@@ -205,7 +206,7 @@ def test_two_process_datagen_equals_one_process(tmp_path):
   assert summary["shards"] == 2 and summary["records_total"] == 6
   assert summary["records_per_shard"] == [3, 3]
   # the reference: one process, here
-  datagen.run(cli_flags.random_tiny_model(0), str(inp), str(tmp_path / "one.jsonl"), batch_size=2,
+  datagen.run(testing.random_tiny_model(0), str(inp), str(tmp_path / "one.jsonl"), batch_size=2,
               progress=False, **gen)
   read = lambda p: [json.loads(x) for x in open(p)]
   multi, one = read(tmp_path / "multi.jsonl"), read(tmp_path / "one.jsonl")

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 from scipy.optimize import nnls
 
-from magicdec_jax import costmodel
+from magicdec_jax.tuning import costmodel
 from magicdec_jax.config import ModelConfig
 
 FEATURES = ("const", "layers", "weight_bytes", "weight_tiles", "matmul_flops", "activations", "kv_bytes",

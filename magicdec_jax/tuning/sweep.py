@@ -8,7 +8,7 @@ Per batch: the measured crossover (the smallest measured context from which the 
 above 1) next to the cost model's predictions, labelled as such: the context where its predicted speedup of
 the best gamma first exceeds 1 (at the acceptance measured) and its S_inflection (costmodel.s_inflection).
 
-Used by `run.py --mode=bench` (cli_bench.py, `--bench_preset=long_context`) and
+Used by `run.py --mode=bench` (cli/bench.py, `--bench_preset=long_context`) and
 `benchmarks/context_sweep.py` (the recorded results and figure).
 """
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from magicdec_jax import autotune, costmodel, prefilled
+from magicdec_jax import prefilled
+from magicdec_jax.tuning import autotune, costmodel
 from magicdec_jax.model import Model
 
 # run.py --bench_preset=long_context: the sweep the README's figure comes from (CPU: ~25 min)

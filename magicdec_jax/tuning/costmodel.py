@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from magicdec_jax.config import ModelConfig
-from magicdec_jax import batch_tail
+from magicdec_jax.tuning import batch_tail
 from magicdec_jax import trees as trees_lib
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
@@ -144,7 +144,7 @@ class StepShape:
 def step_time(cfg: ModelConfig, hw: Hardware, batch: int, context: int, new_tokens: int,
               dtype: str = "bfloat16", kv_context: int | None = None, weights_dtype: str | None = None) -> float:
   """Seconds for one step as `hw` prices it: a Hardware by the roofline of step_bytes / step_flops plus its
-  step_overhead_s, a stepfit.FittedHardware (a measured profile, see magicdec_jax/calibrate.py) by its fitted
+  step_overhead_s, a stepfit.FittedHardware (a measured profile, see magicdec_jax/tuning/calibrate.py) by its fitted
   linear model. weights_dtype: the step runs on a narrower copy of the weights."""
   return hw.time_step(cfg, batch, context if kv_context is None else kv_context, new_tokens, dtype,
                       weights_dtype)

@@ -45,8 +45,9 @@ import optax
 import orbax.checkpoint as ocp
 from tqdm import tqdm
 
-from magicdec_jax import checkpoints, distill_data, drafts
-from magicdec_jax.acceptance import windowed_logits
+from magicdec_jax import checkpoints, drafts
+from magicdec_jax.training import distill_data
+from magicdec_jax.tuning.acceptance import windowed_logits
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, full_forward, init_params
 

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import calibrate, costmodel, drafts, stepfit, trees
+from magicdec_jax import drafts, trees
+from magicdec_jax.tuning import calibrate, costmodel, stepfit
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import PrefixTree

@@ -38,7 +38,8 @@ import orbax.checkpoint as ocp
 from tqdm import tqdm
 
 from magicdec_jax import compile as compiling
-from magicdec_jax import distill, distill_data, feature_head
+from magicdec_jax import feature_head
+from magicdec_jax.training import distill, distill_data
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.feature_head import FeatureHead

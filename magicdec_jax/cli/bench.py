@@ -17,7 +17,8 @@ import time
 import jax
 import numpy as np
 
-from magicdec_jax import sweep, textdata
+from magicdec_jax import textdata
+from magicdec_jax.tuning import sweep
 
 
 def _prompts(model, batch: int, context: int) -> list[list[int]]:

@@ -32,7 +32,8 @@ import os
 
 import jax
 
-from magicdec_jax import calibrate, drafts, prefilled, sweep, textdata
+from magicdec_jax import drafts, prefilled, textdata
+from magicdec_jax.tuning import calibrate, sweep
 from magicdec_jax.model import Model
 
 CPU_SHAPE = (8, 4096)      # batch x prompt tokens: KV 1.5 GB vs 0.54 GB of weights

@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import feature_head, stepfit
+from magicdec_jax import feature_head
+from magicdec_jax.tuning import stepfit
 from magicdec_jax.cache import KVCache, aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask, PrefixTree

@@ -1,0 +1,1 @@
+"""The command line behind run.py: flags, and one module per --mode."""

@@ -1,0 +1,1 @@
+"""The training stack: draft distillation and feature-head training, and their data."""
