@@ -11,12 +11,11 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import tiny_model
+from conftest import tiny_model, xla_flags
 from magicdec_jax import checkpoints, drafts, engine
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax import testing
-from magicdec_jax.training import distill, distill_data
-from magicdec_jax.config import ModelConfig
+from magicdec_jax.training import distill, distill_data, trainer
 from magicdec_jax.model import full_forward
 
 SEQ = 32
@@ -85,7 +84,7 @@ def test_resume_after_stop_equals_uninterrupted(trained, tmp_path):
 KILL_SCRIPT = """
 import os, sys, numpy as np
 sys.path.insert(0, {tests!r})
-from conftest import tiny_model
+from conftest import tiny_model, xla_flags
 from magicdec_jax.training import distill
 import test_distill as T
 orig = distill.train_step
@@ -114,6 +113,37 @@ def test_resume_after_kill_9(trained, tmp_path):
   diff = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
                       model.params, trained[1].params)
   assert max(jax.tree.leaves(diff)) <= 1e-6
+
+
+MESH_SCRIPT = """
+import sys, jax, numpy as np
+sys.path.insert(0, {tests!r})
+from magicdec_jax import sharding
+from magicdec_jax.training import distill
+import test_distill as T
+t, mesh = T._target(), sharding.make_mesh("data:2")
+for stop in (7, None):                # stopped and resumed, batch split over the data axis
+  model, _ = distill.distill(t, distill.init_draft(t, layers=1), T._data(), {out!r}, T.CFG, mesh=mesh,
+                             progress=False, stop_after=stop)
+np.savez({npz!r}, *[np.asarray(x) for x in jax.tree.leaves(model.params)])
+"""
+
+
+def test_mesh_run_equals_single_device(trained, tmp_path):
+  """With a 2-device data mesh (params and optimizer state replicated, the batch split) a stopped and resumed
+  run ends with the params of the single-device uninterrupted run, up to the all-reduce's summation order."""
+  tests = os.path.dirname(os.path.abspath(__file__))
+  npz = str(tmp_path / "mesh.npz")
+  env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"), JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join([os.path.dirname(tests), tests]))
+  r = subprocess.run([sys.executable, "-c", MESH_SCRIPT.format(tests=tests, out=str(tmp_path / "mesh"), npz=npz)],
+                     env=env, capture_output=True, timeout=600)
+  assert r.returncode == 0, r.stderr.decode()[-3000:]
+  got = np.load(npz)
+  want = jax.tree.leaves(trained[1].params)
+  assert len(got.files) == len(want)
+  for i, w in enumerate(want):
+    np.testing.assert_allclose(got[f"arr_{i}"], np.asarray(w), rtol=1e-4, atol=1e-5)
 
 
 def test_trained_dir_loads_and_decodes_losslessly(trained):
@@ -157,9 +187,9 @@ def test_bad_inputs_raise_before_compiling(tmp_path):
   assert distill.train_step._cache_size() == compiled
   assert not any((tmp_path / d).exists() for d in ("o1", "o2", "o3"))
   # a rerun with other settings into a dir holding checkpoints is refused
-  distill.prepare_out_dir(str(tmp_path / "o4"), {"a": 1})
+  trainer.prepare_out_dir(str(tmp_path / "o4"), {"a": 1})
   with pytest.raises(ValueError, match="other settings"):
-    distill.prepare_out_dir(str(tmp_path / "o4"), {"a": 2})
+    trainer.prepare_out_dir(str(tmp_path / "o4"), {"a": 2})
 
 
 def test_batch_order_is_a_function_of_seed_and_step():

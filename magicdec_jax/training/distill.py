@@ -17,16 +17,14 @@ schedule: SmolLM2-135M -> 8-layer draft, 12 steps: 0.249 (ce) vs 0.185 (kl), fro
 0.009 vs 1.62 on the tiny pair), which is what speculative *sampling* accepts (sum min(p, q)): use it for
 drafts meant for temperature > 0.
 
-Training: optax AdamW with linear warm-up + cosine decay and global-norm clipping; one pure jitted step
-(params, opt_state, tokens) -> (params, opt_state, metrics). With a mesh the batch is split over its
-"data" axis and params are replicated (XLA inserts the gradient all-reduce).
-
-Checkpoints: an orbax CheckpointManager under OUT/checkpoints (params, optimizer state, step) every
-`checkpoint_every` steps; orbax writes each step to a temporary directory and renames it when complete,
-so a `kill -9` leaves either the previous or the new checkpoint. A rerun resumes from the latest; since the
-batch of step s is a pure function of (seed, s) (distill_data.batch_indices) it ends where an uninterrupted
-run ends. The final draft is written with checkpoints.save_orbax into OUT itself (config file last, so OUT
-only loads once complete): `load_model(OUT)` gives a Model ready for `ModelDraft(model, sink, window)`.
+Training: one pure jitted step (params, opt_state, tokens) -> (params, opt_state, metrics), run by
+trainer.py's resumable loop (AdamW with linear warm-up + cosine decay and global-norm clipping; orbax
+checkpoints under OUT/checkpoints every `checkpoint_every` steps, atomic, so a `kill -9` loses at most the
+steps since the last one; a rerun resumes from the latest and, the batch of step s being a pure function of
+(seed, s), ends where an uninterrupted run ends). With a mesh the batch is split over its "data" axis and
+params are replicated (XLA inserts the gradient all-reduce). The final draft is written with
+checkpoints.save_orbax into OUT itself (config file last, so OUT only loads once complete): `load_model(OUT)`
+gives a Model ready for `ModelDraft(model, sink, window)`.
 """
 from __future__ import annotations
 
@@ -35,25 +33,19 @@ import functools
 import json
 import os
 import shutil
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
-from tqdm import tqdm
 
 from magicdec_jax import checkpoints, drafts
-from magicdec_jax.training import distill_data
+from magicdec_jax.training import trainer
 from magicdec_jax.tuning.acceptance import windowed_logits
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, full_forward, init_params
 
 LOSSES = ("kl", "ce")
-CKPT_DIR = "checkpoints"
-SETTINGS_FILE = "distill_settings.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,18 +66,13 @@ class DistillConfig:
   window: int = 256
 
   def validate(self):
-    for name in ("steps", "batch", "seq_len", "checkpoint_every"):
-      v = getattr(self, name)
-      if not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"distill {name} must be an integer >= 1, got {v!r}")
-    if self.warmup_steps < 0 or self.eval_every < 0:
-      raise ValueError("distill warmup_steps and eval_every must be >= 0")
-    if not (self.lr > 0 and np.isfinite(self.lr)):
-      raise ValueError(f"distill lr must be a positive number, got {self.lr!r}")
+    trainer.check_settings(self, "distill")
+    trainer.check_int("distill", "seq_len", self.seq_len)
     if self.loss not in LOSSES:
       raise ValueError(f"distill loss must be one of {LOSSES}, got {self.loss!r}")
-    if self.clip_norm <= 0 or not 0 <= self.final_lr_fraction <= 1 or self.weight_decay < 0:
-      raise ValueError("distill clip_norm must be > 0, final_lr_fraction in [0, 1], weight_decay >= 0")
+
+  def optimizer(self) -> optax.GradientTransformation:
+    return trainer.optimizer(self)
 
   def settings(self) -> dict:
     """What a resumed run must share with the run that wrote the checkpoints (eval cadence excluded)."""
@@ -140,48 +127,7 @@ def check_pair(target: Model, draft: Model, seq_len: int):
                      f"({min(tc.max_position_embeddings, dc.max_position_embeddings)})")
 
 
-def prepare_out_dir(out_dir: str, settings: dict):
-  """Create OUT (or check it); refuse one holding checkpoints of different settings. ValueError if not
-  writable. Nothing is written but the settings file."""
-  out_dir = os.path.abspath(out_dir)
-  if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-    raise ValueError(f"distill output {out_dir!r} exists and is not a directory")
-  parent = os.path.dirname(out_dir)
-  if not os.path.isdir(out_dir):
-    if not os.path.isdir(parent):
-      raise ValueError(f"distill output {out_dir!r}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-      raise ValueError(f"distill output {out_dir!r}: {parent} is not writable")
-  elif not os.access(out_dir, os.W_OK):
-    raise ValueError(f"distill output {out_dir!r} is not writable")
-  path = os.path.join(out_dir, SETTINGS_FILE)
-  if os.path.isfile(path):
-    with open(path) as f:
-      old = json.load(f)
-    if old != settings:
-      diff = {k: (old.get(k), settings.get(k)) for k in set(old) | set(settings) if old.get(k) != settings.get(k)}
-      raise ValueError(f"distill output {out_dir!r} holds a run with other settings {diff} (old, new); "
-                       "use another directory or delete it")
-    return
-  os.makedirs(out_dir, exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(settings, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
-
-
 # ------------------------------------------------------------------------------------------- the step
-
-@functools.lru_cache(maxsize=16)
-def make_optimizer(cfg: DistillConfig) -> optax.GradientTransformation:
-  """Clip by global norm, then AdamW on a warm-up + cosine schedule. Cached per config: the optimizer is
-  a static argument of the jitted step, so the same object means the same executable."""
-  warmup = min(cfg.warmup_steps, max(cfg.steps - 1, 0))
-  sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(cfg.steps, warmup + 1),
-                                             end_value=cfg.lr * cfg.final_lr_fraction)
-  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
-                     optax.adamw(sched, weight_decay=cfg.weight_decay))
-
 
 def loss_terms(draft_logits: jax.Array, target_logits: jax.Array, kind: str):
   """[B, T, V] each -> (mean loss, mean KL(p_t || q_d), greedy agreement) over all positions."""
@@ -278,16 +224,13 @@ def distill(target: Model, draft: Model, data: np.ndarray, out_dir: str, cfg: Di
             log=None) -> tuple[Model, list[dict]]:
   """Train `draft` on `data` (int [N, seq_len] windows) against `target`; resume from OUT's checkpoints.
 
-  Returns (the trained draft Model, history: one dict per evaluation with step, heldout acceptance, loss,
-  wall seconds). `stop_after=k` stops after k steps of this call (checkpointing first), for tests; the
-  final model is only written when all `cfg.steps` are done. Every check runs before anything compiles.
+  Returns (the trained draft Model, history: one dict per evaluation with step, heldout acceptance, wall
+  seconds of this call, the step's metrics). `stop_after=k` stops after k steps of this call (checkpointing
+  first), for tests; the final model is only written when all `cfg.steps` are done. Every check runs before
+  anything compiles.
   """
   cfg.validate()
-  data = np.asarray(data)
-  if data.ndim != 2 or data.shape[0] < 1 or data.shape[1] != cfg.seq_len:
-    raise ValueError(f"distill data must be [N >= 1, seq_len={cfg.seq_len}] token windows, got {data.shape}")
-  if data.min() < 0 or data.max() >= target.config.vocab_size:
-    raise ValueError(f"distill data has token ids outside [0, {target.config.vocab_size})")
+  data = trainer.check_windows(data, cfg.seq_len, target.config.vocab_size, "distill")
   check_pair(target, draft, cfg.seq_len)
   if mesh is not None:
     d = mesh.shape["data"]
@@ -295,84 +238,34 @@ def distill(target: Model, draft: Model, data: np.ndarray, out_dir: str, cfg: Di
       raise ValueError(f"distill batch {cfg.batch} must be a multiple of the mesh's data axis ({d})")
   settings = dict(cfg.settings(), draft_config=json.loads(draft.config.to_json()),
                   target_vocab=target.config.vocab_size, num_windows=int(data.shape[0]))
-  prepare_out_dir(out_dir, settings)
+  trainer.prepare_out_dir(out_dir, settings)
   out_dir = os.path.abspath(out_dir)
-  log = log or (lambda m: print(f"[distill] {m}", file=sys.stderr, flush=True) if progress else None)
 
-  opt = make_optimizer(cfg)
-  params = _replicate(jax.tree.map(jnp.copy, draft.params), mesh)   # own buffers: the step donates them
+  opt = cfg.optimizer()
   tparams = _replicate(target.params, mesh)
-  opt_state = opt.init(params)
-  mngr = ocp.CheckpointManager(os.path.join(out_dir, CKPT_DIR),
-                               options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-  start = mngr.latest_step() or 0
-  hist_path = os.path.join(out_dir, "distill_history.json")
-  history: list[dict] = []
-  if start:
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state})
-    restored = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
-    params, opt_state = restored["params"], restored["opt_state"]
-    if os.path.isfile(hist_path):
-      with open(hist_path) as f:
-        history = [h for h in json.load(f) if h["step"] <= start]
-    log(f"resumed from the checkpoint at step {start}")
-
-  def as_model(p):
-    return dataclasses.replace(draft, params=p)
-
   measure = None if eval_windows is None else HeldoutAcceptance(target, eval_windows, cfg.sink, cfg.window)
 
-  def evaluate(step, metrics=None):
-    if measure is None:
-      return
-    rec = {"step": step, "acceptance": measure(params, draft.config), "wall_s": time.perf_counter() - t0}
-    if metrics:
-      rec.update({k: float(v) for k, v in metrics.items()})
-    history.append(rec)
-    log(f"step {step}: held-out greedy acceptance {rec['acceptance']:.4f}")
-    tmp = hist_path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(history, f, indent=1)
-    os.replace(tmp, hist_path)
+  def step_fn(params, opt_state, tokens):
+    return train_step(params, opt_state, tparams, tokens, dcfg=draft.config, tcfg=target.config,
+                      kind=cfg.loss, opt=opt)
 
-  t0 = time.perf_counter()
-  if start == 0 and not history:
-    evaluate(0)
-  end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
-  bar = None
-  if progress and end > start:
-    bar = tqdm(total=cfg.steps, initial=start, desc="distill", unit="step", dynamic_ncols=True,
-               file=sys.stderr)
-  metrics, tokens_done, t_run = None, 0, time.perf_counter()
-  step_fn = functools.partial(train_step, dcfg=draft.config, tcfg=target.config, kind=cfg.loss, opt=opt)
-  for step in range(start, end):
-    batch = data[distill_data.batch_indices(data.shape[0], cfg.batch, step, cfg.seed)]
-    params, opt_state, metrics = step_fn(params, opt_state, tparams, _shard_batch(batch, mesh))
-    done = step + 1
-    if done == start + 1:
-      jax.block_until_ready(metrics)
-      t_run = time.perf_counter()       # tokens/s from the second step on (the first one compiles)
-    else:
-      tokens_done += batch.size
-    if bar is not None:
-      m = jax.device_get(metrics)
-      rate = tokens_done / max(time.perf_counter() - t_run, 1e-9)
-      bar.set_postfix(loss=f"{float(m['loss']):.4f}", agree=f"{float(m['agree']):.3f}", tok_s=f"{rate:.0f}")
-      bar.update(1)
-    if done % cfg.checkpoint_every == 0 or done == end:
-      mngr.save(done, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state}), force=True)
-    if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-      evaluate(done, jax.device_get(metrics))
-  mngr.wait_until_finished()
-  if bar is not None:
-    bar.close()
-  if end < cfg.steps:
-    return as_model(params), history
-  if not history or history[-1]["step"] != cfg.steps:
-    evaluate(cfg.steps, jax.device_get(metrics) if metrics is not None else None)
-  model = dataclasses.replace(as_model(jax.device_get(params)), name=os.path.basename(out_dir))
-  save_final(model, out_dir)
-  return model, history
+  def evaluate(params):
+    acc = measure(params, draft.config)
+    return {"acceptance": acc}, f"held-out greedy acceptance {acc:.4f}"
+
+  def postfix(m, steps_per_s):
+    return dict(loss=f"{float(m['loss']):.4f}", agree=f"{float(m['agree']):.3f}",
+                tok_s=f"{steps_per_s * cfg.batch * cfg.seq_len:.0f}")
+
+  def final(params):
+    return dataclasses.replace(draft, params=params, name=os.path.basename(out_dir))
+
+  res = trainer.train(draft.params, step_fn, opt, data, cfg, out_dir, name="distill",
+                      evaluate=None if measure is None else evaluate,
+                      save_final=lambda p: save_final(final(p), out_dir), postfix=postfix,
+                      put_batch=lambda x: _shard_batch(x, mesh), place=lambda tree: _replicate(tree, mesh),
+                      progress=progress, stop_after=stop_after, log=log)
+  return (final(res.params) if res.done else dataclasses.replace(draft, params=res.params)), res.history
 
 
 def save_final(model: Model, out_dir: str):

@@ -16,10 +16,11 @@ sink + window mask as the draft's ring is applied throughout. A head with a draf
 against the target's distribution renormalised over that vocabulary (its `vocab_head` trains too); its
 agreement and held-out acceptance compare the target id of its argmax with the target's full argmax.
 
-Optimizer, schedule, checkpoints and resume are distill.py's: AdamW + warm-up / cosine, an orbax
-CheckpointManager under OUT/checkpoints (atomic), the batch of step s a pure function of (seed, s), so a
-run cut into chunks (`stop_after` steps or `stop_after_s` seconds per call) ends where one uninterrupted
-run ends. The finished head is written with feature_head.save_head into OUT.
+Optimizer, schedule, checkpoints and resume are trainer.py's (as for distill.py): AdamW + warm-up /
+cosine, an orbax CheckpointManager under OUT/checkpoints (atomic), the batch of step s a pure function of
+(seed, s), so a run cut into chunks (`stop_after` steps or `stop_after_s` seconds per call) ends where one
+uninterrupted run ends; the history's `train_s` (training seconds, compilation excluded) counts over every
+call. The finished head is written with feature_head.save_head into OUT.
 """
 from __future__ import annotations
 
@@ -27,19 +28,15 @@ import dataclasses
 import functools
 import json
 import os
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
-from tqdm import tqdm
 
 from magicdec_jax import compile as compiling
 from magicdec_jax import feature_head
-from magicdec_jax.training import distill, distill_data
+from magicdec_jax.training import trainer
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.feature_head import FeatureHead
@@ -47,7 +44,6 @@ from magicdec_jax.layers.attention import DenseMask, PrefixTree
 from magicdec_jax.layers.dense import narrow_weights
 from magicdec_jax.model import Model, forward, lm_logits
 
-HISTORY_FILE = "distill_history.json"
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
@@ -71,27 +67,20 @@ class FeatureDistillConfig:
   compute: str = "float32"     # "bfloat16": target pass and head matmuls on bfloat16 copies (f32 master)
 
   def validate(self):
-    for name in ("steps", "batch", "checkpoint_every", "ttt", "window"):
-      v = getattr(self, name)
-      if not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"feature distill {name} must be an integer >= 1, got {v!r}")
+    what = "feature distill"
+    trainer.check_settings(self, what)
+    for name in ("ttt", "window"):
+      trainer.check_int(what, name, getattr(self, name))
     if not isinstance(self.seq_len, (int, np.integer)) or self.seq_len < self.ttt + 2:
-      raise ValueError(f"feature distill seq_len must be an integer >= ttt + 2 = {self.ttt + 2}, "
-                       f"got {self.seq_len!r}")
-    if self.sink < 0 or self.warmup_steps < 0 or self.eval_every < 0:
-      raise ValueError("feature distill sink, warmup_steps and eval_every must be >= 0")
+      raise ValueError(f"{what} seq_len must be an integer >= ttt + 2 = {self.ttt + 2}, got {self.seq_len!r}")
+    trainer.check_int(what, "sink", self.sink, low=0)
     if self.compute not in COMPUTE_DTYPES:
-      raise ValueError(f"feature distill compute must be one of {COMPUTE_DTYPES}, got {self.compute!r}")
+      raise ValueError(f"{what} compute must be one of {COMPUTE_DTYPES}, got {self.compute!r}")
     if not 0 < self.decay <= 1:
-      raise ValueError(f"feature distill decay must be in (0, 1], got {self.decay!r}")
-    distill.DistillConfig(steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps,
-                          final_lr_fraction=self.final_lr_fraction, weight_decay=self.weight_decay,
-                          clip_norm=self.clip_norm).validate()
+      raise ValueError(f"{what} decay must be in (0, 1], got {self.decay!r}")
 
   def optimizer(self) -> optax.GradientTransformation:
-    return distill.make_optimizer(distill.DistillConfig(
-        steps=self.steps, lr=self.lr, warmup_steps=self.warmup_steps, final_lr_fraction=self.final_lr_fraction,
-        weight_decay=self.weight_decay, clip_norm=self.clip_norm))
+    return trainer.optimizer(self)
 
   def settings(self) -> dict:
     d = dataclasses.asdict(self)
@@ -238,96 +227,40 @@ def train(target: Model, head: FeatureHead, data: np.ndarray, out_dir: str,
   """Train `head` on `data` (int [N, seq_len] windows) against `target`; resume from OUT's checkpoints.
 
   Returns (the head, history: one dict per evaluation: step, acceptance per draft depth, train seconds so
-  far over every call). `stop_after` steps / `stop_after_s` seconds end this call early (checkpointing
-  first); the head is written into OUT only when all `cfg.steps` are done.
+  far over every call, the step's metrics). `stop_after` steps / `stop_after_s` seconds end this call early
+  (checkpointing first); the head is written into OUT only when all `cfg.steps` are done.
   """
   cfg.validate()
-  data = np.asarray(data)
-  if data.ndim != 2 or data.shape[0] < 1 or data.shape[1] != cfg.seq_len:
-    raise ValueError(f"feature distill data must be [N >= 1, seq_len={cfg.seq_len}] token windows, "
-                     f"got {data.shape}")
-  if data.min() < 0 or data.max() >= target.config.vocab_size:
-    raise ValueError(f"feature distill data has token ids outside [0, {target.config.vocab_size})")
+  data = trainer.check_windows(data, cfg.seq_len, target.config.vocab_size, "feature distill")
   feature_head.check_compatible(head, target.config)
   settings = dict(cfg.settings(), kind="feature_head", layers=list(head.layers),
                   draft_vocab=None if head.vocab is None else len(head.vocab),
                   target=json.loads(target.config.to_json()), num_windows=int(data.shape[0]))
-  distill.prepare_out_dir(out_dir, settings)
+  trainer.prepare_out_dir(out_dir, settings)
   out_dir = os.path.abspath(out_dir)
-  log = log or (lambda m: print(f"[distill-feature] {m}", file=sys.stderr, flush=True) if progress else None)
 
   compiling.ensure_persistent_cache()     # later chunks of a run reuse the step's executable
   opt = cfg.optimizer()
-  params = jax.tree.map(jnp.copy, head.params)                     # own buffers: the step donates them
-  opt_state = opt.init(params)
-  mngr = ocp.CheckpointManager(os.path.join(out_dir, distill.CKPT_DIR),
-                               options=ocp.CheckpointManagerOptions(max_to_keep=2, create=True))
-  start = mngr.latest_step() or 0
-  hist_path = os.path.join(out_dir, HISTORY_FILE)
-  history: list[dict] = []
-  train_s = 0.0
-  if start:
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state,
-                                                              "train_s": np.float64(0)})
-    restored = mngr.restore(start, args=ocp.args.StandardRestore(abstract))
-    params, opt_state, train_s = restored["params"], restored["opt_state"], float(restored["train_s"])
-    if os.path.isfile(hist_path):
-      with open(hist_path) as f:
-        history = [h for h in json.load(f) if h["step"] <= start]
-    log(f"resumed from the checkpoint at step {start} ({train_s:.0f} s trained)")
+  tparams = target.params if cfg.compute == "float32" else narrow_weights(target.params, cfg.compute)
 
-  def evaluate(step, metrics=None):
-    if eval_windows is None:
-      return
+  def step_fn(params, opt_state, tokens):
+    return train_step(params, opt_state, tparams, tokens, cfg=head.config, tcfg=target.config,
+                      layers=tuple(head.layers), fcfg=cfg, opt=opt, vocab=head.vocab)
+
+  def evaluate(params):
     acc = heldout_acceptance(dataclasses.replace(head, params=params), target, eval_windows, cfg.sink,
                              cfg.window, cfg.ttt)
-    rec = {"step": step, "acceptance": acc, "train_s": train_s}
-    if metrics:
-      rec.update({k: np.asarray(v).tolist() for k, v in metrics.items()})
-    history.append(rec)
-    log(f"step {step}: held-out teacher-forced greedy acceptance by depth {[round(a, 4) for a in acc]}")
-    tmp = hist_path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(history, f, indent=1)
-    os.replace(tmp, hist_path)
+    return {"acceptance": acc}, f"held-out teacher-forced greedy acceptance by depth {[round(a, 4) for a in acc]}"
 
-  if start == 0 and not history:
-    evaluate(0)
-  end = cfg.steps if stop_after is None else min(cfg.steps, start + stop_after)
-  bar = tqdm(total=cfg.steps, initial=start, desc="distill-feature", unit="step", dynamic_ncols=True,
-             file=sys.stderr) if progress and end > start else None
-  step_fn = functools.partial(train_step, cfg=head.config, tcfg=target.config, layers=tuple(head.layers),
-                              fcfg=cfg, opt=opt, vocab=head.vocab)
-  tparams = target.params if cfg.compute == "float32" else narrow_weights(target.params, cfg.compute)
-  metrics, t_call = None, time.perf_counter()
-  for step in range(start, end):
-    batch = data[distill_data.batch_indices(data.shape[0], cfg.batch, step, cfg.seed)]
-    t_step, c_step = time.perf_counter(), compiling.compile_seconds()
-    params, opt_state, metrics = step_fn(params, opt_state, tparams, jnp.asarray(batch))
-    m = jax.device_get(metrics)
-    compile_s = compiling.compile_seconds() - c_step
-    train_s += time.perf_counter() - t_step - compile_s    # training time, compilation excluded
-    done = step + 1
-    if bar is not None:
-      bar.set_postfix(loss=f"{float(m['loss']):.3f}", agree0=f"{float(m['agree'][0]):.3f}")
-      bar.update(1)
-    out_of_time = stop_after_s is not None and time.perf_counter() - t_call >= stop_after_s
-    if done % cfg.checkpoint_every == 0 or done == end or out_of_time:
-      mngr.save(done, args=ocp.args.StandardSave({"params": params, "opt_state": opt_state,
-                                                  "train_s": np.float64(train_s)}), force=True)
-    if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.steps:
-      evaluate(done, m)
-    if out_of_time:
-      end = done
-      break
-  mngr.wait_until_finished()
-  if bar is not None:
-    bar.close()
-  head = dataclasses.replace(head, params=params)
-  if end < cfg.steps:
-    return head, history
-  if not history or history[-1]["step"] != cfg.steps:
-    evaluate(cfg.steps, jax.device_get(metrics) if metrics is not None else None)
-  head = dataclasses.replace(head, params=jax.device_get(params), name=os.path.basename(out_dir))
-  feature_head.save_head(head, out_dir)
-  return head, history
+  def postfix(m, steps_per_s):
+    return dict(loss=f"{float(m['loss']):.3f}", agree0=f"{float(m['agree'][0]):.3f}")
+
+  def final(params):
+    return dataclasses.replace(head, params=params, name=os.path.basename(out_dir))
+
+  res = trainer.train(head.params, step_fn, opt, data, cfg, out_dir, name="distill-feature",
+                      evaluate=None if eval_windows is None else evaluate,
+                      save_final=lambda p: feature_head.save_head(final(p), out_dir), postfix=postfix,
+                      clock="train_s", progress=progress, stop_after=stop_after, stop_after_s=stop_after_s,
+                      log=log)
+  return (final(res.params) if res.done else dataclasses.replace(head, params=res.params)), res.history
