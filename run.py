@@ -28,9 +28,8 @@ from absl import app, flags
 
 import jax
 
-import numpy as np
 
-from magicdec_jax import checkpoints, datagen, drafts, engine, feature_head, textdata
+from magicdec_jax import checkpoints, datagen, engine, feature_head, textdata
 from magicdec_jax.tuning import acceptance, calibrate, costmodel, shapes, sweep
 from magicdec_jax.cli import bench as cli_bench, demo as cli_demo, flags as cli_flags
 from magicdec_jax.training import distill, distill_data, distill_feature
@@ -70,7 +69,8 @@ def mode_demo():
   cli_demo.run(model, batch=FLAGS.batch_size if given("batch_size") else batch,
                prompt_tokens=FLAGS.prompt_tokens if given("prompt_tokens") else prompt_tokens,
                max_new_tokens=FLAGS.max_new_tokens if given("max_new_tokens") else cli_demo.DEMO_NEW_TOKENS,
-               gamma=FLAGS.gamma if given("gamma") else gamma, sink=FLAGS.sink, window=FLAGS.window,
+               gamma=cli_flags.parse_gamma(FLAGS.gamma) if given("gamma") else gamma, sink=FLAGS.sink,
+               window=FLAGS.window,
                temperature=FLAGS.temperature, seed=FLAGS.seed, progress=FLAGS.progress,
                shared_tokens=FLAGS.shared_tokens, repeats=FLAGS.demo_repeats, shrink_batch=FLAGS.shrink_batch,
                draft_weights=(None if FLAGS.draft_weights == "none" else FLAGS.draft_weights)
@@ -132,25 +132,23 @@ def mode_bench():
   grid = {name: (cli_flags.int_list(FLAGS, name, low) if FLAGS[name].present or not preset else list(preset[name]))
           for name, low in (("batches", 1), ("contexts", 16), ("gammas", 1))}
   model = load_target()
-  kw = cli_flags.gen_kwargs(FLAGS, model)
+  st = cli_flags.decode_settings(FLAGS, model)
   out = cli_bench.run_bench(
-      model, kw["draft"], **grid, output_dir=FLAGS.output_dir, log=log, hardware=FLAGS.hardware,
+      model, st.draft, **grid, output_dir=FLAGS.output_dir, log=log, hardware=FLAGS.hardware,
       max_batch_tokens=preset.get("max_batch_tokens"),
-      gen={k: kw[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")})
+      gen=dict(max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_k=st.top_k, top_p=st.top_p,
+               seed=st.seed, attention_impl=st.attention_impl))
   print(json.dumps({"json": out["json"], "plots": out["plots"]}, indent=1))
 
 
 def mode_datagen():
   model = load_target()
   kw = cli_flags.gen_kwargs(FLAGS, model)
-  config = {k: getattr(FLAGS, k) for k in datagen.CONFIG_KEYS if k in FLAGS}
-  config.update(sink=FLAGS.sink, window=FLAGS.window, budget=FLAGS.budget, draft_model=FLAGS.draft_model,
-                draft_layers=FLAGS.draft_layers)
   index, count = jax.process_index(), jax.process_count()
   try:
     summary = datagen.run(model, FLAGS.input, FLAGS.output, batch_size=FLAGS.batch_size,
                           refill_at=FLAGS.refill_at, num_samples=FLAGS.num_samples_per_prompt, on_error=FLAGS.on_error,
-                          truncate=FLAGS.truncate, chat=FLAGS.chat, progress=FLAGS.progress, config=config,
+                          truncate=FLAGS.truncate, chat=FLAGS.chat, progress=FLAGS.progress,
                           process_index=index, process_count=count, **kw)
     if count > 1:        # every process has written its shard; process 0 merges them into --output
       distributed.barrier("datagen-shards-written")
@@ -310,16 +308,7 @@ def mode_distill():
 def mode_calibrate():
   model = load_target()
   d = cli_flags.build_draft(FLAGS, model)
-  under_test = []
-  if isinstance(d, drafts.StreamingDraft):
-    under_test.append(calibrate.DraftUnderTest("self", d.sink + d.window, weights=d.weights))
-    if d.weights is None and model.config.dtype == "float32":     # what auto needs for weights="bfloat16"
-      under_test.append(calibrate.DraftUnderTest("self", d.sink + d.window, weights="bfloat16"))
-  elif isinstance(d, drafts.SnapKVDraft):
-    under_test.append(calibrate.DraftUnderTest("snapkv", d.budget + d.window))
-  elif isinstance(d, drafts.ModelDraft):
-    under_test.append(calibrate.DraftUnderTest("model", d.spec.sink + d.spec.window, d.model.config,
-                                               d.model.params))
+  under_test = [] if d is None else d.calibration_cases(model)
   kw = {}
   if FLAGS["batches"].present:
     kw["batches"] = cli_flags.int_list(FLAGS, "batches", 1)

@@ -11,26 +11,22 @@ Two parts, both measured in this run:
     run. Each configuration is run once to compile, then timed (decode_s excludes compilation).
 JSON and a PNG (matplotlib, Agg) go to benchmarks/results/.
 
-  python benchmarks/acceptance.py                 # defaults: about 15 minutes on a 2-core CPU
-  python benchmarks/acceptance.py --quick         # a minute-scale subset
+  python -m benchmarks.acceptance                 # defaults: about 15 minutes on a 2-core CPU
+  python -m benchmarks.acceptance --quick         # a minute-scale subset
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from magicdec_jax.tuning import acceptance as acc  # noqa: E402
-from magicdec_jax import drafts  # noqa: E402
-from magicdec_jax.engine import generate  # noqa: E402
-from magicdec_jax.model import full_forward  # noqa: E402
+from benchmarks import common
+from magicdec_jax.tuning import acceptance as acc
+from magicdec_jax import drafts
+from magicdec_jax.engine import generate
+from magicdec_jax.model import full_forward
 
 
 def teacher_forced(model, contexts, windows, sink: int) -> list[dict]:
@@ -104,10 +100,7 @@ def engine(model, args) -> list[dict]:
 
 
 def plot(doc: dict, path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.8))
+  fig, (a1, a2) = common.pyplot().subplots(1, 2, figsize=(13, 4.8))
   tf = doc["teacher_forced"]
   for w in sorted({r["window"] for r in tf}):
     pts = sorted((r["context"], r["alpha"]) for r in tf if r["window"] == w)
@@ -127,12 +120,11 @@ def plot(doc: dict, path: str) -> None:
   a2.set_title(f"generate(), batch {doc['batch']}, {doc['max_new_tokens']} new tokens (CPU)")
   a2.legend()
   fig.suptitle(f"{doc['model']} on {doc['env']['device']}, {doc['env']['date'][:10]}")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  common.save_figure(fig, path)
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = common.parser(__doc__, smoke=None)
   ap.add_argument("--tf-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
   ap.add_argument("--tf-windows", type=common.int_list, default=[64, 128, 256, 512])
   ap.add_argument("--engine-contexts", type=common.int_list, default=[512, 2048])
@@ -147,8 +139,7 @@ def main(argv=None):
   ap.add_argument("--batch", type=int, default=2)
   ap.add_argument("--max-new", type=int, default=48)
   ap.add_argument("--quick", action="store_true", help="tiny subset: 512 context only, fewer configs")
-  ap.add_argument("--output", default=None)
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv)
   if args.quick:
     args.tf_contexts, args.tf_windows, args.engine_contexts = [512], [64, 256], [512]
     args.windows_engine, args.gammas, args.max_new, args.batch = [64], [4], 16, 1
@@ -165,9 +156,7 @@ def main(argv=None):
   doc["engine"] = engine(model, args)
   doc["wall_s"] = time.perf_counter() - t_start
   tag = common.device_tag()
-  png = common.RESULTS_DIR / f"acceptance_{tag}.png"
-  if args.output:
-    png = os.path.splitext(args.output)[0] + ".png"
+  png = common.png_path(args.output) if args.output else common.RESULTS_DIR / f"acceptance_{tag}.png"
   doc["png"] = str(png)
   plot(doc, str(png))
   common.finish(doc, args.output, f"acceptance_{tag}.json")

@@ -7,42 +7,33 @@ only its last k layers removed (`truncate_layers`) still picks the same argmax â
 approximator â€” and, with `--head-dir`, how many of its argmaxes a feature head's draft vocabulary holds.
 JSON to benchmarks/results/.
 
-  python benchmarks/acceptance_ceiling.py --head-dir out/fh_bf16
-  python benchmarks/acceptance_ceiling.py --smoke       # random tiny model, seconds
+  python -m benchmarks.acceptance_ceiling --head-dir out/fh_bf16
+  python -m benchmarks.acceptance_ceiling --smoke       # random tiny model, seconds
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from magicdec_jax import drafts, textdata  # noqa: E402
-from magicdec_jax import testing
-from magicdec_jax.model import full_forward  # noqa: E402
+from benchmarks import common
+from magicdec_jax import drafts, textdata
+from magicdec_jax.model import full_forward
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__, smoke="random tiny model, random ids")
   ap.add_argument("--windows", type=int, default=2)
   ap.add_argument("--tokens", type=int, default=1024)
   ap.add_argument("--drop", type=common.int_list, default=[1, 2, 4], help="top layers removed")
   ap.add_argument("--head-dir", default=None, help="a feature head (its feature_head.json's vocab)")
-  ap.add_argument("--output", default=None)
-  ap.add_argument("--smoke", action="store_true", help="random tiny model, random ids")
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv, windows=2, tokens=64, drop=[1])
+  model, source = common.model(args.smoke)
   if args.smoke:
-    model, source = testing.random_tiny_model(0), "random-tiny"
-    args.windows, args.tokens, args.drop = 2, 64, [1]
     windows = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 64)).tolist()
   else:
-    model, source = common.load_smollm()
     windows = textdata.shakespeare_prompts(model.tokenizer, args.windows, args.tokens, held_out=True)
   if any(k < 1 or k >= model.config.num_layers for k in args.drop):
     ap.error(f"--drop: each value must be in [1, {model.config.num_layers - 1}]")
@@ -54,7 +45,7 @@ def main(argv=None):
   argmax = logits.argmax(-1)
   doc = {"benchmark": "acceptance_ceiling", "env": common.env_info(), "model": source,
          "text": "random ids" if args.smoke else "shakespeare held-out plays", "windows": args.windows,
-         "tokens": args.tokens, "positions": int(argmax.size), "command": " ".join(sys.argv),
+         "tokens": args.tokens, "positions": int(argmax.size), "command": common.command(),
          "target_top1_prob": {"mean": float(top[:, -1].mean()), "median": float(np.median(top[:, -1]))},
          "top1_over_top2_below": {str(r): float(np.mean(top[:, -1] / top[:, -2] < r)) for r in (1.25, 1.5, 2.0)},
          "truncated_target_agreement": {}}

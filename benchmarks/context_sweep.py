@@ -5,31 +5,25 @@ point, AR and each gamma from copies of the same caches; measured crossover besi
 predicted one, labelled). JSON (rewritten after every point, so an interrupted run keeps what it measured)
 + PNG (speedup vs context per batch). `run.py --mode=bench --bench_preset=long_context` runs the same grid.
 
-  python benchmarks/context_sweep.py --batches 1,4,8 --contexts 1024,2048,4096,8000 --budget-min 30
-  python benchmarks/context_sweep.py --profile my_cpu_profile.json      # predictions from a calibrated profile
-  python benchmarks/context_sweep.py --smoke                             # random tiny model (seconds)
+  python -m benchmarks.context_sweep --batches 1,4,8 --contexts 1024,2048,4096,8000 --budget-min 30
+  python -m benchmarks.context_sweep --profile my_cpu_profile.json      # predictions from a calibrated profile
+  python -m benchmarks.context_sweep --smoke                             # random tiny model (seconds)
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from magicdec_jax import StreamingDraft  # noqa: E402
+from benchmarks import common
+from magicdec_jax import StreamingDraft
 from magicdec_jax.tuning import autotune, sweep
-from magicdec_jax import testing
 
 PRESET = sweep.LONG_CONTEXT
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__)
   ap.add_argument("--batches", type=common.int_list, default=list(PRESET["batches"]))
   ap.add_argument("--contexts", type=common.int_list, default=list(PRESET["contexts"]))
   ap.add_argument("--gammas", type=common.int_list, default=list(PRESET["gammas"]))
@@ -43,43 +37,32 @@ def main(argv=None):
                        "(the demo's draft)")
   ap.add_argument("--profile", default=None, help="hardware profile JSON for the predictions (default: nominal)")
   ap.add_argument("--budget-min", type=float, default=30.0, help="start no new point after this many minutes")
-  ap.add_argument("--output", default=None)
-  ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes (checks the script)")
   ap.add_argument("--repredict", default=None, metavar="SWEEP_JSON",
                   help="measure nothing: add the cost model's predictions with --profile to a recorded sweep")
   ap.add_argument("--combine", nargs="+", default=None, metavar="SWEEP_JSON",
                   help="measure nothing: one figure of several recorded sweeps (each run's points and their "
                        "mean) -> --output (a .png); PATH:4,8 takes only those batches of a run")
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv, batches=[1, 2], contexts=[64, 128], gammas=[2], max_new=8, window=16)
   if args.combine:
     return combine(args.combine, args.output or str(common.RESULTS_DIR / "context_sweep_combined.png"))
   if args.repredict:
     return repredict(args.repredict, args.profile, args.smoke)
-  if args.smoke:
-    args.batches, args.contexts, args.gammas, args.max_new, args.window = [1, 2], [64, 128], [2], 8, 16
-    model, source = testing.random_tiny_model(0), "random-tiny"
-  else:
-    model, source = common.load_smollm(allow_random=False)
-  out = args.output or str(common.RESULTS_DIR / f"context_sweep_{common.device_tag()}.json")
+  model, source = common.model(args.smoke)
+  out = common.output_path(args.output, "context_sweep")
   weights = None if args.draft_weights == "none" else args.draft_weights
   doc = {"benchmark": "context_sweep", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
          "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window,
                    "weights": weights}, "greedy": True,
-         "max_new_tokens": args.max_new, "gammas": args.gammas, "command": " ".join(sys.argv)}
+         "max_new_tokens": args.max_new, "gammas": args.gammas, "command": common.command()}
 
   def prompts_for(batch: int, context: int) -> list[list[int]]:
     return common.text_prompts(model, batch, context, model.config.vocab_size, seed=context, held_out=True)[0]
 
-  def save(d):
-    d["env"]["loadavg_end"] = list(os.getloadavg())
-    with open(out, "w") as f:
-      json.dump(d, f, indent=1)
-
   sweep.run(model, StreamingDraft(args.sink, args.window, weights=weights), prompts_for, batches=args.batches,
             contexts=args.contexts, gammas=args.gammas, max_new=args.max_new,
             max_batch_tokens=args.max_batch_tokens, budget_min=args.budget_min, hardware=args.profile, doc=doc,
-            on_point=save, log=lambda m: print(m, flush=True))
-  save(doc)
+            on_point=lambda d: common.write_json(d, out), log=lambda m: print(m, flush=True))
+  common.write_json(doc, out)
   png = out.replace(".json", ".png")
   if doc["points"]:
     sweep.plot(doc, png, f"MagicDec StreamingDraft vs autoregressive, {source}, {doc['env']['device']}")
@@ -89,9 +72,7 @@ def main(argv=None):
 def combine(paths: list[str], png: str) -> dict:
   """Best-gamma decode speedup vs context per batch over several sweeps: every run's points (markers) and
   the mean over runs (line), so run-to-run spread is visible. Returns {batch: {context: [speedups]}}."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  plt = common.pyplot()
   runs = []
   for spec in paths:
     path, _, only = spec.partition(":")
@@ -120,9 +101,7 @@ def combine(paths: list[str], png: str) -> dict:
   ax.set_title(f"MagicDec StreamingDraft vs AR, {runs[0][0]['model']}, {where}", fontsize=9)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
-  fig.tight_layout()
-  fig.savefig(png, dpi=110)
-  plt.close(fig)
+  common.save_figure(fig, png)
   print(json.dumps({"png": png, "runs": paths, "speedups": {str(b): {str(n): v for n, v in t.items()}
                                                             for b, t in table.items()}}, indent=1))
   return table
@@ -134,7 +113,7 @@ def repredict(path: str, profile: str | None, smoke: bool = False) -> dict:
   fixed batch's tail over the sweep's max_new_tokens, as it was measured."""
   with open(path) as f:
     doc = json.load(f)
-  model = testing.random_tiny_model(0) if smoke else common.load_smollm(allow_random=False)[0]
+  model = common.model(smoke)[0]
   hw = autotune.detect_hardware(profile)
   draft = StreamingDraft(doc["draft"]["sink"], doc["draft"]["window"], weights=doc["draft"].get("weights"))
   for b, entry in doc["crossover"].items():

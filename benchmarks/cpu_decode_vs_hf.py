@@ -8,9 +8,9 @@ past_key_values; one warm-up pass, then the median of `--repeats`. Decode tokens
 on both sides (ours: `max_new` rounds of one token; HF: `max_new` single-token steps). The greedy tokens of
 both sides are compared as a sanity check (`greedy_prefix_match`: leading tokens equal, averaged per row).
 
-  python benchmarks/cpu_decode_vs_hf.py                          # B {1, 8} x context {512, 2048}
-  python benchmarks/cpu_decode_vs_hf.py --shapes 1x512 --repeats 3 --no-hf
-  python benchmarks/cpu_decode_vs_hf.py --hlo 8x512              # also report cache ops in the decode HLO
+  python -m benchmarks.cpu_decode_vs_hf                          # B {1, 8} x context {512, 2048}
+  python -m benchmarks.cpu_decode_vs_hf --shapes 1x512 --repeats 3 --no-hf
+  python -m benchmarks.cpu_decode_vs_hf --hlo 8x512              # also report cache ops in the decode HLO
 """
 from __future__ import annotations
 
@@ -22,18 +22,16 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from magicdec_jax import loop  # noqa: E402
+from benchmarks import common
+from magicdec_jax import loop
 from magicdec_jax.tuning import hlo
-from magicdec_jax.cache import aligned_slots  # noqa: E402
-from magicdec_jax.engine import AR_TREE, bucket, generate  # noqa: E402
-from magicdec_jax.sampling import Sampling  # noqa: E402
+from magicdec_jax.cache import aligned_slots
+from magicdec_jax.engine import AR_TREE, bucket, generate
+from magicdec_jax.sampling import Sampling
 
 
 def ours(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
@@ -148,7 +146,7 @@ def hf_child(args, shapes) -> None:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = common.parser(__doc__, smoke=None)
   ap.add_argument("--shapes", default="1x512,8x512,1x2048,8x2048", help="BxCONTEXT,... ")
   ap.add_argument("--max-new", type=int, default=32)
   ap.add_argument("--repeats", type=int, default=3)
@@ -157,9 +155,8 @@ def main(argv=None):
   ap.add_argument("--hf-only", action="store_true",
                   help="internal: measure only HF (run in a child process, so JAX's CPU threads are absent)")
   ap.add_argument("--hlo", default="", help="BxCONTEXT: also analyse the compiled decode loop at this shape")
-  ap.add_argument("--output", default=None)
   ap.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv)
   shapes = common.shape_list(args.shapes)
 
   if args.hf_only:
@@ -185,10 +182,10 @@ def main(argv=None):
       json.dump(prompts, f)
   if not args.no_hf:
     out = _PROMPTS_FILE.format(pid=os.getpid(), b="hf", ctx="out")
-    cmd = [sys.executable, os.path.abspath(__file__), "--hf-only", "--shapes", args.shapes,
+    cmd = [sys.executable, "-m", "benchmarks.cpu_decode_vs_hf", "--hf-only", "--shapes", args.shapes,
            "--max-new", str(args.max_new), "--repeats", str(args.repeats), "--threads", str(args.threads),
            "--output", out, "--parent-pid", str(os.getpid())]
-    subprocess.run(cmd, check=True)
+    subprocess.run(cmd, check=True, cwd=common.REPO_ROOT)
     with open(out) as f:
       hf_doc = json.load(f)
     doc["env"].update(hf_doc["env"])

@@ -11,33 +11,25 @@ Per configuration: useful tokens/s (new tokens / (wall - compile)), slot utiliza
 all row-rounds), prefill (+ insert) share of the wall time, decode calls; per decoding mode the bound
 (static row-rounds / useful row-rounds: what perfect refilling at equal round cost would gain) and the
 measured speedup. One configuration per invocation (each can take minutes on 2 CPU cores) writes a part
-under results/datagen_throughput_parts/; `--merge` joins the parts into one JSON + PNG.
+under results/datagen_throughput_parts/; `--merge` joins the parts into one JSON + PNG (`--output`: the
+merged JSON's path, its folder then takes the parts too). `--smoke` runs every configuration and merges.
 
-  python benchmarks/datagen_throughput.py --run ar-static        # ar-continuous, streaming-static, ...
-  python benchmarks/datagen_throughput.py --merge
-  python benchmarks/datagen_throughput.py --smoke --run ar-continuous --out-dir /tmp/x   # random tiny model
+  python -m benchmarks.datagen_throughput --run ar-static        # ar-continuous, streaming-static, ...
+  python -m benchmarks.datagen_throughput --merge
+  python -m benchmarks.datagen_throughput --smoke --output /tmp/x/d.json   # random tiny model, every configuration
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-
-import matplotlib  # noqa: E402
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from magicdec_jax import testing  # noqa: E402
-from magicdec_jax import compile as compiling  # noqa: E402
-from magicdec_jax import tokenizer as tok_lib  # noqa: E402
-from magicdec_jax.drafts import StreamingDraft  # noqa: E402
-from magicdec_jax.stream import generate_stream  # noqa: E402
+from benchmarks import common
+from magicdec_jax import compile as compiling
+from magicdec_jax import tokenizer as tok_lib
+from magicdec_jax.drafts import StreamingDraft
+from magicdec_jax.stream import generate_stream
 
 CONFIGS = ("ar-static", "ar-continuous", "streaming-static", "streaming-continuous")
 TEMPLATES = ("Write a short poem about {}.", "Explain {} to a child in two sentences.",
@@ -119,7 +111,7 @@ def merge(part_dir, out_dir, name: str = NAME) -> dict:
 
 
 def _plot(parts, modes, path):
-  fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
+  fig, ax = common.pyplot().subplots(1, 3, figsize=(15, 4.2))
   names = [c for c in CONFIGS if c in parts]
   colors = ["#999999" if "static" in c else "#1f77b4" for c in names]
   ax[0].bar(names, [parts[c]["useful_tokens_per_s"] for c in names], color=colors)
@@ -140,16 +132,13 @@ def _plot(parts, modes, path):
     ax[2].set_title(f"lengths ({first['samples']} samples, eos {first['eos_fraction']:.0%})", fontsize=9)
   fig.suptitle("datagen: static vs continuous batching (batch %s, SmolLM2-135M, CPU)" %
                (first["settings"]["batch_size"] if first else "?"), fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  common.save_figure(fig, path)
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__, smoke="random tiny model, tiny workload, every configuration, merged (seconds)")
   ap.add_argument("--run", choices=CONFIGS, action="append", default=[])
   ap.add_argument("--merge", action="store_true")
-  ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny workload (seconds)")
   ap.add_argument("--out-dir", default=None, help="parts and merged files go here (default results/)")
   ap.add_argument("--prompts", type=int, default=64)
   ap.add_argument("--samples", type=int, default=2)
@@ -164,18 +153,20 @@ def main(argv=None):
   ap.add_argument("--sink", type=int, default=4)
   ap.add_argument("--window", type=int, default=64)
   args = ap.parse_args(argv)
+  if args.smoke:
+    args.prompts, args.max_new, args.batch, args.window = min(args.prompts, 6), min(args.max_new, 8), 2, 8
+    args.run, args.merge = args.run or list(CONFIGS), True
   out_dir = args.out_dir or str(common.RESULTS_DIR)
   part_dir = os.path.join(args.out_dir, "parts") if args.out_dir else str(PART_DIR)
-  if args.smoke:
-    model, source = testing.random_tiny_model(0), "random-tiny"
-    args.prompts, args.max_new, args.batch, args.window = min(args.prompts, 6), min(args.max_new, 8), 2, 8
-  elif args.run:
-    model, source = common.load_smollm("float32")
+  if args.output:            # the merged JSON's path; its folder takes the parts too unless --out-dir is given
+    out_dir, args.name = os.path.split(os.path.splitext(os.path.abspath(args.output))[0])
+    part_dir = os.path.join(args.out_dir or out_dir, "parts")
+  if args.run:
+    model, source = common.model(args.smoke)
   os.makedirs(part_dir, exist_ok=True)
   for config in args.run:
     part = run_config(model, source, config, args)
-    with open(os.path.join(part_dir, f"{config}.json"), "w") as f:
-      json.dump(part, f, indent=1)
+    common.write_json(part, os.path.join(part_dir, f"{config}.json"), stamp=False)
     print(json.dumps({k: v for k, v in part.items() if k not in ("lengths", "prompt_tokens", "env")}), flush=True)
   if args.merge:
     merge(part_dir, out_dir, args.name)

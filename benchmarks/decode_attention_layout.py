@@ -12,26 +12,22 @@ Also the QK product alone for both layouts, and a plain read of every K/V buffer
 Outputs must agree to float32 rounding (checked, max abs difference reported). Nothing is estimated:
 every figure is a min / median over repeats after a compiling call.
 
-  python benchmarks/decode_attention_layout.py                  # 8 x 4096, T = 1, 3, 4, 5
-  python benchmarks/decode_attention_layout.py --shape 4x8000 --tokens 1,4
+  python -m benchmarks.decode_attention_layout                  # 8 x 4096, T = 1, 3, 4, 5
+  python -m benchmarks.decode_attention_layout --shape 4x8000 --tokens 1,4
+  python -m benchmarks.decode_attention_layout --smoke         # 2 x 128, 2 layers, T = 1, 3 (seconds)
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout's package
-import common  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from magicdec_jax.layers.attention import NEG_INF, masked_attention  # noqa: E402
-from magicdec_jax.pallas.xla_attention import fold_queries, unfold_queries  # noqa: E402
+from benchmarks import common
+from magicdec_jax.layers.attention import NEG_INF, masked_attention
+from magicdec_jax.pallas.xla_attention import fold_queries, unfold_queries
 
 HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -72,7 +68,7 @@ def timed(fn, args, repeats):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__, smoke="tiny shapes: 2 x 128, 2 layers, T = 1, 3, one repeat")
   ap.add_argument("--shape", default="8x4096", help="batch x context")
   ap.add_argument("--tokens", type=common.int_list, default=[1, 3, 4, 5], help="query tokens per row (T)")
   ap.add_argument("--layers", type=int, default=30)
@@ -80,8 +76,7 @@ def main(argv=None):
   ap.add_argument("--group", type=int, default=3, help="query heads per KV head")
   ap.add_argument("--head-dim", type=int, default=64)
   ap.add_argument("--repeats", type=int, default=9)
-  ap.add_argument("--output", default=None)
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv, shape="2x128", layers=2, tokens=[1, 3], repeats=1)
   (b, s), = common.shape_list(args.shape)
   kh, g, d, n = args.kv_heads, args.group, args.head_dim, args.layers
   if min(b, s, kh, g, d, n, args.repeats, *args.tokens) < 1:
@@ -92,7 +87,7 @@ def main(argv=None):
   kts = [jnp.asarray(np.ascontiguousarray(np.swapaxes(k, 2, 3))) for k in ks_np]
   del ks_np
   vs = [jnp.asarray(rng.standard_normal((b, kh, s, d), np.float32)) for _ in range(n)]
-  doc = {"benchmark": "decode_attention_layout", "env": common.env_info(), "command": " ".join(sys.argv),
+  doc = {"benchmark": "decode_attention_layout", "env": common.env_info(), "command": common.command(),
          "shape": {"batch": b, "context": s, "layers": n, "kv_heads": kh, "group": g, "head_dim": d,
                    "dtype": "float32", "kv_bytes": 2 * n * b * kh * s * d * 4},
          "read_all_kv": timed(jax.jit(lambda ks, vs: [x.sum() for x in ks + vs]), (ks, vs), args.repeats),

@@ -2,29 +2,36 @@
 1-layer draft from its first layer: held-out KL (float64) and held-out greedy acceptance (sink 2 + window 8)
 after the same number of steps, same data and schedule. Writes benchmarks/results/distill_loss_tiny_<dev>.json.
 
-  python benchmarks/distill_loss_tiny.py
+  python -m benchmarks.distill_loss_tiny
 """
 from __future__ import annotations
 
 import json
-import os
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "tests")]
+import jax
+import numpy as np
 
-import numpy as np  # noqa: E402
+from benchmarks import common
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.model import Model, init_params
+from magicdec_jax.training import distill
 
-from benchmarks import common  # noqa: E402
-from conftest import tiny_model  # noqa: E402
-from magicdec_jax.training import distill  # noqa: E402
+
+def tiny_target() -> Model:
+  """tests/conftest.py's tiny_model(0, layers=3, attn_scale=4.0): vocab 64, hidden 32, attention x 4."""
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=3, num_heads=4,
+                    num_kv_heads=2, head_dim=8, max_position_embeddings=512)
+  params = init_params(cfg, jax.random.key(0), scale=0.5)
+  params["layers"] = tuple(dict(lp, attn=jax.tree.map(lambda a: a * 4.0, lp["attn"])) for lp in params["layers"])
+  return Model(cfg, params, name="tiny0-v64-l3-a4.0")
 
 
-def main():
+def main(argv=None):
+  args = common.parse(common.parser(__doc__, smoke=None), argv)
   env = common.env_info()
-  target = tiny_model(0, layers=3, attn_scale=4.0)
+  target = tiny_target()
   rng = np.random.default_rng(0)
   data = rng.integers(0, 64, size=(256, 64)).astype(np.int32)
   held = [np.random.default_rng(1000 + i).integers(0, 64, size=128).tolist() for i in range(8)]
@@ -41,10 +48,7 @@ def main():
                          "heldout_kl": distill.heldout_kl(target, model, held),
                          "curve": [{"step": h["step"], "acceptance": h["acceptance"]} for h in hist],
                          "wall_s": round(time.perf_counter() - t0, 1)}
-  out["env"]["loadavg_end"] = list(os.getloadavg())
-  path = common.RESULTS_DIR / f"distill_loss_tiny_{common.device_tag()}.json"
-  with open(path, "w") as f:
-    json.dump(out, f, indent=1)
+  path = common.write_json(out, common.output_path(args.output, "distill_loss_tiny"))
   print(json.dumps({k: {kk: v[kk] for kk in ("heldout_kl", "curve")} for k, v in out["runs"].items()}))
   print(path)
 

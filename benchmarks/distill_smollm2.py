@@ -1,6 +1,6 @@
 """Distil an 8-layer draft of SmolLM2-135M (its first 8 layers) on Shakespeare with the target as teacher.
 
-  nice -n 10 python benchmarks/distill_smollm2.py --steps=200 --batch=4 --seq_len=256 --loss=kl
+  nice -n 10 python -m benchmarks.distill_smollm2 --steps=200 --batch=4 --seq_len=256 --loss=kl
 
 Training text: the plays in textdata order from the front (`shakespeare_prompt`, tokens 0 .. N); held-out
 text: `held_out=True` windows (plays read from the other end), which the training tokens never reach
@@ -12,56 +12,30 @@ and CPU seconds, and the environment record.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import numpy as np  # noqa: E402
-
-from benchmarks import common  # noqa: E402
-from magicdec_jax import checkpoints, textdata  # noqa: E402
+from benchmarks import common
+from magicdec_jax import checkpoints, textdata
 from magicdec_jax.training import distill
 
 
-def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument("--steps", type=int, default=200)
-  ap.add_argument("--batch", type=int, default=4)
-  ap.add_argument("--seq_len", type=int, default=256)
-  ap.add_argument("--lr", type=float, default=6e-4)
-  ap.add_argument("--warmup", type=int, default=20)
+def main(argv=None):
+  ap = common.parser(__doc__, smoke=None, output="json")
+  common.add_training_flags(ap, steps=200, lr=6e-4, warmup=20, eval_every=25)
   ap.add_argument("--loss", default="kl", choices=distill.LOSSES)
   ap.add_argument("--layers", type=int, default=8)
-  ap.add_argument("--eval_every", type=int, default=25)
-  ap.add_argument("--eval_windows", type=int, default=2)
-  ap.add_argument("--eval_tokens", type=int, default=1024)
-  ap.add_argument("--train_tokens", type=int, default=400_000)
   ap.add_argument("--out_dir", default="/tmp/distill_smollm2")
-  ap.add_argument("--json", default=None)
-  a = ap.parse_args()
+  a = common.parse(ap, argv)
   env = common.env_info()
   t0, c0 = time.perf_counter(), time.process_time()
   target = checkpoints.load_model("smollm2-135m", dtype="float32")
   tok = target.tokenizer
-  train = np.asarray(textdata.shakespeare_prompt(tok, a.train_tokens), np.int32)
-  n = len(train) // a.seq_len
-  data = train[:n * a.seq_len].reshape(n, a.seq_len)
-  held = textdata.shakespeare_prompts(tok, a.eval_windows, a.eval_tokens, held_out=True)
+  train, data, held = common.training_text(tok, a)
+  n = len(data)
   # the held-out windows come from the other end of the play list: count the plays training reaches
   plays = textdata.play_paths()
-  train_chars, cum, train_plays = len(tok.decode(train.tolist())), 0, 0
-  while cum < train_chars:
-    cum += len(textdata._play(train_plays))
-    train_plays += 1
-  held_chars, cum, held_plays = len(tok.decode(held[-1])) * a.eval_windows, 0, 0
-  while cum < held_chars:
-    cum += len(textdata._play(len(plays) - 1 - held_plays))
-    held_plays += 1
-  assert train_plays + held_plays <= len(plays), "training text overlaps the held-out plays"
+  train_plays, held_plays = common.play_split(tok, train, len(tok.decode(held[-1])) * a.eval_windows)
   draft = distill.init_draft(target, layers=a.layers)
   cfg = distill.DistillConfig(steps=a.steps, lr=a.lr, warmup_steps=a.warmup, batch=a.batch, seq_len=a.seq_len,
                               loss=a.loss, checkpoint_every=a.eval_every, eval_every=a.eval_every,
@@ -69,7 +43,7 @@ def main():
   model, history = distill.distill(target, draft, data, a.out_dir, cfg, eval_windows=held)
   wall, cpu = time.perf_counter() - t0, time.process_time() - c0
   out = {
-      "benchmark": "distill_smollm2", "env": dict(env, loadavg_end=list(os.getloadavg())),
+      "benchmark": "distill_smollm2", "env": env,
       "target": "smollm2-135m (GGUF Q4_1 dequantized, float32)", "draft": f"first {a.layers} layers + final "
       "norm + tied head, all params trained", "loss": a.loss, "config": vars(a),
       "distill_config": cfg.__dict__, "train_windows": int(n), "train_tokens": int(n * a.seq_len),
@@ -84,9 +58,7 @@ def main():
       "note": "wall and CPU seconds include model load, compile and held-out evaluations; each curve point's "
               "wall_s counts from the start of training; load averages at start and end are in env.",
   }
-  path = a.json or str(common.RESULTS_DIR / f"distill_smollm2_{a.loss}_{common.device_tag()}.json")
-  with open(path, "w") as f:
-    json.dump(out, f, indent=1)
+  path = common.write_json(out, common.output_path(a.json, f"distill_smollm2_{a.loss}"))
   print(json.dumps({k: out[k] for k in ("acceptance_untrained", "acceptance_final", "wall_s", "process_cpu_s")}))
   print(path)
 

@@ -8,51 +8,42 @@ autoregressive, `StreamingDraft(sink, window)` (the target itself with a Streami
 distilled `ModelDraft(sink, window)` at each gamma; tokens/s from `generate`'s stats (compile time excluded),
 mean accepted tokens per round, and whether the greedy output equals the autoregressive one.
 
-  python benchmarks/distilled_draft_speed.py --draft-dir /tmp/distill_q --shapes 4x1024,8x2048
-  python benchmarks/distilled_draft_speed.py --smoke          # random tiny target and draft (CPU, seconds)
+  python -m benchmarks.distilled_draft_speed --draft-dir /tmp/distill_q --shapes 4x1024,8x2048
+  python -m benchmarks.distilled_draft_speed --smoke          # random tiny target and draft (CPU, seconds)
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-
-from magicdec_jax import checkpoints  # noqa: E402
-from magicdec_jax import testing
+from benchmarks import common
+from magicdec_jax import checkpoints
 from magicdec_jax.training import distill
-from magicdec_jax.drafts import ModelDraft, StreamingDraft  # noqa: E402
-from magicdec_jax.engine import generate  # noqa: E402
+from magicdec_jax.drafts import ModelDraft, StreamingDraft
+from magicdec_jax.engine import generate
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__, smoke="random tiny target and 1-layer draft, tiny shapes")
   ap.add_argument("--draft-dir", default=None, help="distilled draft (orbax dir); required unless --smoke")
   ap.add_argument("--shapes", type=common.shape_list, default=[(4, 1024), (8, 2048)])
   ap.add_argument("--gammas", type=common.int_list, default=[4])
   ap.add_argument("--sink", type=int, default=4)
   ap.add_argument("--window", type=int, default=256)
   ap.add_argument("--max-new", type=int, default=64)
-  ap.add_argument("--output", default=None)
-  ap.add_argument("--smoke", action="store_true", help="random tiny target and 1-layer draft, tiny shapes")
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv, shapes=[(2, 64)], max_new=8, gammas=[2], window=16)
+  if not (args.smoke or args.draft_dir):
+    ap.error("--draft-dir is required (a directory written by --mode=distill)")
+  target, source = common.model(args.smoke)
   if args.smoke:
-    target, source = testing.random_tiny_model(0), "random-tiny"
     draft_model = distill.init_draft(target, layers=1)
-    args.shapes, args.max_new, args.gammas, args.window = [(2, 64)], 8, [2], 16
   else:
-    if not args.draft_dir:
-      ap.error("--draft-dir is required (a directory written by --mode=distill)")
-    target, source = common.load_smollm(allow_random=False)
     draft_model = checkpoints.load_model(args.draft_dir, dtype=target.config.dtype)
   t_start = time.time()
   doc = {"benchmark": "distilled_draft_speed", "env": common.env_info(), "model": source,
          "dtype": target.config.dtype, "draft_dir": args.draft_dir, "draft_layers": draft_model.config.num_layers,
          "target_layers": target.config.num_layers, "greedy": True, "max_new_tokens": args.max_new,
-         "sink": args.sink, "window": args.window, "command": " ".join(sys.argv), "shapes": []}
+         "sink": args.sink, "window": args.window, "command": common.command(), "shapes": []}
   drafts = {"self_streaming": StreamingDraft(sink=args.sink, window=args.window),
             "distilled_model": ModelDraft(draft_model, sink=args.sink, window=args.window)}
   for b, ctx in args.shapes:
@@ -74,8 +65,7 @@ def main(argv=None):
               f"(AR {ar.stats['tokens_per_s']:.1f}), accepted/round {run['mean_accepted_length']:.2f}",
               file=sys.stderr, flush=True)
   doc["elapsed_s"] = time.time() - t_start
-  default = f"distilled_draft_speed_{common.device_tag()}.json"
-  common.finish(doc, args.output, default)
+  common.finish(doc, args.output, f"distilled_draft_speed_{common.device_tag()}.json")
 
 
 if __name__ == "__main__":

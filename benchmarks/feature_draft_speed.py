@@ -11,27 +11,21 @@ prefilled once and every method decodes from the same prefilled caches (prefille
 decode's stats (compile excluded), mean accepted length, per-depth acceptance, and whether the greedy
 output equals AR's. Prompts: held-out Shakespeare (the last plays, never in the head's training text).
 
-  python benchmarks/feature_draft_speed.py --head-dir out/feature_head_smollm2 --shapes 8x2048
-  python benchmarks/feature_draft_speed.py --head-dir out/fh_vocab8k --shapes 8x4096 --gammas 1,2 --trees "3;3,1"
-  python benchmarks/feature_draft_speed.py --smoke         # random tiny target and head (CPU, seconds)
+  python -m benchmarks.feature_draft_speed --head-dir out/feature_head_smollm2 --shapes 8x2048
+  python -m benchmarks.feature_draft_speed --head-dir out/fh_vocab8k --shapes 8x4096 --gammas 1,2 --trees "3;3,1"
+  python -m benchmarks.feature_draft_speed --smoke         # random tiny target and head (CPU, seconds)
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # this checkout's package
-import common  # noqa: E402
-
-from magicdec_jax import feature_head, prefilled  # noqa: E402
+from benchmarks import common
+from magicdec_jax import feature_head, prefilled
 from magicdec_jax.tuning import calibrate
-from magicdec_jax import testing
-from magicdec_jax.drafts import StreamingDraft  # noqa: E402
-from magicdec_jax.feature_draft import FeatureDraft  # noqa: E402
-from magicdec_jax.trees import Tree  # noqa: E402
+from magicdec_jax.drafts import StreamingDraft
+from magicdec_jax.drafts import FeatureDraft
+from magicdec_jax.trees import Tree
 
 
 def tree_list(text: str) -> list[tuple[int, ...]]:
@@ -40,7 +34,7 @@ def tree_list(text: str) -> list[tuple[int, ...]]:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__, smoke="random tiny target and head, tiny shapes")
   ap.add_argument("--head-dir", default=None, help="trained head (feature_head.save_head dir)")
   ap.add_argument("--shapes", type=common.shape_list, default=[(8, 2048)])
   ap.add_argument("--step-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
@@ -52,18 +46,14 @@ def main(argv=None):
   ap.add_argument("--window", type=int, default=256)
   ap.add_argument("--max-new", type=int, default=128)
   ap.add_argument("--repeats", type=int, default=5)
-  ap.add_argument("--output", default=None)
-  ap.add_argument("--smoke", action="store_true", help="random tiny target and head, tiny shapes")
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv, shapes=[(2, 64)], step_contexts=[64], max_new=8, gammas=[2], window=16,
+                      trees=[(2, 1)])
+  if not (args.smoke or args.head_dir):
+    ap.error("--head-dir is required (a directory written by distill_feature / --mode=distill --draft=feature)")
+  target, source = common.model(args.smoke)
   if args.smoke:
-    target, source = testing.random_tiny_model(0), "random-tiny"
     head = feature_head.init_head(target)
-    args.shapes, args.step_contexts, args.max_new, args.gammas, args.window = [(2, 64)], [64], 8, [2], 16
-    args.trees = [(2, 1)]
   else:
-    if not args.head_dir:
-      ap.error("--head-dir is required (a directory written by distill_feature / --mode=distill --draft=feature)")
-    target, source = common.load_smollm(allow_random=False)
     head = feature_head.load_head(args.head_dir)
   t_start = time.time()
   b_steps = args.shapes[0][0]
@@ -71,7 +61,7 @@ def main(argv=None):
   doc = {"benchmark": "feature_draft_speed", "env": common.env_info(), "model": source,
          "dtype": target.config.dtype, "head_dir": args.head_dir, "head_layers": list(head.layers),
          "greedy": True, "max_new_tokens": args.max_new, "sink": args.sink, "window": args.window,
-         "command": " ".join(sys.argv), "steps": {}, "shapes": []}
+         "command": common.command(), "steps": {}, "shapes": []}
   # step costs: one process, one quiet run
   fs = calibrate.time_feature_step(head, target.params, b_steps, ring, 1, args.repeats)
   ss = calibrate.time_step(target.params, target.config, b_steps, ring, 1, "ring", args.repeats)

@@ -1,6 +1,6 @@
 """Train an EAGLE-style feature head (FeatureDraft) for SmolLM2-135M on Shakespeare, in resumable chunks.
 
-  flock /tmp/magicdec_cpu.lock python benchmarks/feature_head_smollm2.py --steps=400 --max_seconds=420
+  flock /tmp/magicdec_cpu.lock python -m benchmarks.feature_head_smollm2 --steps=400 --max_seconds=420
 
 Each call trains until `--max_seconds` have passed (checkpointing), so a 30-minute run is a few calls,
 each resuming from the orbax checkpoint in --out_dir (other work can use the CPU in between). Training
@@ -13,66 +13,36 @@ compilation excluded.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-
-from benchmarks import common  # noqa: E402
-from magicdec_jax import checkpoints, feature_head, textdata  # noqa: E402
+from benchmarks import common
+from magicdec_jax import checkpoints, feature_head, textdata
 from magicdec_jax.training import distill_feature
 
 
-def held_out_plays(tok, train: np.ndarray, held) -> tuple[int, int]:
-  """(plays the training text reaches from the front, plays the held-out windows take from the back)."""
-  plays = textdata.play_paths()
-  train_chars, cum, train_plays = len(tok.decode(train.tolist())), 0, 0
-  while cum < train_chars:
-    cum += len(textdata._play(train_plays))
-    train_plays += 1
-  held_chars, cum, held_plays = sum(len(tok.decode(w)) for w in held), 0, 0
-  while cum < held_chars:
-    cum += len(textdata._play(len(plays) - 1 - held_plays))
-    held_plays += 1
-  assert train_plays + held_plays <= len(plays), "training text overlaps the held-out plays"
-  return train_plays, held_plays
-
-
-def main():
-  ap = argparse.ArgumentParser()
-  ap.add_argument("--steps", type=int, default=400)
-  ap.add_argument("--batch", type=int, default=4)
-  ap.add_argument("--seq_len", type=int, default=256)
-  ap.add_argument("--lr", type=float, default=1e-3)
-  ap.add_argument("--warmup", type=int, default=10)
+def main(argv=None):
+  ap = common.parser(__doc__, smoke=None, output="json")
+  common.add_training_flags(ap, steps=400, lr=1e-3, warmup=10, eval_every=50)
   ap.add_argument("--ttt", type=int, default=3)
-  ap.add_argument("--eval_every", type=int, default=50)
-  ap.add_argument("--eval_windows", type=int, default=2)
-  ap.add_argument("--eval_tokens", type=int, default=1024)
-  ap.add_argument("--train_tokens", type=int, default=400_000)
   ap.add_argument("--max_seconds", type=float, default=420.0, help="stop this call after this long")
   ap.add_argument("--out_dir", default="out/feature_head_smollm2")
   ap.add_argument("--draft_vocab", type=int, default=0, help="the head's own vocabulary: the N most frequent "
                   "ids of the training text + EOS (0: the target's)")
   ap.add_argument("--compute", default="float32", choices=distill_feature.COMPUTE_DTYPES,
                   help="precision of the target's pass and the head's matmuls during training")
-  ap.add_argument("--json", default=None)
-  a = ap.parse_args()
+  a = common.parse(ap, argv)
   env = common.env_info()
   t0 = time.perf_counter()
   target = checkpoints.load_model("smollm2-135m", dtype="float32")
   tok = target.tokenizer
-  train = np.asarray(textdata.shakespeare_prompt(tok, a.train_tokens), np.int32)
-  n = len(train) // a.seq_len
-  data = train[:n * a.seq_len].reshape(n, a.seq_len)
-  held = textdata.shakespeare_prompts(tok, a.eval_windows, a.eval_tokens, held_out=True)
-  train_plays, held_plays = held_out_plays(tok, train, held)
+  train, data, held = common.training_text(tok, a)
+  n = len(data)
+  train_plays, held_plays = common.play_split(tok, train, sum(len(tok.decode(w)) for w in held))
   cfg = distill_feature.FeatureDistillConfig(
       steps=a.steps, lr=a.lr, warmup_steps=a.warmup, batch=a.batch, seq_len=a.seq_len, ttt=a.ttt,
       checkpoint_every=a.eval_every, eval_every=a.eval_every, sink=4, window=256, compute=a.compute)
@@ -85,7 +55,7 @@ def main():
   finished = os.path.isfile(os.path.join(a.out_dir, feature_head.HEAD_FILE))
   plays = textdata.play_paths()
   out = {
-      "benchmark": "feature_head_smollm2", "env": dict(env, loadavg_end=list(os.getloadavg())),
+      "benchmark": "feature_head_smollm2", "env": env,
       "target": "smollm2-135m (GGUF dequantized, float32)",
       "head": {"layers": list(head.layers), "params": int(sum(x.size for x in jax.tree.leaves(head.params))),
                "what": "fuse(3 x 576 -> 576) + fc(2 x 576 -> 576) + one SmolLM2 decoder layer + norm; the "
@@ -107,9 +77,7 @@ def main():
       "train_s_total": history[-1]["train_s"] if history else None,
       "this_call_wall_s": round(time.perf_counter() - t0, 1),
   }
-  path = a.json or str(common.RESULTS_DIR / f"feature_head_smollm2_{common.device_tag()}.json")
-  with open(path, "w") as f:
-    json.dump(out, f, indent=1, default=common._jsonable)
+  path = common.write_json(out, common.output_path(a.json, "feature_head_smollm2"))
   print(json.dumps({"finished": finished, "last": history[-1] if history else None}))
   print(path)
 

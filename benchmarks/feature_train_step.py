@@ -1,6 +1,6 @@
 """Time one feature-head training step (distill_feature.train_step) in float32 and bfloat16 compute.
 
-  python benchmarks/feature_train_step.py --batch=4 --seq_len=256 --draft_vocab=8192 --repeats=5
+  python -m benchmarks.feature_train_step --batch=4 --seq_len=256 --draft_vocab=8192 --repeats=5
 
 SmolLM2-135M (float32 weights), the head the README trains (layers 2, 15, 29, ttt 3, a draft vocabulary
 of the N most frequent ids of Shakespeare). The two settings are timed alternately, one step each per
@@ -12,33 +12,26 @@ dots run several times faster than float32 ones.
 """
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from benchmarks import common  # noqa: E402
-from magicdec_jax import checkpoints, feature_head, textdata  # noqa: E402
+from benchmarks import common
+from magicdec_jax import checkpoints, feature_head, textdata
 from magicdec_jax.training import distill_feature
-from magicdec_jax.layers.dense import narrow_weights  # noqa: E402
+from magicdec_jax.layers.dense import narrow_weights
 
 
-def main():
-  ap = argparse.ArgumentParser()
+def main(argv=None):
+  ap = common.parser(__doc__, smoke=None, output="json")
   ap.add_argument("--batch", type=int, default=4)
   ap.add_argument("--seq_len", type=int, default=256)
   ap.add_argument("--draft_vocab", type=int, default=8192, help="0: the target's whole vocabulary")
   ap.add_argument("--repeats", type=int, default=5)
-  ap.add_argument("--json", default=None)
-  a = ap.parse_args()
+  a = common.parse(ap, argv)
   env = common.env_info()
   target = checkpoints.load_model("smollm2-135m", dtype="float32")
   tok = target.tokenizer
@@ -72,7 +65,7 @@ def main():
     for r in runs.values():
       r["times"].append(one(r, i))
   out = {
-      "benchmark": "feature_train_step", "env": dict(env, loadavg_end=list(os.getloadavg())),
+      "benchmark": "feature_train_step", "env": env,
       "target": "smollm2-135m (GGUF dequantized, float32)",
       "shape": {"batch": a.batch, "seq_len": a.seq_len, "ttt": 3, "layers": list(feature_head.default_layers(
           target.config.num_layers)), "draft_vocab": None if vocab is None else len(vocab)},
@@ -83,11 +76,7 @@ def main():
                       "loss": [round(x, 4) for x in r["loss"]]} for c, r in runs.items()},
   }
   out["speedup_bfloat16_over_float32"] = out["results"]["float32"]["median_s"] / out["results"]["bfloat16"]["median_s"]
-  path = a.json or str(common.RESULTS_DIR / f"feature_train_step_{common.device_tag()}.json")
-  with open(path, "w") as f:
-    json.dump(out, f, indent=1, default=common._jsonable)
-  print(json.dumps(out, indent=1, default=common._jsonable))
-  print(path)
+  print(common.finish(out, common.output_path(a.json, "feature_train_step")))
 
 
 if __name__ == "__main__":

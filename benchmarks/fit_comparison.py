@@ -1,13 +1,13 @@
 """Held-out (leave-one-out) step-time error of the fitted linear model vs the old 3-parameter roofline fit
 (costmodel.calibrate, 'sum' and 'max'), on the measurements of one hardware profile. No timing: reads the JSON.
 
-  python benchmarks/fit_comparison.py benchmarks/results/cpu_profile_smollm2_streaming4+128_2026-11-23.json
+  python -m benchmarks.fit_comparison benchmarks/results/cpu_profile_smollm2_streaming4+128_2026-11-23.json [OUT]
 """
 import json
-import sys
 
 import numpy as np
 
+from benchmarks import common
 from magicdec_jax.tuning import calibrate, costmodel
 
 
@@ -22,7 +22,16 @@ def roofline_loo(rows, combine):
   return np.asarray(errs)
 
 
-def main(path, out=None):
+def main(argv=None):
+  ap = common.parser(__doc__, smoke=None)
+  ap.add_argument("profile", help="a hardware profile JSON (its measurements are refitted)")
+  ap.add_argument("out", nargs="?", default=None, help="also write the JSON here (as --output)")
+  args = common.parse(ap, argv)
+  compare(args.profile, args.output or args.out)
+
+
+def compare(path: str, out: str | None = None) -> dict:
+  """The comparison's document for the profile at `path` (printed; written to `out` if given)."""
   _, prof = calibrate.load_profile(path)
   rows = calibrate.step_rows(prof["measurements"])
   stats = lambda e: {"mean": float(e.mean()), "median": float(np.median(e)), "p90": float(np.percentile(e, 90)),
@@ -34,12 +43,11 @@ def main(path, out=None):
          "leave_one_out_rel_err": {"fitted_linear": stats(calibrate.holdout_errors(rows)),
                                    "roofline_sum": stats(roofline_loo(rows, "sum")),
                                    "roofline_max": stats(roofline_loo(rows, "max"))}}
-  text = json.dumps(doc, indent=1)
-  print(text)
+  print(json.dumps(doc, indent=1))
   if out:
-    with open(out, "w") as f:
-      f.write(text + "\n")
+    common.write_json(doc, out, stamp=False)
+  return doc
 
 
 if __name__ == "__main__":
-  main(*sys.argv[1:])
+  main()

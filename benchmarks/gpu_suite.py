@@ -18,13 +18,12 @@ figure compares speculative greedy tokens with AR's (same random weights, real a
 The suite holds one decode state at a time (the previous one is deleted and collected first) and sets
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 before jax starts unless it is already set.
 
-  python benchmarks/gpu_suite.py --output benchmarks/results/gpu_suite_h100.json
-  python benchmarks/gpu_suite.py --contexts 32768 --batches 8 --e2e 8x32768        # the headline shape
-  python benchmarks/gpu_suite.py --smoke --output /tmp/smoke.json          # tiny shapes, CPU, ~1 minute
+  python -m benchmarks.gpu_suite --output benchmarks/results/gpu_suite_h100.json
+  python -m benchmarks.gpu_suite --contexts 32768 --batches 8 --e2e 8x32768        # the headline shape
+  python -m benchmarks.gpu_suite --smoke --output /tmp/smoke.json          # tiny shapes, CPU, ~1 minute
 """
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -33,9 +32,7 @@ import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")   # before jax is imported (by common)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-
+from benchmarks import common  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -144,7 +141,6 @@ def copy_bandwidth(nbytes: int, repeats: int) -> dict:
   x = jnp.ones((n,), jnp.bfloat16)
   f = jax.jit(lambda a: a + jnp.bfloat16(1))
   t, _ = common.median_time(lambda: f(x), repeats, warmup=2)
-  del x
   return {"array_bytes": 2 * n, "median_s": t, "bytes_per_s": 2 * 2 * n / t}
 
 
@@ -173,7 +169,7 @@ def decode_tokens_per_s(model: Model, draft, tree: Tree | None, batch: int, cont
   if draft is None:
     spec, dparams, tree = None, None, Tree((-1,))
   else:
-    spec, dparams = drafts.static_spec(draft), getattr(getattr(draft, "model", None), "params", None)
+    spec, dparams = draft.spec, draft.params(model)
   install_bernoulli(None, vector)
   out_len = max_new + tree.num_nodes
   slots = context + out_len + 1
@@ -182,8 +178,7 @@ def decode_tokens_per_s(model: Model, draft, tree: Tree | None, batch: int, cont
     tokens = jnp.zeros((batch, context), jnp.int32)
     lengths = jnp.full((batch,), context, jnp.int32)
     keys = jax.random.split(jax.random.key(0), batch)
-    ring = None if spec is None else drafts.empty_ring(
-        spec, cfg if drafts.is_self(spec) else spec.config, batch, tree)
+    ring = None if spec is None else spec.empty_ring(cfg, batch, tree, slots)
     st = loop.initial_state(tokens, lengths, jnp.full((batch,), max_new, jnp.int32), jnp.array([-1], jnp.int32),
                             keys, KVCache.zeros(cfg, batch, slots), ring, out_len, tree)
     return jax.block_until_ready(st)
@@ -444,8 +439,7 @@ def summary(doc: dict) -> str:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--smoke", action="store_true", help="tiny float32 shapes on any device, well under a minute")
+  ap = common.parser(__doc__, smoke="tiny float32 shapes on any device, well under a minute")
   ap.add_argument("--model", default="llama31_8b")
   ap.add_argument("--draft-model", default="llama32_1b")
   ap.add_argument("--contexts", type=common.int_list, default=[4096, 8192, 16384, 32768])
@@ -478,14 +472,10 @@ def main(argv=None):
   ap.add_argument("--gemm", choices=("engine", "both"), default="engine",
                   help="both: also time AR and verify(max gamma + 1) steps with cuBLAS and with Triton GEMMs "
                        "(GPU only; the engine's own choice is compile.GPU_DECODE_OPTIONS)")
-  ap.add_argument("--output", default=None)
-  args = ap.parse_args(argv)
-  if args.smoke:
-    args.contexts, args.batches, args.gammas, args.verify_nodes, args.draft_tokens = [64], [1, 2], [2], [8], [1, 2]
-    args.e2e, args.e2e_gammas, args.max_new, args.repeats = [(2, 64)], [2], 48, 2
-    args.e2e_trees, args.tree_drafts, args.tree_max_depth = [8], ["self"], 4
-    args.agreement_batch, args.agreement_prompt, args.agreement_new = 2, 64, 16
-    args.sink, args.window, args.budget, args.snap_window, args.copy_bytes = 4, 16, 16, 8, 2**24
+  args = common.parse(ap, argv, contexts=[64], batches=[1, 2], gammas=[2], verify_nodes=[8], draft_tokens=[1, 2],
+                      e2e=[(2, 64)], e2e_gammas=[2], max_new=48, repeats=2, e2e_trees=[8], tree_drafts=["self"],
+                      tree_max_depth=4, agreement_batch=2, agreement_prompt=64, agreement_new=16, sink=4,
+                      window=16, budget=16, snap_window=8, copy_bytes=2**24)
   doc = run(args)
   path = common.finish(doc, args.output, f"gpu_suite_{common.device_tag()}.json")
   if "hardware_profile" in doc:           # usable as run.py --hardware=... / generate(hardware=...)

@@ -7,30 +7,24 @@ decode-time PrefixTree rule) on the same prompts. Useful FLOPs count the matmuls
 tokens; no LM head: prefill computes no logits) and causal attention (4 x heads x head_dim x P(P+1)/2 per row
 and layer); masked-out work is not useful. Medians of --repeats runs after one compiling run; JSON.
 
-  python benchmarks/prefill_bench.py --shape 8x4096
-  python benchmarks/prefill_bench.py --smoke
+  python -m benchmarks.prefill_bench --shape 8x4096
+  python -m benchmarks.prefill_bench --smoke
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from magicdec_jax import loop  # noqa: E402
-from magicdec_jax import testing
+from benchmarks import common
+from magicdec_jax import loop
 from magicdec_jax.tuning import costmodel
-from magicdec_jax.cache import KVCache, aligned_slots  # noqa: E402
-from magicdec_jax.layers.attention import PrefixTree  # noqa: E402
-from magicdec_jax.model import forward  # noqa: E402
-from magicdec_jax.trees import Tree  # noqa: E402
+from magicdec_jax.cache import KVCache, aligned_slots
+from magicdec_jax.layers.attention import PrefixTree
+from magicdec_jax.model import forward
+from magicdec_jax.trees import Tree
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_slots", "chunk"))
@@ -64,23 +58,17 @@ def matmul_rate(n: int, repeats: int) -> float:
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__)
   ap.add_argument("--shape", type=common.shape_list, default=[(8, 4096)])
   ap.add_argument("--chunk", type=int, default=256)
   ap.add_argument("--repeats", type=int, default=1)
   ap.add_argument("--matmul-n", type=int, default=2048)
   ap.add_argument("--skip-old", action="store_true", help="do not time the previous rule")
-  ap.add_argument("--output", default=None)
-  ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shape (checks the script)")
-  args = ap.parse_args(argv)
-  if args.smoke:
-    args.shape, args.chunk, args.matmul_n = [(2, 64)], 16, 256
-    model, source = testing.random_tiny_model(0), "random-tiny"
-  else:
-    model, source = common.load_smollm(allow_random=False)
+  args = common.parse(ap, argv, shape=[(2, 64)], chunk=16, matmul_n=256)
+  model, source = common.model(args.smoke)
   (b, p), = args.shape
   cfg, params = model.config, model.params
-  out = args.output or str(common.RESULTS_DIR / f"prefill_bench_{common.device_tag()}.json")
+  out = common.output_path(args.output, "prefill_bench")
   tokens = jax.random.randint(jax.random.key(0), (b, p), 0, cfg.vocab_size, jnp.int32)
   lengths = jnp.full((b,), p, jnp.int32)
   num_slots = aligned_slots(p + 256)
@@ -105,10 +93,8 @@ def main(argv=None):
   rate = max(rate_before, rate_after)      # the yardstick: the faster of the two (the conservative share)
   doc["matmul"] = {"n": args.matmul_n, "flop_rate": rate, "before": rate_before, "after": rate_after}
   doc["engine"]["share_of_matmul_rate"] = doc["engine"]["flop_rate"] / rate
-  doc["env"]["loadavg_end"] = list(os.getloadavg())
   print(f"large matmul {rate / 1e9:.1f} GFLOP/s: engine prefill at {doc['engine']['share_of_matmul_rate']:.2f} of it")
-  with open(out, "w") as f:
-    json.dump(doc, f, indent=1)
+  common.write_json(doc, out)
   print(json.dumps({"output": out}))
 
 

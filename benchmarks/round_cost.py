@@ -8,31 +8,26 @@ a ratio well above 1 means the loop body does work no step explains (the HLO tes
 tests/test_hlo_no_copies.py asserts no op in the body copies or re-reads a cache layer besides the
 attention dots, the in-place writes and the commit's gather). Medians of `--repeats` runs; JSON.
 
-  python benchmarks/round_cost.py --shapes 8x4096,4x8000 --gammas 3
-  python benchmarks/round_cost.py --smoke       # random tiny model, seconds
+  python -m benchmarks.round_cost --shapes 8x4096,4x8000 --gammas 3
+  python -m benchmarks.round_cost --smoke       # random tiny model, seconds
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-
-from magicdec_jax import drafts, loop  # noqa: E402
+from benchmarks import common
+from magicdec_jax import drafts, loop
+from magicdec_jax.drafts import Prefill
 from magicdec_jax.tuning import calibrate
-from magicdec_jax import testing
-from magicdec_jax.cache import KVCache, aligned_slots  # noqa: E402
-from magicdec_jax.layers.dense import narrow_weights  # noqa: E402
-from magicdec_jax.sampling import Sampling  # noqa: E402
-from magicdec_jax.trees import Tree  # noqa: E402
+from magicdec_jax.cache import KVCache, aligned_slots
+from magicdec_jax.layers.dense import narrow_weights
+from magicdec_jax.sampling import Sampling
+from magicdec_jax.trees import Tree
 
 
 def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: int, repeats: int,
@@ -40,7 +35,8 @@ def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: i
   """Median seconds per round of loop.decode (compiled once) over a zero cache of `context` tokens."""
   cfg, params = model.config, model.params
   slots = aligned_slots(context + rounds * tree.num_nodes + tree.num_nodes + 1)
-  ring_fn = jax.jit(lambda t, l: drafts.prefill_from_target(spec, drafts.empty_ring(spec, cfg, batch, tree), t, l))
+  ring_fn = jax.jit(lambda t, l: spec.prefill_ring(spec.empty_ring(cfg, batch, tree, slots), Prefill(
+      params, draft_params, cfg, t, jnp.ones((batch, context), jnp.int32), l, tree, context)))
 
   def state():
     lengths = jnp.full((batch,), context, jnp.int32)
@@ -65,7 +61,7 @@ def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: i
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__)
   ap.add_argument("--shapes", type=common.shape_list, default=[(8, 4096), (4, 8000)])
   ap.add_argument("--gammas", type=common.int_list, default=[3])
   ap.add_argument("--sink", type=int, default=4)
@@ -74,15 +70,9 @@ def main(argv=None):
                   help="the self-draft's weights: the target's own, or a bfloat16 copy (the demo's draft)")
   ap.add_argument("--rounds", type=int, default=24, help="rounds per in-loop run")
   ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--output", default=None)
-  ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes (checks the script)")
-  args = ap.parse_args(argv)
-  if args.smoke:
-    args.shapes, args.gammas, args.window, args.rounds, args.repeats = [(2, 64)], [2], 16, 4, 1
-    model, source = testing.random_tiny_model(0), "random-tiny"
-  else:
-    model, source = common.load_smollm(allow_random=False)
-  out_path = args.output or str(common.RESULTS_DIR / f"round_cost_{common.device_tag()}.json")
+  args = common.parse(ap, argv, shapes=[(2, 64)], gammas=[2], window=16, rounds=4, repeats=1)
+  model, source = common.model(args.smoke)
+  out_path = common.output_path(args.output, "round_cost")
   weights = None if args.draft_weights == "none" else args.draft_weights
   spec = drafts.StreamingDraft(args.sink, args.window, weights=weights)
   doc = {"benchmark": "round_cost", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
@@ -113,9 +103,7 @@ def main(argv=None):
     print(f"{b}x{n} AR: {1e3 * ar_loop['median_s']:.1f} ms in the loop vs {1e3 * ar_alone['median_s']:.1f} alone",
           flush=True)
     doc["rows"].append(row)
-    doc["env"]["loadavg_end"] = list(os.getloadavg())
-    with open(out_path, "w") as f:
-      json.dump(doc, f, indent=1)
+    common.write_json(doc, out_path)
   print(json.dumps({k: doc[k] for k in ("benchmark", "model")} | {"output": out_path}))
 
 

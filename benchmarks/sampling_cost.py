@@ -13,26 +13,20 @@ Two parts, one JSON + PNG:
 Run the same file on an older checkout for a 'before' (it only uses prefilled / sampling APIs that predate
 the change): `--label before`.
 
-  python benchmarks/sampling_cost.py --shapes 8x1024:64,8x4096:128
-  python benchmarks/sampling_cost.py --smoke        # random tiny model, seconds
+  python -m benchmarks.sampling_cost --shapes 8x1024:64,8x4096:128
+  python -m benchmarks.sampling_cost --smoke        # random tiny model, seconds
 """
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-from magicdec_jax import engine, prefilled, sampling  # noqa: E402
-from magicdec_jax import testing
-from magicdec_jax.drafts import StreamingDraft  # noqa: E402
+from benchmarks import common
+from magicdec_jax import engine, prefilled, sampling
+from magicdec_jax.drafts import StreamingDraft
 
 SETTINGS = {"greedy": dict(temperature=0.0), "t0.8": dict(temperature=0.8),
             "t0.8-topp0.95": dict(temperature=0.8, top_p=0.95), "t0.8-topk50": dict(temperature=0.8, top_k=50)}
@@ -114,11 +108,8 @@ def decode_point(model, prompts, max_new: int, draft, gamma: int, repeats: int) 
 
 
 def plot(doc: dict, path: str) -> str:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   pts = doc["decode"]
-  fig, axes = plt.subplots(1, len(pts) + 1, figsize=(5 * (len(pts) + 1), 4))
+  fig, axes = common.pyplot().subplots(1, len(pts) + 1, figsize=(5 * (len(pts) + 1), 4))
   axes = np.atleast_1d(axes)
   names = list(SETTINGS)
   for ax, p in zip(axes, pts):
@@ -141,14 +132,11 @@ def plot(doc: dict, path: str) -> str:
   ax.set_title("the filter alone", fontsize=9)
   ax.legend(fontsize=8)
   fig.suptitle(f"sampling cost, {doc['model']}, {doc['env']['cpu_model']}", fontsize=10)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return common.save_figure(fig, path)
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__)
   ap.add_argument("--shapes", default="8x1024:64,8x4096:128", help="BATCHxCONTEXT:NEW_TOKENS,...")
   ap.add_argument("--gamma", type=int, default=2)
   ap.add_argument("--sink", type=int, default=4)
@@ -158,17 +146,11 @@ def main(argv=None):
   ap.add_argument("--vocabs", default="49152,152064")
   ap.add_argument("--no-filter", action="store_true")
   ap.add_argument("--label", default="after")
-  ap.add_argument("--output", default=None)
-  ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes (checks the script)")
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv, shapes="2x64:8", vocabs="512", window=16, filter_rows=4)
   shapes = [(int(s.split(":")[0].split("x")[0]), int(s.split(":")[0].split("x")[1]), int(s.split(":")[1]))
             for s in args.shapes.split(",") if s]
   vocabs = common.int_list(args.vocabs)
-  if args.smoke:
-    model, source = testing.random_tiny_model(0), "random-tiny"
-    shapes, vocabs, args.window, args.filter_rows = [(2, 64, 8)], [512], 16, 4
-  else:
-    model, source = common.load_smollm(allow_random=False)
+  model, source = common.model(args.smoke)
   doc = {"benchmark": "sampling_cost", "label": args.label, "model": source, "env": common.env_info(),
          "draft": f"StreamingDraft(sink {args.sink}, window {args.window}, weights bfloat16)",
          "gamma": args.gamma, "settings": SETTINGS, "filter": [], "decode": []}
@@ -182,10 +164,9 @@ def main(argv=None):
     prompts = common.text_prompts(model, b, n, model.config.vocab_size, held_out=not args.smoke)[0]
     doc["decode"].append(decode_point(model, prompts, new, draft, args.gamma, args.repeats))
   doc["elapsed_s"] = time.time() - t0
-  name = f"sampling_cost_{args.label}_{common.device_tag()}"
-  out = args.output or str(common.RESULTS_DIR / f"{name}.json")
-  doc["figure"] = plot(doc, os.path.splitext(out)[0] + ".png")
-  common.finish(doc, out, f"{name}.json")
+  out = common.output_path(args.output, f"sampling_cost_{args.label}")
+  doc["figure"] = plot(doc, common.png_path(out))
+  common.finish(doc, out)
 
 
 if __name__ == "__main__":

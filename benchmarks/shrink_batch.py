@@ -7,27 +7,22 @@ per run: decode seconds (compilation excluded), rounds, the stages ([batch, roun
 seconds of each copy into a smaller batch; summed-time speedups over AR; whether every run's greedy
 tokens equal AR's. JSON to benchmarks/results/.
 
-  python benchmarks/shrink_batch.py --shapes 8x4096,8x8000
-  python benchmarks/shrink_batch.py --smoke       # random tiny model, seconds
+  python -m benchmarks.shrink_batch --shapes 8x4096,8x8000
+  python -m benchmarks.shrink_batch --smoke       # random tiny model, seconds
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-
-from magicdec_jax import drafts, prefilled, textdata  # noqa: E402
-from magicdec_jax import testing
+from benchmarks import common
+from magicdec_jax import drafts, prefilled, textdata
 from magicdec_jax.cli import demo as cli_demo
 
 KEYS = ("decode_s", "loop_rounds", "verify_steps", "batch_stages", "shrink_gather_s", "mean_accepted_length")
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = common.parser(__doc__)
   ap.add_argument("--shapes", type=common.shape_list, default=[(8, 4096), (8, 8000)])
   ap.add_argument("--max-new", type=int, default=64)
   ap.add_argument("--gamma", type=int, default=2)
@@ -35,14 +30,8 @@ def main(argv=None):
   ap.add_argument("--window", type=int, default=256)
   ap.add_argument("--weights", default="bfloat16", choices=["bfloat16", "none"], help="the self-draft's weights")
   ap.add_argument("--repeats", type=int, default=2)
-  ap.add_argument("--output", default=None)
-  ap.add_argument("--smoke", action="store_true", help="random tiny model, tiny shapes: checks the script")
-  args = ap.parse_args(argv)
-  if args.smoke:
-    args.shapes, args.max_new, args.window, args.repeats = [(4, 300)], 12, 16, 1
-    model, source = testing.random_tiny_model(0), "random-tiny"
-  else:
-    model, source = common.load_smollm()
+  args = common.parse(ap, argv, shapes=[(4, 300)], max_new=12, window=16, repeats=1)
+  model, source = common.model(args.smoke)
   if min(args.max_new, args.gamma, args.window, args.repeats) < 1 or args.sink < 0:
     ap.error("--max-new, --gamma, --window and --repeats must be >= 1, --sink >= 0")
   weights = None if args.weights == "none" else args.weights
@@ -50,7 +39,7 @@ def main(argv=None):
   doc = {"benchmark": "shrink_batch", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
          "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window, "weights": weights},
          "gamma": args.gamma, "greedy": True, "max_new_tokens": args.max_new, "repeats": args.repeats,
-         "command": " ".join(sys.argv), "shapes": []}
+         "command": common.command(), "shapes": []}
   for b, ctx in args.shapes:
     shared = cli_demo.default_shared_tokens(ctx)
     prompts = textdata.document_prompts(model.tokenizer, b, ctx, shared)

@@ -4,12 +4,11 @@ Prints one JSON document: device, jax version, date, and per shape the median mi
 backend that lowers here (XLA always; Pallas Triton on GPU; the Pallas interpreter only with --smoke),
 the XLA/Pallas time ratio, and the largest output difference against XLA as a sanity check.
 
-  python benchmarks/tree_attention_bench.py                # B {8,16,32} x ctx {8K,16K,32K} x T {1,4,16,64}
-  python benchmarks/tree_attention_bench.py --smoke        # tiny CPU shapes, interpreter included
+  python -m benchmarks.tree_attention_bench                # B {8,16,32} x ctx {8K,16K,32K} x T {1,4,16,64}
+  python -m benchmarks.tree_attention_bench --smoke        # tiny CPU shapes, interpreter included
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import statistics
@@ -20,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import common
 from magicdec_jax import pallas as P
 
 
@@ -83,8 +83,7 @@ def bench_shape(rng, impls, b, ctx, h, kh, d, t, dtype, args_ns):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--smoke", action="store_true", help="tiny shapes for a CPU run")
+  ap = common.parser(__doc__, smoke="tiny shapes for a CPU run")
   ap.add_argument("--batch", type=int, nargs="+", default=[8, 16, 32])
   ap.add_argument("--context", type=int, nargs="+", default=[8192, 16384, 32768])
   ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -100,12 +99,10 @@ def main(argv=None):
   ap.add_argument("--num-stages", type=int, default=None)
   ap.add_argument("--warmup", type=int, default=2)
   ap.add_argument("--repeats", type=int, default=10)
-  ap.add_argument("--out", default=None, help="also write the JSON here")
+  ap.add_argument("--out", dest="output", help="the same as --output (default: the JSON is only printed)")
   ap.add_argument("--strict", action="store_true", help="exit 1 if any backend errors (the smoke test sets it)")
-  a = ap.parse_args(argv)
-  if a.smoke:
-    a.batch, a.context, a.tokens = [2], [256], [1, 4]
-    a.heads, a.kv_heads, a.head_dim, a.repeats, a.warmup = 8, 2, 64, 3, 1
+  a = common.parse(ap, argv, batch=[2], context=[256], tokens=[1, 4], heads=8, kv_heads=2, head_dim=64, repeats=3,
+                   warmup=1)
   on_gpu = jax.default_backend() == "gpu"
   impls = a.impls or (["xla"] + (["pallas_triton"] if on_gpu else [])
                       + (["pallas_interpret"] if a.smoke else []))
@@ -122,11 +119,9 @@ def main(argv=None):
              backend=jax.default_backend(), jax_version=jax.__version__,
              date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
              impls=impls, warmup=a.warmup, repeats=a.repeats, results=rows)
-  text = json.dumps(doc, indent=1)
-  print(text)
-  if a.out:
-    with open(a.out, "w") as f:
-      f.write(text + "\n")
+  print(json.dumps(doc, indent=1))
+  if a.output:
+    common.write_json(doc, a.output, stamp=False)
   errors = [k for r in rows for k in r if k.endswith("_error")]
   if a.strict and errors:
     raise SystemExit(f"tree_attention_bench: {len(errors)} backend errors: {errors}")

@@ -7,20 +7,16 @@ included), acceptance rate, decode tokens/s and the speedup over the autoregress
 same process; for greedy runs, whether the tokens equal the autoregressive ones. Each configuration is run
 once untimed (compilation) and then timed.
 
-  python benchmarks/trees_vs_chain.py                      # 4 x 1024-token prompts, 48 new tokens
-  python benchmarks/trees_vs_chain.py --batch 2 --context 512 --max-new 32
+  python -m benchmarks.trees_vs_chain                      # 4 x 1024-token prompts, 48 new tokens
+  python -m benchmarks.trees_vs_chain --batch 2 --context 512 --max-new 32
 """
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-
-from magicdec_jax import StreamingDraft, trees  # noqa: E402
-from magicdec_jax.engine import generate  # noqa: E402
+from benchmarks import common
+from magicdec_jax import StreamingDraft, trees
+from magicdec_jax.engine import generate
 
 
 def run(model, prompts, draft, tree, gamma, temperature, max_new, seed=0):
@@ -31,8 +27,8 @@ def run(model, prompts, draft, tree, gamma, temperature, max_new, seed=0):
   return generate(model, prompts, **kw)
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None):
+  ap = common.parser(__doc__, smoke=None)
   ap.add_argument("--batch", type=int, default=4)
   ap.add_argument("--context", type=int, default=1024)
   ap.add_argument("--max-new", type=int, default=48)
@@ -41,10 +37,8 @@ def main():
   ap.add_argument("--gamma", type=int, default=4)
   ap.add_argument("--trees", default="sequoia16,sequoia32,sequoia64")
   ap.add_argument("--temperatures", default="0,0.8")
-  ap.add_argument("--output", default=None)
-  args = ap.parse_args()
-
-  model, source = common.load_smollm(allow_random=False)
+  args = common.parse(ap, argv)
+  model, source = common.model(args.smoke)
   prompts, text = common.text_prompts(model, args.batch, args.context, model.config.vocab_size)
   draft = StreamingDraft(sink=args.sink, window=args.window)
   doc = {"benchmark": "trees_vs_chain", "env": common.env_info(), "model": source, "text": text,

@@ -14,13 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import StreamingDraft, cli_flags, drafts, generate, loop
+from magicdec_jax import StreamingDraft, generate, loop
+from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.sampling import Sampling
 from magicdec_jax.trees import Tree
 
 model = cli_flags.load(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m")
 cfg = model.config
-spec = drafts.static_spec(StreamingDraft(sink=4, window=64))     # hashable: a static argument
+spec = StreamingDraft(sink=4, window=64).spec                  # hashable: a static argument
 tree = Tree.chain(3)                                             # gamma = 3 (any trees.Tree works)
 MAX_NEW = 32
 

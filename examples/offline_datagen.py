@@ -7,7 +7,8 @@ finds every (id, sample) already written and generates nothing.
 import json
 import sys
 
-from magicdec_jax import StreamingDraft, cli_flags, datagen
+from magicdec_jax import StreamingDraft, datagen
+from magicdec_jax.cli import flags as cli_flags
 
 out = sys.argv[1] if len(sys.argv) > 1 else "datagen_example.jsonl"
 model = cli_flags.load(sys.argv[2] if len(sys.argv) > 2 else "smollm2-135m")

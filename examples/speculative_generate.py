@@ -5,7 +5,8 @@ Greedy speculative decoding is lossless, so both runs print the same text.
 """
 import sys
 
-from magicdec_jax import StreamingDraft, cli_flags, generate, textdata
+from magicdec_jax import StreamingDraft, generate, textdata
+from magicdec_jax.cli import flags as cli_flags
 
 model = cli_flags.load(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m")
 prompts = textdata.shakespeare_prompts(model.tokenizer, 2, 512)          # two 512-token windows of text

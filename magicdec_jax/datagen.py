@@ -18,13 +18,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from magicdec_jax import engine
+from magicdec_jax import engine, sampling
 from magicdec_jax import tokenizer as tok_lib
-from magicdec_jax.stream import Request, generate_stream
 from magicdec_jax.model import Model
+from magicdec_jax.settings import DEFAULT_GAMMA, DecodeSettings, decode_settings
+from magicdec_jax.stream import Request, generate_stream
 
-CONFIG_KEYS = ("model", "draft", "gamma", "tree", "temperature", "top_k", "top_p", "seed", "max_new_tokens",
-               "chat", "truncate", "num_samples_per_prompt")
+# settings that only steer gamma / tree = "auto": the fingerprint holds the draft and tree auto chose instead
+AUTO_INPUTS = ("gamma", "hardware", "acceptance", "auto_fallback")
 
 
 class DatagenError(ValueError):
@@ -163,13 +164,32 @@ def _atomic_write(path: str, text: str):
   os.replace(tmp, path)
 
 
+def settings_used(model: Model, st: DecodeSettings, items: list[Item], batch_size: int, mesh) -> DecodeSettings:
+  """`st` with gamma / tree = "auto" resolved as the stream will resolve it (over every input record, so a
+  resumed run picks the same): the draft it keeps (None: plain decoding) and the tree."""
+  if not items:
+    return st
+  eng = engine.Engine(model, st, mesh=mesh)
+  eng.resolve_auto(batch_size, max(len(it.ids) for it in items) + st.max_new_tokens // 2)
+  if eng.draft is None:
+    return st.replace(draft=None, tree=None, gamma=DEFAULT_GAMMA)
+  return st.replace(tree=eng.tree, gamma=DEFAULT_GAMMA)
+
+
+def fingerprint(model: Model, used: DecodeSettings, **job) -> dict:
+  """What shapes a record's samples: the model, the sampler, the settings used (draft and tree as
+  resolved; rejection sampling's samples depend on them), and the job's own options."""
+  fp = {k: v for k, v in used.fingerprint().items() if k not in AUTO_INPUTS}
+  return {"model": model.name, "sampler": sampling.SAMPLER, **fp, **job}
+
+
 def _check_config(path: str, config: dict):
-  """Refuse to resume an output produced with different generation settings."""
+  """Refuse to resume an output produced with different generation settings, naming each difference."""
   cpath = path + ".config.json"
   if os.path.exists(cpath) and os.path.exists(path) and os.path.getsize(path) > 0:
     with open(cpath) as f:
       old = json.load(f)
-    diff = [k for k in CONFIG_KEYS if old.get(k) != config.get(k)]
+    diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
     if diff:
       changes = ", ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
       raise DatagenError(f"{path} was produced with different settings ({changes}); use another --output "
@@ -184,17 +204,24 @@ def _open_output(path: str):
     raise DatagenError(f"cannot write output {path}: {e.strerror or e}") from None
 
 
-def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int, batch_size: int = 4,
-        refill_at: int = 1, num_samples: int = 1, on_error: str = "fail", truncate: str = "none",
-        chat: bool = False, progress: bool = True, config: dict | None = None, process_index: int = 0, process_count: int = 1,
-        **gen) -> dict:
+def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSettings | None = None,
+        batch_size: int = 4, refill_at: int = 1, num_samples: int = 1, on_error: str = "fail",
+        truncate: str = "none", chat: bool = False, progress: bool = True, process_index: int = 0,
+        process_count: int = 1, mesh=None, device_memory: int | None = None, **kwargs) -> dict:
   """Generate every missing (id, sample) of `input_path` into `output_path`; returns the summary dict.
 
-  batch_size: decode slots; refill_at: finished rows that send the loop back to refill them (batch_size:
-  static batching). gen: generate() keyword arguments (draft, gamma, tree, temperature, top_k, top_p,
-  seed, attention_impl, mesh). With process_count > 1 this process takes every process_count-th record
-  from process_index and writes shard_path(output_path, ...) (merged by merge_shards once every process is done).
+  Decoding settings as `generate`'s: settings= (a DecodeSettings) and/or its fields as keywords
+  (max_new_tokens, draft, gamma, tree, temperature, top_k, top_p, seed, ...). batch_size: decode slots;
+  refill_at: finished rows that send the loop back to refill them (batch_size: static batching). An
+  output already holding records is resumed only if everything that shapes its samples is the same
+  (`fingerprint`, with "auto" resolved to the draft and tree it picks); otherwise DatagenError names
+  what differs. With process_count > 1 this process takes every process_count-th record from
+  process_index and writes shard_path(output_path, ...) (merged by merge_shards once every process is done).
   """
+  try:
+    st = decode_settings(settings, **kwargs)
+  except ValueError as e:
+    raise DatagenError(str(e)) from None
   if process_count > 1:
     output_path = shard_path(output_path, process_index, process_count)
   if on_error not in ("fail", "skip") or truncate not in ("none", "left"):
@@ -204,27 +231,29 @@ def run(model: Model, input_path: str, output_path: str, *, max_new_tokens: int,
   t_start = time.perf_counter()
   out_f = _open_output(output_path)   # fail early on an unwritable path
   try:
-    items, errors = parse_input(input_path, model, max_new_tokens=max_new_tokens, truncate=truncate, chat=chat)
+    items, errors = parse_input(input_path, model, max_new_tokens=st.max_new_tokens, truncate=truncate, chat=chat)
     err_path = output_path + ".errors.jsonl"
     if errors and on_error == "fail":
       shown = "; ".join(f"line {e['line']}: {e['reason']}" for e in errors[:5])
       more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
       raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
+    try:
+      used = settings_used(model, st, items, batch_size, mesh)
+    except ValueError as e:
+      raise DatagenError(str(e)) from None
     if process_count > 1:
       items = split(items, process_index, process_count)
       errors = errors if process_index == 0 else []    # bad lines are reported once, by process 0
     if on_error == "skip":
       _atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
-    cfg = dict(config or {}, max_new_tokens=max_new_tokens, chat=chat, truncate=truncate,
-               num_samples_per_prompt=num_samples)
-    _check_config(output_path, cfg)
+    _check_config(output_path, fingerprint(model, used, chat=chat, truncate=truncate, num_samples=num_samples))
     out_f.close()
     done, cut = repair_output(output_path)
     out_f = _open_output(output_path)
     jobs = [(it, [s for s in range(num_samples) if (it.key, s) not in done]) for it in items]
     jobs = sorted((j for j in jobs if j[1]), key=lambda j: (engine.bucket(len(j[0].ids)), j[0].line))
-    stats = _generate_jobs(model, jobs, out_f, dict(gen, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                                    refill_at=refill_at), progress, len(done))
+    stats = _generate_jobs(model, jobs, out_f, dict(settings=used, batch_size=batch_size, refill_at=refill_at,
+                                                    mesh=mesh, device_memory=device_memory), progress, len(done))
   finally:
     out_f.close()
   wall = time.perf_counter() - t_start
@@ -259,7 +288,7 @@ def _generate_jobs(model, jobs, out_f, gen, progress, already) -> dict:
   requests = (Request(it.ids, stream_ids=[stream_id(it.id, s) for s in samples], tag=(it, samples))
               for it, samples in jobs)
   stream = generate_stream(model, requests, **gen)
-  depth = stream.settings.tree.max_depth
+  depth = stream.engine.tree.max_depth
   tot = dict(records=0, tokens=0, steps=0, accepted=0, drafted=0)
   bar = tqdm(total=sum(len(j[1]) for j in jobs) + already, initial=already, unit="rec", disable=not progress,
              dynamic_ncols=True)

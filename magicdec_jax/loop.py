@@ -7,16 +7,17 @@ offsets) -> stop (per-row EOS / max_new_tokens). Every row advances on its own; 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from magicdec_jax import drafts, feature_draft
-from magicdec_jax.cache import KVCache, RingCache, gather_slots, put_slots
+from magicdec_jax.cache import KVCache, gather_slots, put_slots
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.drafts.base import DraftSpec, Prefill, Round
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.layers.prefill_attention import CausalChunk
 from magicdec_jax.model import forward
@@ -38,7 +39,7 @@ class LoopState:
   keys: jax.Array        # [B] per-row PRNG keys; a row's own round r uses fold_in(key, r)
   step: jax.Array        # [] rounds run
   target: KVCache
-  ring: RingCache | None
+  ring: Any              # the draft's state (DraftSpec.empty_ring), None without a draft
   rounds: jax.Array      # [B] verify steps while active
   accepted: jax.Array    # [B] accepted draft tokens
   accepted_at: jax.Array  # [B, D] accepted count per tree depth
@@ -46,73 +47,39 @@ class LoopState:
 
 
 def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, *, cfg: ModelConfig,
-                  window_spec=None, impl: str = "xla") -> KVCache:
-  """Write K/V of one chunk tokens [B, T] at slots start..start+T-1 (start a multiple of T; traced, so one
-  executable serves every chunk of a prompt). The target attends causally, computing only the causal
-  triangle (CausalChunk); a model draft (`window_spec`) with its own sink + window rule."""
+                  impl: str = "xla") -> KVCache:
+  """Write the target's K/V of one chunk tokens [B, T] at slots start..start+T-1 (start a multiple of T;
+  traced, so one executable serves every chunk of a prompt), computing only the causal triangle."""
   b, t = tokens.shape
   pos = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
-  if window_spec is None:
-    spec = CausalChunk(jnp.asarray(start, jnp.int32))
-  else:
-    mask = drafts.windowed_mask(window_spec.sink, window_spec.window, pos, cache.num_slots)
-    spec = drafts.window_attention(window_spec, mask, pos, window_spec.sink)
-  _, cache = forward(params, cfg, tokens, pos, cache, pos, spec, impl=impl, compute_logits=False)
-  return cache
-
-
-def _prefill_linear(params, cfg: ModelConfig, cache: KVCache, tokens: jax.Array, chunk: int,
-                    window_spec=None, impl: str = "xla") -> KVCache:
-  """Write K/V of tokens [B, P] (P a multiple of `chunk`) into slots 0..P-1, chunk by chunk."""
-  def body(cache, c):
-    toks = jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, axis=1)
-    return prefill_chunk(params, cache, toks, c * chunk, cfg=cfg, window_spec=window_spec, impl=impl), None
-
-  cache, _ = jax.lax.scan(body, cache, jnp.arange(tokens.shape[1] // chunk, dtype=jnp.int32))
+  _, cache = forward(params, cfg, tokens, pos, cache, pos, CausalChunk(jnp.asarray(start, jnp.int32)),
+                     impl=impl, compute_logits=False)
   return cache
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "num_slots", "chunk", "impl"))
 def prefill(target_params, draft_params, tokens: jax.Array, lengths: jax.Array, *, cfg: ModelConfig,
-            spec, tree: Tree, num_slots: int, chunk: int, impl: str = "xla"):
-  """tokens [B, P] right-padded prompts, lengths [B] -> (target KVCache, draft RingCache or None).
+            spec: DraftSpec | None, tree: Tree, num_slots: int, chunk: int, impl: str = "xla"):
+  """tokens [B, P] right-padded prompts (P a multiple of `chunk`), lengths [B] -> (target KVCache, the
+  draft's ring or None). Positions 0..L-2 of each row are encoded; the last prompt token stays pending."""
+  def body(cache, c):
+    toks = jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, axis=1)
+    return prefill_chunk(target_params, cache, toks, c * chunk, cfg=cfg, impl=impl), None
 
-  Positions 0..L-2 of each row are encoded; the last prompt token stays pending for the first round.
-  """
-  b = tokens.shape[0]
-  target = _prefill_linear(target_params, cfg, KVCache.zeros(cfg, b, num_slots), tokens, chunk, impl=impl)
+  target, _ = jax.lax.scan(body, KVCache.zeros(cfg, tokens.shape[0], num_slots),
+                           jnp.arange(tokens.shape[1] // chunk, dtype=jnp.int32))
   return target, prefill_draft.__wrapped__(target_params, draft_params, target, tokens, lengths, cfg=cfg,
                                            spec=spec, tree=tree, chunk=chunk)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "chunk"))
 def prefill_draft(target_params, draft_params, target: KVCache, tokens: jax.Array, lengths: jax.Array, *,
-                  cfg: ModelConfig, spec, tree: Tree, chunk: int) -> RingCache | None:
-  """The draft's ring for prompts whose target cache is prefilled (None when `spec` is None): copied from
-  the target's K/V (self drafts; SnapKV selects with the observation window's attention), or computed by
-  the draft model's own chunked, windowed prefill."""
-  b = tokens.shape[0]
+                  cfg: ModelConfig, spec: DraftSpec | None, tree: Tree, chunk: int):
+  """The draft's ring for prompts whose target cache is prefilled (None without a draft)."""
   if spec is None:
     return None
-  if feature_draft.is_feature(spec):
-    return feature_draft.prefill(spec, draft_params, target_params, cfg, target, tokens, lengths, tree)
-  dcfg = cfg if drafts.is_self(spec) else spec.config
-  ring = drafts.empty_ring(spec, dcfg, b, tree)
-  if isinstance(spec, drafts.SnapKVDraft):
-    obs = spec.observation_window
-    base = lengths - 1 - obs
-    pos = base[:, None] + jnp.arange(obs)[None, :]
-    toks = jnp.take_along_axis(tokens, jnp.maximum(pos, 0), axis=1)
-    _, _, scores = forward(target_params, cfg, toks, pos, target, None,
-                           PrefixTree(base, jnp.tril(jnp.ones((obs, obs), bool))),
-                           compute_logits=False, return_scores=True)
-    ring = drafts.snapkv_select(spec, ring, target, scores, lengths)
-    return drafts.prefill_from_target(spec, ring, target, lengths)
-  if drafts.is_self(spec):
-    return drafts.prefill_from_target(spec, ring, target, lengths)
-  draft_linear = _prefill_linear(draft_params, dcfg, KVCache.zeros(dcfg, b, tokens.shape[1]), tokens,
-                                 chunk, window_spec=spec)
-  return drafts.prefill_from_target(spec, ring, draft_linear, lengths)
+  ring = spec.empty_ring(cfg, tokens.shape[0], tree, target.num_slots)
+  return spec.prefill_ring(ring, Prefill(target_params, draft_params, cfg, target, tokens, lengths, tree, chunk))
 
 
 def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec, tree: Tree,
@@ -124,31 +91,27 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   verify_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2))(keys)
   base = state.lengths - 1
   ring, q = state.ring, None
-  feature = feature_draft.is_feature(spec)
+  r = Round(tree, sampling, target_params, cfg, draft_params, state.last, state.prev, state.lengths, draft_keys)
   if spec is None:
     node_tokens = state.last[:, None]
   else:
-    node_tokens, draft_dist, ring = (feature_draft.propose if feature else drafts.propose)(
-        spec, tree, sampling, target_params, cfg, draft_params, ring, state.last, state.prev,
-        state.lengths, draft_keys)
+    node_tokens, draft_dist, ring = spec.propose(ring, r)
     q = None if sampling.greedy else draft_dist          # already filtered: the q the draft sampled from
   n_nodes = tree.num_nodes
   positions = base[:, None] + jnp.asarray(tree.depths)[None, :]
   slots = base[:, None] + jnp.arange(n_nodes)[None, :]
   logits, target, *feats = forward(target_params, cfg, node_tokens, positions, state.target, slots,
                                    PrefixTree(base, jnp.asarray(tree.ancestor_mask)), impl=impl,
-                                   feature_layers=spec.layers if feature else ())
+                                   feature_layers=() if spec is None else spec.feature_layers)
   p = logits if sampling.greedy else probabilities(logits, sampling)
   path, n, nxt, acc_at = accept(tree, sampling.greedy, p, q, node_tokens, verify_keys)
   if not tree.is_chain:   # move the accepted path's K/V to consecutive slots (a chain already is)
     k, v = gather_slots(target.k, target.v, base[:, None] + path)
     dst = base[:, None] + jnp.arange(path.shape[1])[None, :]
     target = target.replace(k=put_slots(target.k, dst, k), v=put_slots(target.v, dst, v))
-  if feature:     # the verify pass's features at the accepted path are the head's next inputs
-    ring = feature_draft.commit(spec, ring, tree, target_params, cfg, draft_params, feats[0], node_tokens,
-                                path, n, state.lengths)
-  elif spec is not None:
-    ring = drafts.commit(spec, ring, tree, target, path, n, state.lengths)
+  if spec is not None:
+    ring = spec.commit(ring, dataclasses.replace(r, target=target, path=path, n=n, node_tokens=node_tokens,
+                                                 features=feats[0] if feats else None))
 
   # tokens emitted this round: the accepted candidates, then the bonus / residual token
   i = jnp.arange(path.shape[1])[None, :]
@@ -192,7 +155,7 @@ def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, s
 
 
 def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos: jax.Array,
-                  keys: jax.Array, target: KVCache, ring: RingCache | None, out_len: int,
+                  keys: jax.Array, target: KVCache, ring: Any, out_len: int,
                   tree: Tree) -> LoopState:
   b = tokens.shape[0]
   rows = jnp.arange(b)

@@ -19,7 +19,6 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig

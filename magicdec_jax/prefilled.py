@@ -27,10 +27,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from magicdec_jax import compile as compiling
-from magicdec_jax import drafts, engine, loop
-from magicdec_jax.cache import KVCache, aligned_slots
+from magicdec_jax import engine, loop
+from magicdec_jax.cache import KVCache
 from magicdec_jax.model import Model
-from magicdec_jax.trees import Tree
+from magicdec_jax.prompts import prompt_ids
+from magicdec_jax.settings import DecodeSettings, decode_settings
 
 MAX_TREE_NODES = 16     # room left in the cache for any chain / tree up to this many nodes
 
@@ -71,12 +72,12 @@ def _copy_row(cache: KVCache, *, rows: int) -> KVCache:
 
 def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, chunk: int = 256,
             max_tree_nodes: int = MAX_TREE_NODES, share_prefix: bool = True, progress: bool = True,
-            options: dict | None = None) -> Prefilled:
+            attention_impl: str = "auto", options: dict | None = None) -> Prefilled:
   """Prefill token-id prompts (ragged is fine) chunk by chunk, with a progress bar over the tokens computed.
 
   share_prefix: leading chunks common to every prompt are computed once (one row) and copied to all rows.
   """
-  ids = engine.prompt_ids(model, list(prompts))
+  ids = prompt_ids(model, list(prompts))
   cfg = model.config
   if not isinstance(chunk, int) or chunk < 1:
     raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
@@ -87,7 +88,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   n = len(ids)
   b = engine.bucket(n, 1)
   p = -(-longest // chunk) * chunk
-  num_slots = aligned_slots(p + engine.bucket(max_new_tokens) + max_tree_nodes + 1)
+  num_slots = engine.cache_slots(p, max_new_tokens, max_tree_nodes)
   tokens = np.zeros((b, p), np.int32)
   lengths = np.ones((b,), np.int32)
   for i, row in enumerate(ids):
@@ -100,7 +101,8 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   step_args = lambda cache, rows, c: (model.params, cache, jnp.asarray(tokens[:rows, c * chunk:(c + 1) * chunk]),
                                       jnp.int32(c * chunk))
   step_for = lambda cache, rows: compiling.jit_executable(
-      "prefill_chunk", loop.prefill_chunk, step_args(cache, rows, 0), {"cfg": cfg}, options=options,
+      "prefill_chunk", loop.prefill_chunk, step_args(cache, rows, 0), {"cfg": cfg, "impl": attention_impl},
+      options=options,
       donate_argnames=("cache",))
   cache = KVCache.zeros(cfg, 1 if shared else b, num_slots)
   step = step_for(cache, 1 if shared else b)
@@ -132,46 +134,41 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
                    time.perf_counter() - t0, compile_s, shared * chunk)
 
 
-def decode(model: Model, pre: Prefilled, *, draft=None, gamma: int = 4, tree: Tree | None = None,
-           temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, eos_token_id=None,
-           max_new_tokens: int | None = None, options: dict | None = None,
-           shrink_batch: bool = False) -> engine.GenerateResult:
-  """Decode the prefilled batch (its caches are copied, so it can be decoded again). Same arguments and
-  result as `engine.generate`; `stats["ring_s"]` is the time taken to build the draft's cache."""
+def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = None, options: dict | None = None,
+           shrink_batch: bool = False, **kwargs) -> engine.GenerateResult:
+  """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings and result
+  as `engine.generate`'s (max_new_tokens defaults to the prefill's room; gamma / tree must be fixed:
+  "auto" is resolved by generate); `stats["ring_s"]` is the time taken to build the draft's cache."""
   engine.check_shrink_batch(shrink_batch)
-  max_new = pre.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-  if not 1 <= max_new <= pre.max_new_tokens:
-    raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got {max_new}")
-  st = engine.settings(model, max_new_tokens=max_new, temperature=temperature, top_k=top_k, top_p=top_p,
-                       eos_token_id=eos_token_id, draft=draft, gamma=gamma, tree=tree, xla_options=options)
-  sampling, spec, draft_params, tree, eos, options = (st.sampling, st.spec, st.draft_params, st.tree, st.eos,
-                                                      st.options)
-  if isinstance(tree, str):
+  kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
+  if options is not None:
+    kwargs["xla_options"] = options
+  st = decode_settings(settings, **kwargs)
+  if not 1 <= st.max_new_tokens <= pre.max_new_tokens:
+    raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got "
+                     f"{st.max_new_tokens}")
+  eng = engine.Engine(model, st)
+  if isinstance(eng.tree, str):
     raise ValueError("decode takes a fixed gamma or trees.Tree; 'auto' is resolved by generate")
-  if tree.num_nodes > pre.target.num_slots - int(pre.tokens.shape[1]) - engine.bucket(pre.max_new_tokens):
-    raise ValueError(f"tree of {tree.num_nodes} nodes does not fit the prefill's room")
-  cfg, b, n = model.config, pre.batch, pre.num_prompts
+  if eng.tree.num_nodes > pre.target.num_slots - int(pre.tokens.shape[1]) - engine.bucket(pre.max_new_tokens):
+    raise ValueError(f"tree of {eng.tree.num_nodes} nodes does not fit the prefill's room")
+  b, n = pre.batch, pre.num_prompts
   budget = np.zeros((b,), np.int32)
-  budget[:n] = max_new
-  keys = engine.stream_keys(seed, list(range(n)) + [2**31 - 1 - i for i in range(b - n)])
+  budget[:n] = st.max_new_tokens
+  keys = engine.stream_keys(st.seed, list(range(n)) + [2**31 - 1 - i for i in range(b - n)])
   c0 = compiling.compile_seconds()
   t0 = time.perf_counter()
   target = jax.tree.map(jnp.copy, pre.target)
-  ring_args = (model.params, draft_params, target, pre.tokens, pre.lengths)
-  ring = compiling.jit_executable("prefill_draft", loop.prefill_draft, ring_args,
-                                  {"cfg": cfg, "spec": spec, "tree": tree, "chunk": pre.chunk}, options=options
-                                  )(*ring_args) if spec is not None else None
+  ring = eng.prefill_draft(target, pre.tokens, pre.lengths, pre.chunk)
   jax.block_until_ready((target, ring))
   t1 = time.perf_counter()
   c1 = compiling.compile_seconds()
-  state = engine.initial_state(pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), jnp.asarray(engine.eos_array(eos)),
-                               keys, target, ring, out_len=engine.bucket(pre.max_new_tokens) + tree.num_nodes,
-                               tree=tree, options=options)
-  fin = engine.run_decode(engine.decode_loop, model.params, draft_params, state, shrink_batch=shrink_batch,
-                          cfg=cfg, spec=spec, tree=tree, sampling=sampling, impl="xla", options=options)
+  state = eng.initial_state(pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), keys, target, ring)
+  # the out buffer is sized for the prefill's room, so a shorter budget reuses one executable
+  fin = eng.run(state, shrink_batch)
   t2 = time.perf_counter()
   c2 = compiling.compile_seconds()
-  res = engine.collect_result(model, fin, n, eos, tree, spec, pre.prefill_s, t2 - t1 - (c2 - c1))
+  res = eng.result(fin, n, pre.prefill_s, t2 - t1 - (c2 - c1))
   res.stats.update(ring_s=t1 - t0 - (c1 - c0), compile_s=c2 - c0, prefill_compile_s=pre.compile_s,
                    decode_compile_s=c2 - c1)
   return res

@@ -27,6 +27,11 @@ import jax
 import jax.numpy as jnp
 
 
+# Names the way tokens are drawn (datagen fingerprints it): a data set resumed under another sampler would
+# mix two sets of samples. inverse-cdf-2: the two-stage inverse CDF of `sample_without_replacement`.
+SAMPLER = "inverse-cdf-2"
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
   """temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1 means no nucleus cut."""

@@ -4,29 +4,30 @@ The decode state has B slots. `insert(state, prefilled, slots, ...)` writes k pr
 free slots in one jitted call whose slot indices are traced (one executable for every choice of slots);
 the state is donated, so only the chosen rows are written in place. Everything a slot holds is reset:
 lengths, pending / previous token, output buffer and count, done, budget, PRNG key, per-row counters, its
-draft-ring rows (copied whole from the new prompt's prefill) and its target-cache rows (the prefilled
-slots are copied; slots past them keep the old occupant's K/V, which no query can see: attention is masked
+draft-ring rows (the draft's `insert_rows`: copied from the new prompt's prefill) and its target-cache rows
+(the prefilled slots are copied; slots past them keep the old occupant's K/V, which no query can see: attention is masked
 by the row's length). A destination equal to B marks a padding entry and is dropped by the scatter.
 One prefilled row may go to several slots (n samples of one prompt, each with its own stream id).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
-from magicdec_jax import drafts, loop
-from magicdec_jax.cache import KVCache, RingCache
+from magicdec_jax import loop
+from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.drafts.base import DraftSpec
 from magicdec_jax.trees import Tree
 
 
-def empty_state(eos: jax.Array, *, cfg: ModelConfig, spec, tree: Tree, batch: int, num_slots: int,
-                out_len: int) -> loop.LoopState:
+def empty_state(eos: jax.Array, *, cfg: ModelConfig, spec: DraftSpec | None, tree: Tree, batch: int,
+                num_slots: int, out_len: int) -> loop.LoopState:
   """A LoopState of `batch` free slots (every row done, zero caches), ready for `insert`."""
   target = KVCache.zeros(cfg, batch, num_slots)
-  ring = None
-  if spec is not None:
-    ring = drafts.empty_ring(spec, cfg if drafts.is_self(spec) else spec.config, batch, tree)
+  ring = None if spec is None else spec.empty_ring(cfg, batch, tree, num_slots)
   tokens = jnp.zeros((batch, 1), jnp.int32)
   keys = jax.random.split(jax.random.key(0), batch)
   return loop.initial_state(tokens, jnp.ones((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32), eos, keys,
@@ -44,9 +45,9 @@ def _put_cache(dst, cache: tuple, pre: tuple, rows: jax.Array) -> tuple:
   return tuple(c.at[dst, :, :s].set(p[rows].astype(c.dtype), mode="drop") for c, p in zip(cache, pre))
 
 
-def insert(state: loop.LoopState, target: KVCache, ring: RingCache | None, tokens: jax.Array,
-           lengths: jax.Array, slots: jax.Array, rows: jax.Array, stream_ids: jax.Array, max_new: jax.Array,
-           seed: jax.Array) -> loop.LoopState:
+def insert(state: loop.LoopState, target: KVCache, ring: Any, tokens: jax.Array, lengths: jax.Array,
+           slots: jax.Array, rows: jax.Array, stream_ids: jax.Array, max_new: jax.Array, seed: jax.Array, *,
+           spec: DraftSpec | None) -> loop.LoopState:
   """Write prefilled rows into free slots.
 
   target / ring / tokens [k, P] / lengths [k]: a `loop.prefill` batch (its cache may have fewer slots than
@@ -63,11 +64,7 @@ def insert(state: loop.LoopState, target: KVCache, ring: RingCache | None, token
   keys = jax.vmap(lambda s: jax.random.fold_in(base, s))(stream_ids)
   new_target = state.target.replace(k=_put_cache(dst, state.target.k, target.k, rows),
                                     v=_put_cache(dst, state.target.v, target.v, rows))
-  new_ring = state.ring
-  if ring is not None:
-    new_ring = state.ring.replace(k=tuple(_put(dst, c, p[rows]) for c, p in zip(state.ring.k, ring.k)),
-                                  v=tuple(_put(dst, c, p[rows]) for c, p in zip(state.ring.v, ring.v)),
-                                  pos=_put(dst, state.ring.pos, ring.pos[rows]))
+  new_ring = state.ring if spec is None else spec.insert_rows(state.ring, ring, dst, rows)
   zeros = jnp.zeros((n,), jnp.int32)
   return state.replace(
       out=_put(dst, state.out, jnp.full((n, state.out.shape[1]), -1, jnp.int32)),

@@ -24,9 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from magicdec_jax import compile as compiling
-from magicdec_jax import engine, sharding, slots
+from magicdec_jax import engine, sharding
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.model import Model
+from magicdec_jax.prompts import tokenize_prompts
+from magicdec_jax.settings import DecodeSettings, decode_settings
 
 
 @dataclasses.dataclass
@@ -64,12 +66,9 @@ class Generator:
   (records, new tokens, rounds, slot utilization = active row-rounds / all row-rounds, prefill / insert /
   decode / compile seconds). See `generate_stream` for the arguments."""
 
-  def __init__(self, model: Model, requests: Iterable, *, max_new_tokens: int, batch_size: int = 8,
-               refill_at: int = 1, prefill_batch: int | None = None, num_samples: int = 1,
-               max_prompt_tokens: int | None = None, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0, eos_token_id=None, draft=None, gamma=4, tree=None,
-               attention_impl: str = "auto", hardware=None, acceptance=None, auto_fallback: bool = True,
-               mesh=None, device_memory: int | None = None, xla_options: dict | None = None):
+  def __init__(self, model: Model, requests: Iterable, *, settings: DecodeSettings | None = None,
+               batch_size: int = 8, refill_at: int = 1, prefill_batch: int | None = None, num_samples: int = 1,
+               max_prompt_tokens: int | None = None, mesh=None, device_memory: int | None = None, **kwargs):
     for name, v, lo in (("batch_size", batch_size, 1), ("refill_at", refill_at, 1),
                         ("num_samples", num_samples, 1), ("prefill_batch", prefill_batch or 1, 1),
                         ("max_prompt_tokens", max_prompt_tokens or 1, 1)):
@@ -77,17 +76,15 @@ class Generator:
         raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
     if refill_at > batch_size:
       raise ValueError(f"refill_at={refill_at} is larger than batch_size={batch_size}")
-    st = engine.settings(model, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                         top_p=top_p, eos_token_id=eos_token_id, draft=draft, gamma=gamma, tree=tree,
-                         xla_options=xla_options)
+    st = decode_settings(settings, **kwargs)
+    self.engine = engine.Engine(model, st, mesh=mesh, device_memory=device_memory)
     if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)) and max_prompt_tokens is None:
       max_prompt_tokens = max((len(self._ids(model, r, i)) for i, r in enumerate(requests)), default=1)
-    context = (max_prompt_tokens or 0) + max_new_tokens // 2
-    self.settings, self.plan = engine.resolve_auto(model, st, batch_size, context, hardware, acceptance,
-                                                   auto_fallback)
-    self.model, self.mesh, self.seed, self.impl = model, mesh, int(seed), attention_impl
+    self.engine.resolve_auto(batch_size, (max_prompt_tokens or 0) + st.max_new_tokens // 2)
+    self.settings, self.plan = st, self.engine.plan
+    self.model, self.seed = model, int(st.seed)
     self.batch = sharding.pad_batch(batch_size, mesh)     # whole rows on every data shard
-    self.refill_at, self.num_samples, self.device_memory = int(refill_at), int(num_samples), device_memory
+    self.refill_at, self.num_samples = int(refill_at), int(num_samples)
     self.prefill_batch = int(prefill_batch or min(self.batch, engine.bucket(-(-refill_at // num_samples), 1)))
     self.max_prompt_tokens = max_prompt_tokens
     self._requests = enumerate(requests)
@@ -108,7 +105,7 @@ class Generator:
   def _ids(model: Model, r, i: int) -> list[int]:
     prompt = r.prompt if isinstance(r, Request) else r
     try:
-      return engine.tokenize_prompts(model, [prompt])[0]
+      return tokenize_prompts(model, [prompt])[0]
     except ValueError as e:
       raise ValueError(f"request {i}: {e}") from None
 
@@ -119,7 +116,7 @@ class Generator:
       return None
     ids = self._ids(self.model, r, i)
     try:
-      engine.check_prompts(self.model, self.settings, [ids])
+      self.engine.check_prompts([ids])
     except ValueError as e:
       raise ValueError(f"request {i}: {e}") from None
     sids = r.stream_ids if isinstance(r, Request) else None
@@ -142,21 +139,12 @@ class Generator:
     return out
 
   def _new_state(self, p_cap: int):
-    st = self.settings
-    new_bucket = engine.bucket(st.max_new_tokens)
-    num_slots = aligned_slots(p_cap + new_bucket + st.tree.num_nodes + 1)
-    engine._check_memory(self.model.config, self.mesh, st.draft, st.tree, self.batch, num_slots, p_cap,
-                         min(p_cap, engine.MAX_CHUNK), self.device_memory)
-    args = (jnp.asarray(engine.eos_array(st.eos)),)
-    static = dict(cfg=self.model.config, spec=st.spec, tree=st.tree, batch=self.batch, num_slots=num_slots,
-                  out_len=new_bucket + st.tree.num_nodes)
-    if self.mesh is not None:
-      return sharding.empty_state(self.mesh, *args, options=st.options, **static)
-    return compiling.jit_executable("empty_state", slots.empty_state, args, static, options=st.options)(*args)
+    num_slots = self.engine.num_slots(p_cap)
+    self.engine.check_memory(self.batch, num_slots, p_cap)
+    return self.engine.empty_state(self.batch, num_slots)
 
   def _prefill(self, jobs: list[_Job]):
     """One fixed-shape prefill of up to prefill_batch prompts -> (target, ring, tokens, lengths)."""
-    st = self.settings
     p_bucket = engine.bucket(max(len(j.ids) for j in jobs))
     tokens = np.zeros((self.prefill_batch, p_bucket), np.int32)
     lengths = np.ones((self.prefill_batch,), np.int32)
@@ -164,10 +152,7 @@ class Generator:
       tokens[r, :len(j.ids)] = j.ids
       lengths[r] = len(j.ids)
     tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
-    prefill_fn = engine.device_fns(self.mesh)[0]
-    target, ring = self._timed("prefill_s", prefill_fn, self.model.params, st.draft_params, tokens_j, lengths_j,
-                               cfg=self.model.config, spec=st.spec, tree=st.tree, num_slots=aligned_slots(p_bucket),
-                               chunk=min(p_bucket, engine.MAX_CHUNK), impl=self.impl, options=st.options)
+    target, ring = self._timed("prefill_s", self.engine.prefill, tokens_j, lengths_j, aligned_slots(p_bucket))
     self.stats["prefills"] += 1
     return target, ring, tokens_j, lengths_j
 
@@ -177,20 +162,12 @@ class Generator:
     pad = [(b, 0, 0)] * (b - len(entries))
     slot_a, row_a, sid_a = (np.asarray(x) for x in zip(*(entries + pad)))
     max_new = np.where(slot_a < b, self.settings.max_new_tokens, 0).astype(np.int32)
-    args = (state, *pre, jnp.asarray(slot_a, jnp.int32), jnp.asarray(row_a, jnp.int32),
-            jnp.asarray(sid_a, jnp.uint32), jnp.asarray(max_new), jnp.asarray(self.seed, jnp.uint32))
-    if self.mesh is not None:
-      return self._timed("insert_s", sharding.insert, self.mesh, *args, cfg=self.model.config,
-                         spec=self.settings.spec, options=self.settings.options)
-    fn = compiling.jit_executable("insert", slots.insert, args, {}, options=self.settings.options,
-                                  donate_argnames=("state",))
-    return self._timed("insert_s", fn, *args)
+    return self._timed("insert_s", self.engine.insert, state, pre, jnp.asarray(slot_a, jnp.int32),
+                       jnp.asarray(row_a, jnp.int32), jnp.asarray(sid_a, jnp.uint32), jnp.asarray(max_new),
+                       jnp.asarray(self.seed, jnp.uint32))
 
   def _decode(self, state):
-    st = self.settings
-    decode_fn = engine.device_fns(self.mesh)[1]
-    return self._timed("decode_s", decode_fn, self.model.params, st.draft_params, state, cfg=self.model.config,
-                       spec=st.spec, tree=st.tree, sampling=st.sampling, impl=self.impl, options=st.options)
+    return self._timed("decode_s", self.engine.decode, state)
 
   # ---------------------------------------------------------------------------------------------- host loop
 
@@ -275,13 +252,12 @@ class Generator:
 
   def _result(self, occ, toks: list[int], rounds: int, accepted: int) -> StreamResult:
     job, sample = occ
-    st = self.settings
     text = None
     if self.model.tokenizer is not None:
       text = self.model.tokenizer.decode(toks, skip_special_tokens=False)
-    reason = "eos" if toks and toks[-1] in st.eos else "length"
+    reason = "eos" if toks and toks[-1] in self.engine.eos else "length"
     return StreamResult(job.index, sample, job.stream_ids[sample], job.tag, toks, text, reason,
-                        engine.row_stat(len(toks), rounds, accepted, st.tree.max_depth))
+                        engine.row_stat(len(toks), rounds, accepted, self.engine.tree.max_depth))
 
   def _update_stats(self, results, t_start):
     s = self.stats
@@ -293,8 +269,8 @@ class Generator:
     s["tokens_per_s"] = s["new_tokens"] / busy if busy > 0 else None
 
 
-def generate_stream(model: Model, requests: Iterable, *, max_new_tokens: int, batch_size: int = 8,
-                    refill_at: int = 1, **kwargs) -> Generator:
+def generate_stream(model: Model, requests: Iterable, *, batch_size: int = 8, refill_at: int = 1,
+                    **kwargs) -> Generator:
   """Continuous-batching generation: yields a StreamResult per (request, sample) as soon as it finishes.
 
   requests: any iterable (consumed lazily) of prompts (text or token-id lists) or `Request`s.
@@ -303,9 +279,9 @@ def generate_stream(model: Model, requests: Iterable, *, max_new_tokens: int, ba
   refill_at finished rows). num_samples: samples per request (one prefill, n slots, n streams).
   max_prompt_tokens: size the cache for prompts this long (default: the longest prompt when `requests`
   is a list; otherwise the cache grows to each new prompt-length bucket, draining the slots first).
-  Every other keyword is `generate`'s (temperature, top_k, top_p, seed, eos_token_id, draft, gamma, tree,
-  attention_impl, hardware, acceptance, auto_fallback, mesh, device_memory, xla_options); sample s of
+  Decoding settings as `generate`'s: settings= (a DecodeSettings) and/or its fields as keywords
+  (max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, draft, gamma, tree, attention_impl,
+  hardware, acceptance, auto_fallback, xla_options); mesh and device_memory as `generate`'s. Sample s of
   request i is the sample `generate(..., stream_ids=[id])` gives for its stream id.
   """
-  return Generator(model, requests, max_new_tokens=max_new_tokens, batch_size=batch_size, refill_at=refill_at,
-                   **kwargs)
+  return Generator(model, requests, batch_size=batch_size, refill_at=refill_at, **kwargs)

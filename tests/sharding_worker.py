@@ -17,7 +17,7 @@ import numpy as np
 import magicdec_jax as md
 from magicdec_jax import checkpoints, sharding
 from magicdec_jax import compile as compiling
-from magicdec_jax.sharding import rules, runtime
+from magicdec_jax.sharding import rules
 
 MESHES = ("data:1,model:8", "data:2,model:4", "data:4,model:2", "data:8,model:1")
 # SmolLM2 (30 layers: every compile is dear) on the meshes where its layout differs: attention replicated
@@ -78,7 +78,9 @@ def collectives(model, prompts, mesh_spec: str, case: dict, max_new_tokens: int)
   ids = [list(p) for p in prompts]
   b = sharding.pad_batch(engine.bucket(len(ids), 1), mesh)
   p_bucket, new_bucket = engine.bucket(max(map(len, ids))), engine.bucket(max_new_tokens)
-  spec, dparams, tree = engine.resolve_draft(model, case["draft"], case.get("gamma", 4), case.get("tree"))
+  eng = engine.Engine(model, md.DecodeSettings(max_new_tokens=max_new_tokens, draft=case["draft"],
+                                                 gamma=case.get("gamma", 4), tree=case.get("tree")))
+  spec, dparams, tree = eng.spec, eng.draft_params, eng.tree
   tokens = np.zeros((b, p_bucket), np.int32)
   lengths = np.ones((b,), np.int32)
   for i, p in enumerate(ids):
@@ -134,7 +136,8 @@ def planner_facts(model, prompts, mesh_spec: str) -> dict:
   out = {}
   for name, draft in (("streaming", md.StreamingDraft(sink=1, window=4)),
                       ("model", md.ModelDraft(md.truncate_layers(model, 1), sink=1, window=4))):
-    spec, dparams, tree = engine.resolve_draft(model, draft, 2, None)
+    eng = engine.Engine(model, md.DecodeSettings(max_new_tokens=16, draft=draft, gamma=2))
+    spec, dparams, tree = eng.spec, eng.draft_params, eng.tree
     sm = sharding.shard_model(model, mesh)
     dparams = None if dparams is None else sharding.place_params(dparams, spec.config, mesh)
     b = sharding.pad_batch(engine.bucket(len(prompts), 1), mesh)

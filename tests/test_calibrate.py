@@ -12,13 +12,13 @@
 """
 import itertools
 import json
-import math
 
 import jax
 import numpy as np
 import pytest
 
 from magicdec_jax.tuning import calibrate as C
+from magicdec_jax import testing
 from magicdec_jax.tuning import costmodel as cm
 from magicdec_jax import trees
 from magicdec_jax.tuning import shapes, stepfit
@@ -208,7 +208,6 @@ def test_profile_round_trip_and_cost_functions(tmp_path):
 
 def test_auto_falls_back_to_autoregressive_when_speculation_is_predicted_to_lose():
   from magicdec_jax import engine
-  from magicdec_jax.cli import flags as cli_flags
   from magicdec_jax.drafts import StreamingDraft
   model = testing.random_tiny_model(0)
   flat = stepfit.FittedHardware("every-step-costs-the-same", (1e-3,) + (0.0,) * 7)   # a draft step = a verify step

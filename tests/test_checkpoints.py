@@ -3,7 +3,6 @@ CLI and every error path. Expected values come from torch's own weights and a GG
 import importlib.util
 import json
 import os
-import shutil
 
 import jax
 import numpy as np

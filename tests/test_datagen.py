@@ -115,7 +115,7 @@ def test_skip_mode_resume_and_torn_tail(tmp_path):
   # A rerun with the same arguments does nothing; different settings are refused.
   assert datagen.run(tiny(), inp, out, **kw)["records_written"] == 0
   with pytest.raises(datagen.DatagenError, match="different settings"):
-    datagen.run(tiny(), inp, out, **dict(kw, config={"seed": 99}))
+    datagen.run(tiny(), inp, out, **dict(kw, seed=99))
 
 
 def test_truncate_left_keeps_last_tokens(tmp_path):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from magicdec_jax import ModelConfig, Model, init_params, drafts, loop
-from magicdec_jax.cache import KVCache
+from magicdec_jax.cache import KVCache, RingCache
+from magicdec_jax.drafts import Round
 from magicdec_jax.layers.attention import DenseMask
 from magicdec_jax.model import forward
 from magicdec_jax.sampling import Sampling
@@ -40,8 +41,8 @@ def _models():
 
 
 def _check_rounds(target, draft, tree, prompts, rounds=4):
-  spec = drafts.static_spec(draft)
-  draft_params = draft.model.params if isinstance(draft, drafts.ModelDraft) else None
+  spec = draft.spec
+  draft_params = draft.params(target)
   ref_params = target.params if draft_params is None else draft_params
   b = len(prompts)
   p_len = 16
@@ -56,13 +57,13 @@ def _check_rounds(target, draft, tree, prompts, rounds=4):
   state = loop.initial_state(jnp.asarray(tokens), lengths, jnp.full((b,), 40, jnp.int32),
                              jnp.asarray([-1], jnp.int32), keys, tgt, ring, 40 + tree.num_nodes, tree)
   greedy = Sampling()
-  propose = jax.jit(drafts.propose, static_argnums=(0, 1, 2, 4))
+  propose = jax.jit(lambda ring, last, prev, lengths, keys: spec.propose(
+      ring, Round(tree, greedy, target.params, CFG, draft_params, last, prev, lengths, keys)))
   one_round = jax.jit(loop._round, static_argnums=(3, 4, 5, 6, 7))
-  exact = spec is None or drafts.is_self(spec)
+  exact = spec.uses_target_weights
   worst, rejected = 0.0, 0
   for _ in range(rounds):
-    node_tokens, dlogits, _ = propose(spec, tree, greedy, target.params, CFG, draft_params, state.ring,
-                                      state.last, state.prev, state.lengths, keys)
+    node_tokens, dlogits, _ = propose(state.ring, state.last, state.prev, state.lengths, keys)
     node_tokens, dlogits = np.asarray(node_tokens), np.asarray(dlogits)
     out, n_out, lens = np.asarray(state.out), np.asarray(state.n_out), np.asarray(state.lengths)
     for r in range(b):
@@ -121,9 +122,8 @@ def test_cache_positions_differ_from_absolute_beyond_the_window():
                              jnp.asarray([len(PROMPTS[0])]), cfg=CFG, spec=d, tree=tree, num_slots=40,
                              chunk=16)
     last, prev = jnp.asarray([PROMPTS[0][-1]]), jnp.asarray([PROMPTS[0][-2]])
-    results[positions] = np.asarray(drafts.propose(d, tree, Sampling(), target.params, CFG, None, ring, last,
-                                                   prev, jnp.asarray([len(PROMPTS[0])]),
-                                                   jax.random.key(0)[None])[1])
+    results[positions] = np.asarray(d.propose(ring, Round(tree, Sampling(), target.params, CFG, None, last, prev,
+                                                          jnp.asarray([len(PROMPTS[0])]), jax.random.key(0)[None]))[1])
   assert np.abs(results["absolute"] - results["cache"]).max() > 1e-4   # fp32 noise is ~1e-7
 
 
@@ -133,7 +133,7 @@ def test_ring_write_keeps_only_the_latest_position_per_slot():
   scatter indices is unspecified, so the loser must never be written). Numpy reference."""
   cfg = CFG.replace(num_layers=2)
   sink, window = 1, 3
-  ring = drafts.RingCache.zeros(cfg, 2, sink=sink, num_static=sink, window=window, scratch=2)
+  ring = RingCache.zeros(cfg, 2, sink=sink, num_static=sink, window=window, scratch=2)
   positions = np.array([[7, 6, 5, 4, 3, 0], [0, 2, 3, 4, 5, 9]], np.int32)   # descending / ascending
   valid = np.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]], bool)           # row 1: 9 is not valid
   m = positions.shape[1]

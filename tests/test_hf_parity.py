@@ -1,7 +1,6 @@
 """Numerical parity with HF transformers' LlamaForCausalLM (torch, float32): random tiny configs covering
 GQA/MHA, llama3/linear RoPE scaling and tied/untied heads (logits and layer by layer), then SmolLM2 loaded
 by both libraries from the same GGUF (logits, greedy tokens, tokenizer, chat template)."""
-import jax
 import numpy as np
 import pytest
 

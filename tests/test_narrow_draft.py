@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
+from magicdec_jax.drafts import streaming
 from magicdec_jax.layers.dense import dense, narrow_weights
 from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
@@ -70,17 +71,17 @@ def test_the_draft_really_reads_the_narrow_copy():
   model = tiny_model(3, attn_scale=8.0)
   prompts = random_prompts([40, 23], model.config.vocab_size, seed=8)
   draft = md.StreamingDraft(2, 8, weights="bfloat16")
-  spec, params, tree = md.engine.resolve_draft(model, draft, 2, None)
+  params = draft.params(model)
   leaves = jax.tree.leaves(params)
   assert any(x.dtype == jnp.bfloat16 for x in leaves) and any(x.dtype == jnp.float32 for x in leaves)
-  assert md.engine.resolve_draft(model, draft, 2, None)[1] is params          # cast once per model
+  assert draft.params(model) is params          # cast once per model
   zeroed = narrow_weights(
       jax.tree.map(jnp.zeros_like, model.params), "bfloat16")
-  md.engine._NARROW[(id(model.params), "bfloat16")] = (model.params, zeroed)
+  streaming._NARROW[(id(model.params), "bfloat16")] = (model.params, zeroed)
   try:
     res = md.generate(model, prompts, max_new_tokens=12, draft=draft, gamma=2)
   finally:
-    md.engine._NARROW.clear()
+    streaming._NARROW.clear()
   assert res.tokens == md.generate(model, prompts, max_new_tokens=12).tokens
   good = md.generate(model, prompts, max_new_tokens=12, draft=draft, gamma=2)
   assert res.stats["acceptance_rate"] < good.stats["acceptance_rate"]

@@ -3,12 +3,12 @@ autoregressive `generate` gives (greedy), decoding twice from one prefill gives 
 are copied, not consumed), and the benchmark scripts built on it run end to end (--smoke)."""
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
 import magicdec_jax as md
+from benchmarks import context_sweep, prefill_bench, round_cost
 from magicdec_jax import prefilled, textdata
 from magicdec_jax import testing
 from magicdec_jax.cli import demo as cli_demo
@@ -16,11 +16,6 @@ from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import context_sweep  # noqa: E402
-import prefill_bench  # noqa: E402
-import round_cost  # noqa: E402
 
 
 @pytest.mark.parametrize("chunk", [pytest.param(16, marks=pytest.mark.slow), 64])

@@ -42,7 +42,7 @@ def check(argv):
 
 
 PARSE_ERRORS = [  # single-flag ranges: absl rejects them while parsing, naming the flag and the range
-    (["--gamma=0"], "flag --gamma=0: 0 is not an integer in the range [1, 64]"),
+    (["--gamma=0"], "flag --gamma=0: is not an integer in the range [1, 64] or 'auto'"),
     (["--top_p=1.5"], "--top_p=1.5: 1.5 is not a number in the range"),
     (["--temperature=-1"], "--temperature=-1"),
     (["--window=0"], "--window=0"),

@@ -10,22 +10,18 @@ autoregressive fixed batch's.
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import magicdec_jax as md
+from benchmarks import shrink_batch
 from magicdec_jax import prefilled, shrink, slots
 from magicdec_jax.trees import Tree
 
 from conftest import random_prompts, tiny_model
 from test_speculative_greedy import DRAFTS, NEW, prompts_and_eos, target
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import shrink_batch  # noqa: E402
 
 
 def _stage_batches(res):

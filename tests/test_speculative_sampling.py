@@ -10,7 +10,7 @@ the outcome is deterministic; a correct engine would fail for a fresh seed choic
 Any draw of a zero-probability sequence (a token outside top-k / top-p) fails outright.
 
 The draft is a different random model (q far from p, acceptance well below 1), a narrow streaming
-window or a random feature head (FeatureDraft), so the rejection / residual paths carry real probability
+window, a random feature head (FeatureDraft) or prompt lookup (a one-hot q), so the rejection / residual paths carry real probability
 mass. The last test swaps the residual max(p - q, 0) for p (a classic bug) and checks that the same statistic rejects it with p-value < 1e-6
 (measured: chi2 ~ 42000 on 63 df with 10^5 draws, TV 0.25; the correct engine: TV ~ 0.01-0.02).
 """
@@ -25,9 +25,8 @@ from scipy import stats
 
 from magicdec_jax import compile as compiling
 from magicdec_jax import verify
-from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft
+from magicdec_jax.drafts import FeatureDraft, ModelDraft, PromptLookupDraft, SnapKVDraft, StreamingDraft
 from magicdec_jax.engine import generate
-from magicdec_jax.feature_draft import FeatureDraft
 from magicdec_jax.feature_head import init_head
 from magicdec_jax.model import full_forward
 from magicdec_jax.trees import Tree, default_tree
@@ -129,6 +128,7 @@ CASES = {
     "tree-model-t1": dict(draft="other", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "tree-feature-t1": dict(draft="feature", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "chain2-feature-vocab5-t1": dict(draft="feature-vocab", gamma=2, temperature=1.0),
+    "chain2-lookup-t1": dict(draft=PromptLookupDraft(2), gamma=2, temperature=1.0),
 }
 
 

@@ -1,5 +1,4 @@
 """Tests for magicdec_jax.trees: Tree invariants, the Sequoia DP against brute force, defaults, Monte Carlo."""
-import itertools
 import json
 import os
 import time

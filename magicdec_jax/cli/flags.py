@@ -14,15 +14,14 @@ import re
 
 from absl import app, flags
 
-from magicdec_jax import checkpoints, drafts, feature_head, sharding, testing, trees
-from magicdec_jax.tuning import calibrate, shapes
+from magicdec_jax import checkpoints, drafts, feature_head, settings, sharding, testing, trees
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.feature_draft import FeatureDraft
+from magicdec_jax.tuning import calibrate, shapes
 
 MODES = ("demo", "generate", "bench", "datagen", "convert", "plan", "profile_acceptance", "distill",
          "calibrate")
-DRAFTS = ("none", "streaming", "snapkv", "model", "feature")
+DRAFTS = ("none",) + tuple(drafts.REGISTRY)
 HARDWARE = ("cpu", "a100", "h100", "h200")
 IMPLS = ("auto", "xla", "pallas_interpret", "pallas_triton")
 RANDOM_PREFIX = testing.RANDOM_PREFIX   # test/debug model names: random-tiny or random-tiny:SEED
@@ -37,18 +36,24 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   flags.DEFINE_enum("draft", "streaming", DRAFTS, "none = autoregressive; streaming = self-speculation "
                     "with a StreamingLLM cache (MagicDec); snapkv = self-speculation with a SnapKV cache; "
                     "model = a separate draft model (--draft_model and/or --draft_layers); feature = a trained feature "
-                    "head (EAGLE-style, --draft_model=DIR from --mode=distill --draft=feature).", **d)
+                    "head (EAGLE-style, --draft_model=DIR from --mode=distill --draft=feature); lookup = no model: "
+                    "the continuation of the row's last n-gram earlier in its prompt + output (--lookup_ngram).", **d)
   flags.DEFINE_string("draft_model", None, "Draft model (same naming as --model) for --draft=model; the "
                       "head's directory for --draft=feature.", **d)
   flags.DEFINE_integer("draft_layers", None, "--draft=model: keep only the first N layers of the draft "
                        "model (of the target when --draft_model is unset).", lower_bound=1, **d)
-  flags.DEFINE_integer("sink", 4, "Draft StreamingLLM sink tokens.", lower_bound=0, upper_bound=4096, **d)
-  flags.DEFINE_integer("window", 256, "Draft window: most recent tokens the draft attends to.",
+  flags.DEFINE_integer("sink", drafts.DEFAULT_SINK, "Draft StreamingLLM sink tokens.", lower_bound=0,
+                       upper_bound=4096, **d)
+  flags.DEFINE_integer("window", drafts.DEFAULT_WINDOW, "Draft window: most recent tokens the draft attends to.",
                        lower_bound=1, upper_bound=1 << 20, **d)
+  flags.DEFINE_integer("lookup_ngram", drafts.lookup.DEFAULT_MAX_NGRAM, "--draft=lookup: the longest n-gram "
+                       "looked up (then shorter ones, down to 1).", lower_bound=1, upper_bound=64, **d)
   flags.DEFINE_integer("budget", 256, "--draft=snapkv: prompt positions kept per KV head.",
                        lower_bound=1, upper_bound=1 << 20, **d)
-  flags.DEFINE_integer("gamma", 3, "Speculated tokens per round (chain length).", lower_bound=1,
-                       upper_bound=64, **d)
+  flags.DEFINE_string("gamma", str(settings.DEFAULT_GAMMA), "Speculated tokens per round (chain length, "
+                      "1..64), or 'auto': the cost model's choice for the batch and context (--hardware, "
+                      "--acceptance_file).", **d)
+  flags.register_validator("gamma", _gamma_ok, "is not an integer in the range [1, 64] or 'auto'", flag_values=fv)
   flags.DEFINE_string("tree", None, "Speculate a tree instead of a chain: 'auto' (cost model), a shipped "
                       f"tree name ({', '.join(trees.DEFAULT_TREE_NAMES)}) or a tree JSON file.", **d)
   flags.DEFINE_enum("attention_impl", "auto", IMPLS, "Attention kernel.", **d)
@@ -211,9 +216,29 @@ def _writable_target(flag: str, path: str):
     raise app.UsageError(f"--{flag}={path}: not writable")
 
 
+def _gamma_ok(value: str) -> bool:
+  return value == "auto" or (value.lstrip("-").isdigit() and 1 <= int(value) <= 64)
+
+
+def parse_gamma(value: str):
+  """--gamma: an integer in [1, 64] or 'auto' (UsageError otherwise)."""
+  if value == "auto":
+    return "auto"
+  try:
+    g = int(value)
+  except ValueError:
+    raise app.UsageError(f"--gamma={value}: expected an integer in [1, 64] or 'auto'") from None
+  if not 1 <= g <= 64:
+    raise app.UsageError(f"--gamma={value}: expected an integer in [1, 64] or 'auto'")
+  return g
+
+
 def validate(fv) -> None:
   """Cross-flag checks (mode requirements, files, lists); raises app.UsageError naming the flag."""
   mode = fv.mode
+  parse_gamma(fv.gamma)
+  if fv.draft == "lookup" and fv.tree:
+    raise app.UsageError(f"--draft=lookup proposes a chain (--gamma), not --tree={fv.tree}")
   if fv.draft == "model" and not (fv.draft_model or fv.draft_layers):
     raise app.UsageError("--draft=model needs --draft_model and/or --draft_layers")
   if fv.draft == "feature" and mode != "distill":
@@ -407,34 +432,31 @@ def load(name: str, mesh=None):
 
 
 def build_draft(fv, target):
-  """The draft object the flags describe (None for --draft=none)."""
+  """The draft object the flags describe (None for --draft=none): the draft's own `from_flags`."""
   if fv.draft == "none":
     return None
-  if fv.draft == "streaming":
-    return drafts.StreamingDraft(sink=fv.sink, window=fv.window,
-                                 weights=None if fv.draft_weights == "none" else fv.draft_weights)
-  if fv.draft == "snapkv":
-    return drafts.SnapKVDraft(budget=fv.budget, window=fv.window)
-  if fv.draft == "feature":
-    return FeatureDraft(feature_head.load_head(fv.draft_model), sink=fv.sink, window=fv.window)
-  dm = load(fv.draft_model) if fv.draft_model else target
-  if fv.draft_layers:
-    if fv.draft_layers > dm.config.num_layers:
-      raise app.UsageError(f"--draft_layers={fv.draft_layers}: the draft model has only "
-                           f"{dm.config.num_layers} layers (allowed: 1..{dm.config.num_layers})")
-    dm = drafts.truncate_layers(dm, fv.draft_layers)
-  return drafts.ModelDraft(dm, sink=fv.sink, window=fv.window)
+  try:
+    return drafts.REGISTRY[fv.draft].from_flags(fv, target, load)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
+
+
+def decode_settings(fv, target) -> settings.DecodeSettings:
+  """The DecodeSettings every generating mode runs with, from the flags (parsed once, here)."""
+  try:
+    return settings.DecodeSettings(
+        max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p,
+        seed=fv.seed, draft=build_draft(fv, target), gamma=parse_gamma(fv.gamma),
+        tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl,
+        hardware=fv.hardware or None,
+        acceptance=load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file else None)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
 
 
 def gen_kwargs(fv, target) -> dict:
-  """generate() keyword arguments shared by every mode that generates."""
-  kw = dict(max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p,
-            seed=fv.seed, draft=build_draft(fv, target), gamma=fv.gamma,
-            tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl)
-  if fv.hardware:
-    kw["hardware"] = fv.hardware
-  if fv.acceptance_file:
-    kw["acceptance"] = load_acceptance_vector(fv.acceptance_file)
+  """generate() / generate_stream() / datagen.run() keyword arguments: the settings and the placement."""
+  kw = dict(settings=decode_settings(fv, target))
   if fv.mesh:
     kw["mesh"] = setup_mesh(fv)
   if fv.device_memory_gb is not None:

@@ -10,13 +10,11 @@ to the cache under a visibility rule. Three rules cover every caller:
 """
 from __future__ import annotations
 
-from typing import Any
 
 import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from magicdec_jax import pallas
 from magicdec_jax.config import ModelConfig

@@ -19,7 +19,6 @@ import math
 import jax
 import numpy as np
 
-from magicdec_jax import drafts
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
 from magicdec_jax.sharding import rules
@@ -97,15 +96,10 @@ def cache_bytes(cfg: ModelConfig, mesh, batch: int, slots: int) -> int:
   return 2 * cfg.num_layers * math.prod(shape) * cfg.jnp_dtype.itemsize // split
 
 
-def _draft_cfg(draft, cfg):
-  spec = drafts.static_spec(draft)
-  return spec, (cfg if drafts.is_self(spec) else spec.config)
-
-
 def plan_memory(cfg: ModelConfig, mesh, *, batch: int, max_context: int, draft=None, tree_nodes: int = 1,
                 prompt_len: int | None = None, chunk: int = 256) -> MemoryPlan:
   """Per-device bytes for generate(): batch rows (padded), max_context target-cache slots, a draft
-  (StreamingDraft / SnapKVDraft / ModelDraft or its spec, or None), a tree of `tree_nodes` nodes
+  (a drafts.Draft or its spec, or None: it says its own footprint), a tree of `tree_nodes` nodes
   (1 = autoregressive, gamma + 1 for a chain), prompts padded to `prompt_len` (default max_context)."""
   d, m = _sizes(mesh)
   bd = batch // d if batch % d == 0 else batch                 # rows per device
@@ -123,15 +117,17 @@ def plan_memory(cfg: ModelConfig, mesh, *, batch: int, max_context: int, draft=N
   prefill_extra = 0
   n = tree_nodes
   if draft is not None:
-    spec, dcfg = _draft_cfg(draft, cfg)
-    ring_slots = aligned_slots(spec.num_static + spec.window + n + int(drafts.needs_prev(spec)))
-    draft_kv = cache_bytes(dcfg, mesh, batch, ring_slots) + bd * (spec.num_static + spec.window) * 4
-    if not drafts.is_self(spec):
-      draft_params = param_bytes(dcfg, mesh)
-      prefill_extra = cache_bytes(dcfg, mesh, batch, prompt_len)   # the draft's linear prefill cache
-    if isinstance(spec, drafts.SnapKVDraft):
-      kv_split = m if lay.kv_axis else 1
-      prefill_extra = 3 * cfg.num_layers * bd * cfg.num_kv_heads * max_context * f32 // kv_split
+    fp = draft.spec.footprint(cfg, n, max_context)
+    draft_kv = bd * fp.row_bytes
+    if fp.ring is not None:
+      draft_kv += cache_bytes(fp.ring, mesh, batch, aligned_slots(fp.ring_slots))
+    if fp.weights is not None:
+      draft_params = param_bytes(fp.weights, mesh)
+    if fp.prefill_cache is not None:
+      prefill_extra = cache_bytes(fp.prefill_cache, mesh, batch, prompt_len)   # its own linear prefill cache
+    kv_split = m if lay.kv_axis else 1
+    prefill_extra += (fp.prefill_score_buffers * cfg.num_layers * bd * cfg.num_kv_heads * max_context * f32
+                      // kv_split)
 
   def layer_transients(t: int) -> int:
     scores = 2 * bd * cfg.num_heads * t * max_context * f32 // mq          # logits + probs, one layer

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from magicdec_jax import checkpoints, drafts, loop, slots
+from magicdec_jax import checkpoints, loop, slots
 from magicdec_jax import compile as compiling
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.sharding import kernels, rules   # kernels: the Pallas kernel runs per shard
@@ -35,12 +35,12 @@ def pad_batch(b: int, mesh: Mesh | None) -> int:
 
 
 def layouts(mesh: Mesh, cfg: ModelConfig, spec) -> tuple[rules.ModelLayout, rules.ModelLayout | None]:
-  """(target layout, draft-ring layout): self drafts share the target's, a model draft has its own."""
+  """(target layout, draft-ring layout): self drafts share the target's, a draft network has its own,
+  a draft without one (prompt lookup) none."""
   m = axis_sizes(mesh)[1]
   target = rules.layout_for(cfg, m)
-  if spec is None:
-    return target, None
-  return target, target if drafts.is_self(spec) else rules.layout_for(spec.config, m)
+  dcfg = None if spec is None else spec.network_config(cfg)
+  return target, None if dcfg is None else rules.layout_for(dcfg, m)
 
 
 def place_params(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
@@ -62,7 +62,7 @@ def load_orbax_sharded(directory: str, mesh: Mesh, dtype: str | None = None):
 
 def _param_sh(mesh, cfg, spec, target_params, draft_params):
   tp = rules.param_shardings(target_params, cfg, mesh)
-  dcfg = cfg if drafts.is_self(spec) else spec.config      # a self draft's own (narrower) copy of the target
+  dcfg = None if spec is None else spec.network_config(cfg)   # a self draft's (narrower) copy: the target's
   dp = None if draft_params is None else rules.param_shardings(draft_params, dcfg, mesh)
   return tp, dp
 
@@ -146,7 +146,8 @@ def insert(mesh: Mesh, state, target, ring, *rest, cfg, spec, options=None):
   key = ("insert", mesh, cfg, spec, compiling.signature(*args))
 
   def lower():
-    return jax.jit(slots.insert, in_shardings=in_sh, out_shardings=st, donate_argnums=0).lower(*args)
+    fn = functools.partial(slots.insert, spec=spec)
+    return jax.jit(fn, in_shardings=in_sh, out_shardings=st, donate_argnums=0).lower(*args)
 
   with jax.set_mesh(mesh):
     return compiling.executable(key, lower, options)(*args)

@@ -7,7 +7,7 @@ full forward of the target and one of the draft over a text window, then at ever
   sampling: Sequoia's sequential rejection, simulated: child x ~ q_res, accepted with min(1, p_res/q_res);
             on rejection p_res <- norm(max(p_res - q_res, 0)) and x is removed from q_res (what verify.py does).
 The self-speculation draft is the target's own weights with StreamingLLM attention (sink + last window
-tokens) over a linear cache, i.e. `drafts.windowed_mask`; a ModelDraft uses its own model the same way.
+tokens) over a linear cache, i.e. `drafts.base.windowed_mask`; a ModelDraft uses its own model the same way.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import drafts
+from magicdec_jax.drafts.base import windowed_mask
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask
@@ -30,7 +30,7 @@ def windowed_logits(params, cfg: ModelConfig, tokens: jax.Array, sink: int, wind
   """tokens [B, T] -> float32 logits [B, T, V] where position t attends to keys < sink and > t - window."""
   b, t = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  mask = drafts.windowed_mask(sink, window, pos, t)
+  mask = windowed_mask(sink, window, pos, t)
   logits, _ = forward(params, cfg, tokens, pos, KVCache.zeros(cfg, b, t), pos, DenseMask(mask))
   return logits
 
@@ -65,14 +65,9 @@ def sampled_ranks(p: np.ndarray, q: np.ndarray, width: int, rng: np.random.Gener
 
 def profile(target, draft, windows: list[list[int]], *, width: int = 8, sampling: Sampling = Sampling(),
             seed: int = 0) -> dict:
-  """Acceptance vector of `draft` (StreamingDraft or ModelDraft) against `target` over token windows."""
-  if isinstance(draft, drafts.StreamingDraft):
-    d_params, d_cfg, sink, window = target.params, target.config, draft.sink, draft.window
-  elif isinstance(draft, drafts.ModelDraft):
-    draft.check_compatible(target)
-    d_params, d_cfg, sink, window = draft.model.params, draft.model.config, draft.spec.sink, draft.spec.window
-  else:
-    raise ValueError(f"profile needs a StreamingDraft or ModelDraft, got {draft!r}")
+  """Acceptance vector of `draft` (one that runs a network over a sink + window cache: StreamingDraft,
+  ModelDraft) against `target` over token windows."""
+  d_params, d_cfg, sink, window = draft.windowed_network(target)
   rng = np.random.default_rng(seed)
   ranks = []
   for toks in windows:
@@ -94,4 +89,4 @@ def profile(target, draft, windows: list[list[int]], *, width: int = 8, sampling
           "mode": "greedy" if sampling.greedy else "sampling", "temperature": sampling.temperature,
           "top_k": sampling.top_k, "top_p": sampling.top_p, "sink": sink, "window": window,
           "window_tokens": [len(w) for w in windows], "target": target.name,
-          "draft": type(draft).__name__ if isinstance(draft, drafts.StreamingDraft) else draft.model.name}
+          "draft": repr(draft)}

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax import drafts, trees
+from magicdec_jax import trees
 from magicdec_jax.tuning import calibrate, costmodel, stepfit
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
@@ -61,16 +61,9 @@ def load_acceptance(acceptance):
   return vec
 
 
-def cost_draft(spec) -> costmodel.Draft:
-  """The cost model's view of a draft's static spec."""
-  if isinstance(spec, drafts.SnapKVDraft):
-    return costmodel.Draft("snapkv", budget=spec.budget, window=spec.window, sink=0)
-  if isinstance(spec, drafts.FeatureSpec):       # a feature head: a 1-layer model draft whose LM head spans
-    cfg = spec.config if spec.vocab is None else spec.config.replace(vocab_size=len(spec.vocab))  # its vocab
-    return costmodel.Draft("model", draft_cfg=cfg, sink=spec.sink, window=spec.window)
-  if isinstance(spec, drafts.ModelSpec):
-    return costmodel.Draft("model", draft_cfg=spec.config, sink=spec.sink, window=spec.window)
-  return costmodel.Draft("self", sink=spec.sink, window=spec.window, weights_dtype=getattr(spec, "weights", None))
+def cost_draft(draft) -> costmodel.Draft:
+  """The cost model's view of a draft (or its static spec): what the draft says of itself."""
+  return draft.spec.cost()
 
 
 AR_TREE = trees.Tree((-1,))

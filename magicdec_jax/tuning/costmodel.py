@@ -162,13 +162,14 @@ def t_verify(cfg: ModelConfig, hw: Hardware, b: int, n: int, num_tokens: int, dt
 
 # ---- drafts ------------------------------------------------------------------------------------------------
 
-DRAFT_KINDS = ("self", "model", "snapkv")
+DRAFT_KINDS = ("self", "model", "snapkv", "lookup")
 
 
 @dataclasses.dataclass(frozen=True)
 class Draft:
   """How the draft runs. kind: 'self' = target weights + StreamingLLM cache (sink + window); 'model' = a separate
-  draft model (draft_cfg) with a StreamingLLM cache; 'snapkv' = target weights + SnapKV cache (budget + window)."""
+  draft model (draft_cfg) with a StreamingLLM cache; 'snapkv' = target weights + SnapKV cache (budget + window);
+  'lookup' = no network (prompt lookup: a token search priced at zero beside a model step)."""
   kind: str = "self"
   draft_cfg: ModelConfig | None = None
   sink: int = 16
@@ -183,6 +184,8 @@ class Draft:
       raise ValueError("draft kind 'model' needs draft_cfg")
 
   def kv_tokens(self, context: int) -> int:
+    if self.kind == "lookup":
+      return 0
     full = self.sink + self.window if self.kind in ("self", "model") else self.budget + self.window
     return min(int(context), full)
 
@@ -194,6 +197,8 @@ class Draft:
     """One draft step feeding num_tokens tokens per row (1 for a chain, a level's expanding nodes for a tree)."""
     # a narrower weight copy: a profile's fit for it where calibrate timed one, else priced as a step of
     # that dtype (its KV, sink + window tokens, is negligible)
+    if self.kind == "lookup":
+      return 0.0
     return step_time(self.model(cfg), hw, b, n, num_tokens, dtype, kv_context=self.kv_tokens(n),
                      weights_dtype=self.weights_dtype)
 

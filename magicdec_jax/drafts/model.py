@@ -1,0 +1,125 @@
+"""`ModelDraft(model, sink, window)`: a separate, smaller model of the same vocabulary with its own
+StreamingLLM ring. Every one of its K/V entries is computed with sink + window attention (its prefill
+included), so it is exactly "the draft model with StreamingLLM attention"."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from magicdec_jax.cache import KVCache, RingCache
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.drafts.base import (Draft, Footprint, Prefill, Round, check_positions, check_sink_window, copy_from_linear,
+                                      window_attention, windowed_mask)
+from magicdec_jax.drafts.ring import RingDraft
+from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW
+from magicdec_jax.model import Model, forward
+from magicdec_jax.tuning import calibrate, costmodel
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec(RingDraft):
+  """The static part of a ModelDraft (hashable, a jit static argument)."""
+  config: ModelConfig
+  sink: int
+  window: int
+  positions: str = "absolute"
+
+  needs_prev_token = True
+
+  num_static = property(lambda self: self.sink)
+
+  def _network(self, r: Round):
+    return r.draft_params, self.config
+
+  def ring_config(self, cfg: ModelConfig) -> ModelConfig:
+    return self.config
+
+  def network_config(self, cfg: ModelConfig) -> ModelConfig:
+    return self.config
+
+  def prefill_ring(self, ring: RingCache, p: Prefill) -> RingCache:
+    """The draft model's own chunked prefill, each query under the sink + window rule, then its sink and
+    recent K/V copied into the ring."""
+    b, n = p.tokens.shape
+
+    def chunk(cache, c):
+      toks = jax.lax.dynamic_slice_in_dim(p.tokens, c * p.chunk, p.chunk, axis=1)
+      pos = jnp.broadcast_to(c * p.chunk + jnp.arange(p.chunk, dtype=jnp.int32), (b, p.chunk))
+      mask = window_attention(self, windowed_mask(self.sink, self.window, pos, cache.num_slots), pos, self.sink)
+      _, cache = forward(p.draft_params, self.config, toks, pos, cache, pos, mask, compute_logits=False)
+      return cache, None
+
+    linear, _ = jax.lax.scan(chunk, KVCache.zeros(self.config, b, n), jnp.arange(n // p.chunk, dtype=jnp.int32))
+    return copy_from_linear(ring, self.sink, self.window, linear, p.lengths)
+
+  def cost(self) -> costmodel.Draft:
+    return costmodel.Draft("model", draft_cfg=self.config, sink=self.sink, window=self.window)
+
+  def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
+    return Footprint(weights=self.config, ring=self.config, ring_slots=self.sink + self.window + tree_nodes + 1,
+                     row_bytes=4 * (self.sink + self.window), prefill_cache=self.config)
+
+
+class ModelDraft(Draft):
+  """A standalone draft model (same vocabulary) with its own StreamingLLM ring cache."""
+
+  name = "model"
+
+  def __init__(self, model: Model, sink: int = DEFAULT_SINK, window: int = DEFAULT_WINDOW,
+               positions: str = "absolute"):
+    check_sink_window(sink, window)
+    check_positions(positions)
+    self.model = model
+    self._spec = ModelSpec(model.config, sink, window, positions)
+
+  @property
+  def spec(self) -> ModelSpec:
+    return self._spec
+
+  def params(self, target):
+    return self.model.params
+
+  def check_compatible(self, target: Model) -> None:
+    if self.model.config.vocab_size != target.config.vocab_size:
+      raise ValueError(f"draft vocabulary size {self.model.config.vocab_size} differs from the target's "
+                       f"{target.config.vocab_size}; a draft must share the target's tokenizer")
+
+  @classmethod
+  def from_flags(cls, fv, target, load_model):
+    """--draft_model (default: the target itself), cut to its first --draft_layers layers if given."""
+    dm = load_model(fv.draft_model) if fv.draft_model else target
+    if fv.draft_layers:
+      if fv.draft_layers > dm.config.num_layers:
+        raise ValueError(f"--draft_layers={fv.draft_layers}: the draft model has only "
+                         f"{dm.config.num_layers} layers (allowed: 1..{dm.config.num_layers})")
+      dm = truncate_layers(dm, fv.draft_layers)
+    return cls(dm, sink=fv.sink, window=fv.window)
+
+  @classmethod
+  def cost_from_flags(cls, fv, cfg: ModelConfig) -> costmodel.Draft:
+    """The target's shape cut to --draft_layers layers."""
+    return ModelSpec(cfg.replace(num_layers=fv.draft_layers), fv.sink, fv.window).cost()
+
+  def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
+    return [calibrate.DraftUnderTest("model", self.spec.sink + self.spec.window, self.model.config,
+                                     self.model.params)]
+
+  def windowed_network(self, target):
+    self.check_compatible(target)
+    return self.model.params, self.model.config, self.spec.sink, self.spec.window
+
+  def __repr__(self) -> str:
+    return (f"ModelDraft({self.model.name}, sink={self.spec.sink}, window={self.spec.window}, "
+            f"positions={self.spec.positions!r})")
+
+
+def truncate_layers(model: Model, n: int) -> Model:
+  """The first n layers of `model` + its final norm and head: a real, smaller draft of the same family."""
+  if not 1 <= n <= model.config.num_layers:
+    raise ValueError(f"truncate_layers: n must be in [1, {model.config.num_layers}], got {n}")
+  params = dict(model.params)
+  params["layers"] = tuple(model.params["layers"][:n])
+  return dataclasses.replace(model, config=model.config.replace(num_layers=n), params=params,
+                             name=f"{model.name}[:{n} layers]")

@@ -1,0 +1,95 @@
+"""`StreamingDraft(sink, window)`: self-speculation, the target's own weights over a StreamingLLM cache.
+
+Its ring holds the target's exact K/V for the `sink` first and the last `window` positions: filled from
+the target's prefill cache, refreshed from the target's verify pass after every round, so drafting costs
+O(sink + window) whatever the context length (MagicDec's self-speculation).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from magicdec_jax.cache import RingCache
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_positions, check_sink_window, copy_from_linear
+from magicdec_jax.drafts.ring import RingDraft
+from magicdec_jax.layers.dense import narrow_weights
+from magicdec_jax.tuning import calibrate, costmodel
+
+DRAFT_WEIGHTS = (None, "bfloat16")
+DEFAULT_SINK = 4
+DEFAULT_WINDOW = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamingDraft(RingDraft, Draft):
+  """Self-speculation with a StreamingLLM cache: `sink` first tokens + the last `window` tokens.
+
+  positions: "absolute" (every key at its true position) or "cache" (StreamingLLM: sink keys are seen as
+  if they sat right before the window, i.e. RoPE positions within the cache).
+  weights: None (draft with the target's weights) or "bfloat16": draft with a bfloat16 copy of the
+  target's weight matrices (norms stay as they are), which halves the bytes a draft step reads. The ring
+  still holds the target's exact K/V and the target verifies in its own precision, so output is exactly
+  the target's; only acceptance can change (a little: the copy rounds each weight to 8 bits of mantissa).
+  """
+  sink: int = DEFAULT_SINK
+  window: int = DEFAULT_WINDOW
+  positions: str = "absolute"
+  weights: str | None = None
+
+  name = "streaming"
+  uses_target_weights = True
+
+  def __post_init__(self):
+    check_sink_window(self.sink, self.window)
+    check_positions(self.positions)
+    if self.weights not in DRAFT_WEIGHTS:
+      raise ValueError(f"StreamingDraft weights must be one of {DRAFT_WEIGHTS}, got {self.weights!r}")
+
+  num_static = property(lambda self: self.sink)
+
+  def check_compatible(self, target) -> None:
+    if self.weights is not None and jnp.dtype(self.weights).itemsize >= jnp.dtype(target.config.dtype).itemsize:
+      raise ValueError(f"StreamingDraft weights={self.weights!r} is not narrower than the target's "
+                       f"{target.config.dtype}: draft with the target's own weights (weights=None)")
+
+  def params(self, target):
+    return None if self.weights is None else narrow_copy(target.params, self.weights)
+
+  @classmethod
+  def from_flags(cls, fv, target, load_model):
+    return cls(fv.sink, fv.window, weights=None if fv.draft_weights == "none" else fv.draft_weights)
+
+  def prefill_ring(self, ring: RingCache, p: Prefill) -> RingCache:
+    return copy_from_linear(ring, self.sink, self.window, p.target, p.lengths)
+
+  def cost(self) -> costmodel.Draft:
+    return costmodel.Draft("self", sink=self.sink, window=self.window, weights_dtype=self.weights)
+
+  def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
+    return Footprint(ring=cfg, ring_slots=self.sink + self.window + tree_nodes,
+                     row_bytes=4 * (self.sink + self.window))
+
+  def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
+    """This draft's step; a float32 target's also on a bfloat16 copy (what `auto` needs to price it)."""
+    cases = [calibrate.DraftUnderTest("self", self.sink + self.window, weights=self.weights)]
+    if self.weights is None and target.config.dtype == "float32":
+      cases.append(calibrate.DraftUnderTest("self", self.sink + self.window, weights="bfloat16"))
+    return cases
+
+  def windowed_network(self, target):
+    return target.params, target.config, self.sink, self.window
+
+
+_NARROW = {}    # (id of a target's params, dtype) -> (those params, their narrow copy): cast once per model
+
+
+def narrow_copy(params, dtype: str):
+  """The target's weights cast for a StreamingDraft(weights=dtype), made once per params tree."""
+  key = (id(params), dtype)
+  if key not in _NARROW or _NARROW[key][0] is not params:
+    if len(_NARROW) >= 2:
+      _NARROW.clear()
+    _NARROW[key] = (params, narrow_weights(params, dtype))
+  return _NARROW[key][1]

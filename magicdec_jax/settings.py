@@ -1,0 +1,108 @@
+"""Decoding settings, typed and validated once.
+
+`DecodeSettings` is what every way in builds: `generate(model, prompts, max_new_tokens=..., ...)` and
+`generate_stream` make one from their keywords, the command line makes one from its flags
+(cli/flags.decode_settings), and datagen fingerprints the one it runs with (`fingerprint()`), so a
+resumed data set is refused if anything that changes the samples differs. Defaults live here and in
+drafts/streaming.py (sink, window), nowhere else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from magicdec_jax.drafts import Draft, REGISTRY
+from magicdec_jax.pallas import IMPLS
+from magicdec_jax.sampling import Sampling
+from magicdec_jax.trees import Tree
+
+DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSettings:
+  """How to decode. draft None: plain autoregressive decoding. gamma: chain length or "auto" (the cost
+  model's choice for the batch and context); tree: a trees.Tree or "auto" (a hardware-aware Sequoia
+  tree) instead of a chain. hardware / acceptance / auto_fallback: inputs of "auto" (tuning/autotune.py).
+  xla_options: XLA compiler options for this call's executables only."""
+  max_new_tokens: int
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  eos_token_id: Any = None               # an id, a list of ids, or None (the model's own)
+  draft: Draft | None = None
+  gamma: int | str = DEFAULT_GAMMA
+  tree: Tree | str | None = None
+  attention_impl: str = "auto"
+  hardware: Any = None
+  acceptance: Any = None
+  auto_fallback: bool = True
+  xla_options: Mapping[str, Any] | None = None
+
+  def __post_init__(self):
+    if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
+        or self.max_new_tokens < 1:
+      raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+    Sampling(float(self.temperature), int(self.top_k), float(self.top_p))          # its own checks
+    if not isinstance(self.seed, (int, np.integer)):
+      raise ValueError(f"seed must be an integer, got {self.seed!r}")
+    if self.draft is not None and not isinstance(self.draft, Draft):
+      raise ValueError(f"draft must be one of {', '.join(c.__name__ for c in REGISTRY.values())} or None, "
+                       f"got {self.draft!r:.80}")
+    if self.gamma != "auto" and (isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, np.integer))
+                                 or self.gamma < 1):
+      raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {self.gamma!r}")
+    if self.tree is not None and self.tree != "auto" and not isinstance(self.tree, Tree):
+      raise ValueError(f"tree must be a trees.Tree or 'auto', got {self.tree!r}")
+    if self.attention_impl not in IMPLS:
+      raise ValueError(f"attention_impl must be one of {IMPLS}, got {self.attention_impl!r}")
+    if not isinstance(self.auto_fallback, bool):
+      raise ValueError(f"auto_fallback must be True or False, got {self.auto_fallback!r}")
+    if self.xla_options is not None and not isinstance(self.xla_options, Mapping):
+      raise ValueError(f"xla_options must be a dict of XLA option name -> value, got {self.xla_options!r:.80}")
+
+  @property
+  def sampling(self) -> Sampling:
+    return Sampling(float(self.temperature), int(self.top_k), float(self.top_p))
+
+  @property
+  def speculation(self) -> Tree | str | None:
+    """What to speculate: None (no draft), a Tree, "auto" (a tree) or "auto-chain" (a chain of auto gamma)."""
+    if self.draft is None:
+      return None
+    if self.tree is not None:
+      return self.tree
+    return "auto-chain" if self.gamma == "auto" else Tree.chain(int(self.gamma))
+
+  def replace(self, **changes) -> "DecodeSettings":
+    return dataclasses.replace(self, **changes)
+
+  def fingerprint(self) -> dict[str, Any]:
+    """Every setting as JSON-able values: what a resumed data set must match (datagen)."""
+    out = {}
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if isinstance(v, (np.integer, np.floating)):
+        v = v.item()
+      if isinstance(v, Mapping):
+        v = {str(k): v[k] for k in sorted(v)}
+      try:
+        json.dumps(v)
+      except TypeError:
+        v = repr(v)
+      out[f.name] = v
+    return out
+
+
+def decode_settings(settings: DecodeSettings | None = None, **kwargs) -> DecodeSettings:
+  """A DecodeSettings from an existing one and/or keyword arguments (the keywords win)."""
+  if settings is None:
+    return DecodeSettings(**kwargs)
+  if not isinstance(settings, DecodeSettings):
+    raise ValueError(f"settings must be a DecodeSettings, got {settings!r:.80}")
+  return settings.replace(**kwargs) if kwargs else settings
