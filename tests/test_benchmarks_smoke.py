@@ -2,8 +2,7 @@
 TMP` runs (in this process through `main(argv)`, gpu_suite in a subprocess: it patches the decode loop's accept)
 and its JSON has the promised fields with sane values, checked against independent references where a
 benchmark computes something (numpy attention and margins, the Bernoulli switch's closed form, row-round
-counts). Seconds each; the slower ones are marked slow. context_sweep, prefill_bench, round_cost
-(tests/test_prefilled.py) and shrink_batch (tests/test_shrink.py) are smoke-run by the tests named in ELSEWHERE.
+counts). Seconds each; the slower ones are marked slow.
 """
 import ast
 import importlib
@@ -21,10 +20,6 @@ from magicdec_jax import testing
 from magicdec_jax.model import full_forward
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-ELSEWHERE = {"context_sweep": "tests/test_prefilled.py::test_context_sweep_smoke",
-             "prefill_bench": "tests/test_prefilled.py::test_prefill_bench_smoke",
-             "round_cost": "tests/test_prefilled.py::test_round_cost_smoke",
-             "shrink_batch": "tests/test_shrink.py::test_shrink_batch_benchmark_smoke"}
 CASES = {}      # name -> (check(doc, out, module, stdout), slow, extra argv, in a subprocess)
 
 
@@ -104,6 +99,57 @@ def _decode_attention_layout(doc, out, mod, stdout):
     for how in ("cache_layout", "kt_layout", "sq_orientation"):
       assert row["attention"][how]["min_ms"] > 0
   assert set(doc["ratio_to_T1"]) == {"1", "3"}
+
+
+@case("context_sweep")
+def _context_sweep(doc, out, mod, stdout):
+  """Every speculative point decodes AR's tokens; --repredict keeps the measured figures; --combine merges."""
+  assert doc["env"]["device"] and doc["env"]["date"] and len(doc["points"]) == 4
+  for p in doc["points"]:
+    assert all(f["identical_to_ar"] for f in p["spec"])
+    assert p["ar"]["decode_tok_s"] > 0 and p["best_decode_speedup"] > 0
+  assert set(doc["crossover"]) == {"1", "2"}
+  assert doc["crossover"]["1"]["label"].startswith("predicted")
+  assert out.with_suffix(".png").exists()
+  mod.main(["--smoke", "--repredict", str(out)])          # predictions only, measured figures kept
+  again = json.loads(out.read_text())
+  assert again["points"] == doc["points"]
+  assert again["crossover"]["2"]["predicted_with_profile"]["label"].startswith("predicted")
+  both = out.parent / "both.png"
+  table = mod.combine([str(out), str(out)], str(both))   # two runs, one figure
+  assert table[2][128] == [p["best_decode_speedup"] for p in doc["points"] if (p["batch"], p["context"]) == (2, 128)] * 2
+  assert both.read_bytes()[:4] == b"\x89PNG"
+
+
+@case("lookup_draft", slow=False)
+def _lookup_draft(doc, out, mod, stdout):
+  """Greedy: the self-draft and every lookup chain decode AR's tokens; speedups are of summed times."""
+  _env_ok(doc)
+  assert doc["identical_to_ar"]
+  assert set(doc["summary"]) == {"autoregressive", "self_gamma2", "lookup_gamma2"}
+  assert doc["summary"]["autoregressive"]["speedup"] == 1.0
+  assert all(s["tokens_per_s"] > 0 for s in doc["summary"].values())
+
+
+@case("round_cost")
+def _round_cost(doc, out, mod, stdout):
+  (row,) = doc["rows"]
+  (g,) = row["gammas"]
+  assert row["ar_in_loop_s"] > 0 and g["round_in_loop_s"] > 0 and g["sum_of_steps_s"] > 0
+
+
+@case("prefill_bench", slow=False)
+def _prefill_bench(doc, out, mod, stdout):
+  assert doc["engine"]["tokens_per_s"] > 0 and doc["previous_rule"]["tokens_per_s"] > 0
+  assert 0 < doc["engine"]["share_of_matmul_rate"]
+
+
+@case("shrink_batch", slow=False)
+def _shrink_batch(doc, out, mod, stdout):
+  """The shrinking batch decodes AR's tokens and really runs in stages."""
+  rec, = doc["shapes"]
+  assert rec["identical_to_ar"] and rec["speedup_shrinking"] > 0
+  assert all(len(r["batch_stages"]) >= 1 for r in rec["runs"]["shrinking"])
 
 
 @case("distilled_draft_speed")
@@ -223,13 +269,10 @@ def test_benchmark_smoke(name, tmp_path, capsys):
 
 
 def test_every_smoke_mode_is_run():
-  """The benchmarks whose usage shows `--smoke` are exactly those run above or by the tests in ELSEWHERE."""
+  """The benchmarks whose usage shows `--smoke` are exactly those run above."""
   smoke = {p.stem for p in (ROOT / "benchmarks").glob("*.py")
            if "--smoke" in (ast.get_docstring(ast.parse(p.read_text())) or "") and p.stem not in ("common", "__init__")}
-  assert smoke == set(CASES) | set(ELSEWHERE)
-  for where in ELSEWHERE.values():
-    path, test = where.split("::")
-    assert f"def {test}(" in (ROOT / path).read_text(), where
+  assert smoke == set(CASES)
 
 
 def _numpy_attention(q, k, v, mask):

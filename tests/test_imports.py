@@ -150,3 +150,28 @@ def test_detector_finds_a_cycle_and_a_nested_import(tmp_path, monkeypatch):
   graph, nested = _graph()
   assert _cycle(graph) == [f"{PKG}.a", f"{PKG}.b", f"{PKG}.a"]
   assert nested == [os.path.join(PKG, "b.py") + ":2"]
+
+
+def test_nothing_outside_drafts_dispatches_on_a_draft_class():
+  """Every draft answers one interface (drafts/base.py): no module outside magicdec_jax/drafts/ asks
+  isinstance / issubclass of a concrete draft class, or compares a draft's type."""
+  drafts_dir = os.path.join(ROOT, "drafts")
+  concrete = set()
+  for f in os.listdir(drafts_dir):
+    if f.endswith(".py"):
+      tree = ast.parse(open(os.path.join(drafts_dir, f), encoding="utf-8").read())
+      concrete |= {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+  concrete -= {"Draft", "DraftSpec", "Prefill", "Round", "Footprint"}       # the interface itself
+  assert {"StreamingDraft", "ModelDraft", "PromptLookupDraft"} <= concrete
+  bad = []
+  for mod, path in _modules().items():
+    if mod.startswith(f"{PKG}.drafts") or path == os.path.join(ROOT, "testing.py"):
+      continue
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("isinstance", "issubclass"):
+        named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} | \
+                {n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+        if named & concrete:
+          bad.append(f"{os.path.relpath(path, os.path.dirname(ROOT))}:{node.lineno}")
+  assert not bad, "dispatch on a draft class outside drafts/: " + ", ".join(bad)

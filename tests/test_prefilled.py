@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
-from benchmarks import context_sweep, prefill_bench, round_cost
 from magicdec_jax import prefilled, textdata
 from magicdec_jax import testing
 from magicdec_jax.cli import demo as cli_demo
@@ -79,27 +78,6 @@ def test_bad_arguments_are_refused():
     prefilled.prefill(model, [[1] * 500], max_new_tokens=40)
 
 
-@pytest.mark.slow
-def test_context_sweep_smoke(tmp_path):
-  out = tmp_path / "sweep.json"
-  context_sweep.main(["--smoke", "--output", str(out)])
-  doc = json.loads(out.read_text())
-  assert doc["env"]["device"] and doc["env"]["date"] and len(doc["points"]) == 4
-  for p in doc["points"]:
-    assert all(f["identical_to_ar"] for f in p["spec"])
-    assert p["ar"]["decode_tok_s"] > 0 and p["best_decode_speedup"] > 0
-  assert set(doc["crossover"]) == {"1", "2"}
-  assert doc["crossover"]["1"]["label"].startswith("predicted")
-  assert (tmp_path / "sweep.png").exists()
-  context_sweep.main(["--smoke", "--repredict", str(out)])          # predictions only, measured figures kept
-  again = json.loads(out.read_text())
-  assert again["points"] == doc["points"]
-  assert again["crossover"]["2"]["predicted_with_profile"]["label"].startswith("predicted")
-  table = context_sweep.combine([str(out), str(out)], str(tmp_path / "both.png"))   # two runs, one figure
-  assert table[2][128] == [p["best_decode_speedup"] for p in doc["points"] if (p["batch"], p["context"]) == (2, 128)] * 2
-  assert (tmp_path / "both.png").read_bytes()[:4] == b"\x89PNG"
-
-
 def test_loop_rounds_are_the_slowest_rows():
   """stats["loop_rounds"] (what the demo divides its decode time by) is the batch's round count: with AR
   every round emits one token per row, so it is the longest output; speculating, the most rounds a row ran."""
@@ -113,42 +91,24 @@ def test_loop_rounds_are_the_slowest_rows():
   assert sd.stats["loop_rounds"] >= sd.stats["verify_steps"] / len(prompts)
 
 
-@pytest.mark.slow
-def test_round_cost_smoke(tmp_path):
-  out = tmp_path / "round.json"
-  round_cost.main(["--smoke", "--output", str(out)])
-  (row,) = json.loads(out.read_text())["rows"]
-  (g,) = row["gammas"]
-  assert row["ar_in_loop_s"] > 0 and g["round_in_loop_s"] > 0 and g["sum_of_steps_s"] > 0
-
-
-def test_prefill_bench_smoke(tmp_path):
-
-  out = tmp_path / "prefill.json"
-  prefill_bench.main(["--smoke", "--output", str(out)])
-  doc = json.loads(out.read_text())
-  assert doc["engine"]["tokens_per_s"] > 0 and doc["previous_rule"]["tokens_per_s"] > 0
-  assert 0 < doc["engine"]["share_of_matmul_rate"]
-
-
 def test_demo_runs_and_checks_its_own_tokens(capsys):
-  """The main job's code path (cli_demo.run) on a random tiny model: greedy MagicDec equals AR there."""
+  """The main job's code path (cli_demo.compare) on a random tiny model: greedy MagicDec equals AR there."""
   model = testing.random_tiny_model(0)
-  res = cli_demo.run(model, batch=2, prompt_tokens=300, max_new_tokens=8, gamma=2, sink=2, window=16,
-                     temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, shared_tokens=256)
+  res = cli_demo.compare(model, batch=2, prompt_tokens=300, max_new_tokens=8, gamma=2, sink=2, window=16,
+                         temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, shared_tokens=256)
   assert res["identical"] and res["speedup"] > 0 and len(res["speedup_by_run"]) == 2
   assert res["shared_tokens"] == 256                 # one 256-token chunk prefilled once for both rows
   out = capsys.readouterr().out
   assert "speedup" in out and "identical greedy tokens: True" in out and "crossover" in out
   assert "alternated runs" in out and "the batch ran" in out and res["tail"] >= 1.0
   assert "predictability" in out and 0.0 <= res["copied_share"] <= 1.0
-  res = cli_demo.run(model, batch=4, prompt_tokens=300, max_new_tokens=8, gamma=2, sink=2, window=16,
-                     temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, repeats=1,
-                     shrink_batch=True)
+  res = cli_demo.compare(model, batch=4, prompt_tokens=300, max_new_tokens=8, gamma=2, sink=2, window=16,
+                         temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, repeats=1,
+                         shrink_batch=True)
   assert res["identical"] and "rounds at batch 4" in capsys.readouterr().out
   with pytest.raises(ValueError, match="shared_tokens"):
-    cli_demo.run(model, batch=2, prompt_tokens=64, max_new_tokens=8, gamma=2, sink=2, window=16,
-                 temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, shared_tokens=64)
+    cli_demo.compare(model, batch=2, prompt_tokens=64, max_new_tokens=8, gamma=2, sink=2, window=16,
+                     temperature=0.0, seed=0, progress=False, log=lambda m: None, root=ROOT, shared_tokens=64)
 
 
 def test_demo_reads_the_newest_sweep_of_this_device(tmp_path):

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
-from benchmarks import shrink_batch
 from magicdec_jax import prefilled, shrink, slots
 from magicdec_jax.trees import Tree
 
@@ -91,12 +90,3 @@ def test_bad_shrink_settings_are_refused_before_compiling():
     prefilled.decode(model, pre, shrink_batch=1)
   with pytest.raises(ValueError, match="min_batch"):
     shrink.decode(None, None, None, None, min_batch=0)
-
-
-def test_shrink_batch_benchmark_smoke(tmp_path):
-  out = tmp_path / "shrink.json"
-  shrink_batch.main(["--smoke", "--output", str(out)])
-  doc = json.loads(out.read_text())
-  rec, = doc["shapes"]
-  assert rec["identical_to_ar"] and rec["speedup_shrinking"] > 0
-  assert all(len(r["batch_stages"]) >= 1 for r in rec["runs"]["shrinking"])

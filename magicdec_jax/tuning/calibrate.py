@@ -10,7 +10,7 @@ returns the profile; `load_profile` gives back a FittedHardware that every cost-
 `generate(..., hardware=PATH)`, `run.py --hardware=PATH`, `--mode=plan`) accepts.
 
 Timings are the minimum over `repeats` calls after one untimed call (compilation): on a shared CPU the
-minimum is the least disturbed estimate; the median is recorded too. Profile format: README "Hardware
+minimum is the least disturbed estimate; the median is recorded too. Profile format: docs/tuning.md "Hardware
 profiles".
 """
 from __future__ import annotations

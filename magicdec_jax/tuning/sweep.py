@@ -22,7 +22,7 @@ from magicdec_jax import prefilled
 from magicdec_jax.tuning import autotune, costmodel
 from magicdec_jax.model import Model
 
-# run.py --bench_preset=long_context: the sweep the README's figure comes from (CPU: ~25 min)
+# run.py --bench_preset=long_context: the sweep the README's figure comes from (CPU: ~25 min; docs/measurements.md)
 LONG_CONTEXT = {"batches": (8, 4, 1), "contexts": (1024, 2048, 4096, 8000), "gammas": (2, 3), "window": 256,
                 "max_new_tokens": 64, "max_batch_tokens": 33000}
 
