@@ -11,7 +11,7 @@ import pytest
 from absl import app, flags
 
 from magicdec_jax import engine
-from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.cli import modes as cli_modes
 from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
 
@@ -20,9 +20,9 @@ ENV = dict(os.environ, PYTHONPATH=ROOT)
 
 
 def check(argv):
-  fv = cli_flags.define_flags(flags.FlagValues())
+  fv = cli_modes.define_flags(flags.FlagValues())
   fv(["run.py"] + argv)
-  cli_flags.validate(fv)
+  cli_modes.validate(fv)
 
 
 def run(*argv, timeout=300):

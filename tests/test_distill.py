@@ -13,7 +13,7 @@ import pytest
 
 from conftest import tiny_model, xla_flags
 from magicdec_jax import checkpoints, drafts, engine
-from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.cli import modes as cli_modes
 from magicdec_jax import testing
 from magicdec_jax.training import distill, distill_data, trainer
 from magicdec_jax.model import full_forward
@@ -224,9 +224,9 @@ def test_cli_distill_flags_validated(tmp_path):
   from absl import app, flags
 
   def check(argv):
-    fv = cli_flags.define_flags(flags.FlagValues())
+    fv = cli_modes.define_flags(flags.FlagValues())
     fv(["run.py", "--mode=distill"] + argv)
-    cli_flags.validate(fv)
+    cli_modes.validate(fv)
 
   data = tmp_path / "d.jsonl"
   data.write_text(json.dumps({"token_ids": [1, 2, 3]}) + "\n")

@@ -18,7 +18,7 @@ import pytest
 from absl import app, flags
 
 from magicdec_jax.tuning import acceptance
-from magicdec_jax.cli import bench as cli_bench, flags as cli_flags
+from magicdec_jax.cli import bench as cli_bench, flags as cli_flags, modes as cli_modes
 from magicdec_jax import testing
 from magicdec_jax.drafts import ModelDraft, StreamingDraft
 from magicdec_jax.model import full_forward
@@ -32,13 +32,13 @@ def tiny():
 
 
 def parse(argv):
-  fv = cli_flags.define_flags(flags.FlagValues())
+  fv = cli_modes.define_flags(flags.FlagValues())
   fv(["run.py"] + argv)
   return fv
 
 
 def check(argv):
-  cli_flags.validate(parse(argv))
+  cli_modes.validate(parse(argv))
 
 
 PARSE_ERRORS = [  # single-flag ranges: absl rejects them while parsing, naming the flag and the range

@@ -1,1 +1,2 @@
-"""The command line behind run.py: flags, and one module per --mode."""
+"""The command line behind run.py: flags.py (the flags, their common checks, the objects they describe),
+one module per --mode (run + validate) and modes.py, their registry."""

@@ -16,9 +16,45 @@ import time
 
 import jax
 import numpy as np
+from absl import app
 
 from magicdec_jax import textdata
+from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.tuning import sweep
+
+GRID = (("batches", 1), ("contexts", 16), ("gammas", 1))    # the grid's list flags and their least values
+
+
+def validate(fv) -> None:
+  cli_flags.validate_draft(fv)
+  cli_flags.validate_acceptance_file(fv)
+  for name, low in GRID:
+    cli_flags.int_list(fv, name, low)
+  cli_flags.refuse_no_draft(fv, "compares against a draft")
+  if fv.mesh:
+    raise app.UsageError("--mode=bench measures on one device (prefill once, decode each way); "
+                         "--mesh is for --mode=generate / datagen")
+  if fv.tree:
+    raise app.UsageError("--mode=bench sweeps chains (--gammas); --tree is for --mode=generate")
+
+
+def run(fv, log) -> None:
+  """The grid from the flags (or --bench_preset, for the flags not given) -> run_bench; prints the paths."""
+  preset = sweep.LONG_CONTEXT if fv.bench_preset == "long_context" else {}
+  if preset and not fv["window"].present:
+    fv.window = preset["window"]
+  if preset and not fv["max_new_tokens"].present:
+    fv.max_new_tokens = preset["max_new_tokens"]
+  grid = {name: (cli_flags.int_list(fv, name, low) if fv[name].present or not preset else list(preset[name]))
+          for name, low in GRID}
+  model = cli_flags.load_target(fv, log)
+  st = cli_flags.decode_settings(fv, model)
+  out = run_bench(
+      model, st.draft, **grid, output_dir=fv.output_dir, log=log, hardware=fv.hardware,
+      max_batch_tokens=preset.get("max_batch_tokens"),
+      gen=dict(max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_k=st.top_k, top_p=st.top_p,
+               seed=st.seed, attention_impl=st.attention_impl))
+  print(json.dumps({"json": out["json"], "plots": out["plots"]}, indent=1))
 
 
 def _prompts(model, batch: int, context: int) -> list[list[int]]:

@@ -1,4 +1,4 @@
-"""`run.py` with no flags: the main job. MagicDec against plain decoding where MagicDec is meant to win.
+"""`run.py` with no flags (--mode=demo): the main job. MagicDec against plain decoding where MagicDec is meant to win.
 
 The prompts are prefilled **once** (progress bar), then decoded autoregressively and with MagicDec
 self-speculation (StreamingDraft: the target over sink + window tokens) from copies of the same caches, so
@@ -31,8 +31,10 @@ import json
 import os
 
 import jax
+from absl import app
 
 from magicdec_jax import drafts, prefilled, textdata
+from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.tuning import calibrate, sweep
 from magicdec_jax.model import Model
 
@@ -45,6 +47,7 @@ DEMO_NEW_TOKENS = 256      # a fixed batch waits for its slowest row; that tail 
                            # rounds over 64 tokens, ~1.05x over 128, ~1.04x over 256 (8 x 4096, this CPU:
                            # benchmarks/NOTES.md, "The demo's tail")
 SWEEP_GLOB = "benchmarks/results/context_sweep_*.json"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout: run.py's
 
 
 def default_shape() -> tuple[int, int, int]:
@@ -142,10 +145,34 @@ def default_shared_tokens(prompt_tokens: int, chunk: int = 256) -> int:
   return max(prompt_tokens - DISTINCT_TAIL, 0) // chunk * chunk
 
 
-def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, gamma: int, sink: int,
-        window: int, temperature: float, seed: int, progress: bool, shared_tokens: int | None = None,
-        repeats: int = 2, draft_weights: str | None = None, shrink_batch: bool = False, log=print,
-        root: str = ".") -> dict:
+def validate(fv) -> None:
+  cli_flags.validate_draft(fv)
+  cli_flags.validate_acceptance_file(fv)
+  if fv.shared_tokens is not None and fv["prompt_tokens"].present and fv.shared_tokens >= fv.prompt_tokens:
+    raise app.UsageError(f"--shared_tokens={fv.shared_tokens} must be below --prompt_tokens={fv.prompt_tokens}")
+  cli_flags.refuse_no_draft(fv, "compares against a draft")
+
+
+def run(fv, log) -> None:
+  """`run.py` (--mode=demo): `compare` on --model; batch, prompt length, new tokens, gamma and the draft's
+  weights are `default_shape()`, DEMO_NEW_TOKENS and bfloat16 unless given."""
+  model = cli_flags.load_target(fv, log)
+  batch, prompt_tokens, gamma = default_shape()
+  given = lambda name: fv[name].present
+  compare(model, batch=fv.batch_size if given("batch_size") else batch,
+          prompt_tokens=fv.prompt_tokens if given("prompt_tokens") else prompt_tokens,
+          max_new_tokens=fv.max_new_tokens if given("max_new_tokens") else DEMO_NEW_TOKENS,
+          gamma=cli_flags.parse_gamma(fv.gamma) if given("gamma") else gamma, sink=fv.sink, window=fv.window,
+          temperature=fv.temperature, seed=fv.seed, progress=fv.progress, shared_tokens=fv.shared_tokens,
+          repeats=fv.demo_repeats, shrink_batch=fv.shrink_batch,
+          draft_weights=(None if fv.draft_weights == "none" else fv.draft_weights)
+          if given("draft_weights") else "bfloat16", log=log, root=ROOT)
+
+
+def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, gamma: int, sink: int,
+            window: int, temperature: float, seed: int, progress: bool, shared_tokens: int | None = None,
+            repeats: int = 2, draft_weights: str | None = None, shrink_batch: bool = False, log=print,
+            root: str = ".") -> dict:
   """Prefill once, decode both ways (alternately, `repeats` times each), print the comparison; returns
   the figures. shared_tokens: the document all prompts start with (None: default_shared_tokens);
   draft_weights: StreamingDraft.weights (None: the target's own; "bfloat16": a narrower copy);
@@ -173,7 +200,7 @@ def run(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, ga
     mds.append(prefilled.decode(model, pre, draft=draft, gamma=gamma, **gen))
     log(f"MagicDec ({r + 1}/{repeats}): decode {mds[-1].stats['decode_s']:.1f}s + "
         f"{mds[-1].stats['decode_compile_s']:.1f}s compile (draft cache built in {mds[-1].stats['ring_s']:.2f}s)")
-  ar, md = ars[-1], mds[-1]
+  md = mds[-1]
   a, m = _summed(ars), _summed(mds)
   speedup = m["tokens_per_s"] / a["tokens_per_s"]
   pairs = [y.stats["tokens_per_s"] / x.stats["tokens_per_s"] for x, y in zip(ars, mds)]

@@ -1,16 +1,18 @@
 """run.py's flags, their validation, and the objects they describe (model, draft, tree, sampling kwargs).
 
-Flags are defined into any `absl.flags.FlagValues` (run.py uses the global FLAGS, tests a fresh one).
-Single-value ranges are absl bounds/enums (a bad value fails at parse time with the flag and its range);
-`validate(fv)` does the cross-flag and file checks and raises `app.UsageError` naming the flag, all
-before any model is loaded.
+Flags are defined into any `absl.flags.FlagValues` (run.py uses the global FLAGS, tests a fresh one), the
+`--mode` names given by the registry (cli/modes.py). Single-value ranges are absl bounds/enums (a bad value
+fails at parse time with the flag and its range); `validate(fv)` does the cross-flag checks common to every
+mode, the helpers below (`validate_draft`, `need`, `readable_file`, ...) serve each mode's own `validate`;
+all raise `app.UsageError` naming the flag, before any model is loaded.
 """
 from __future__ import annotations
 
 import functools
 import json
 import os
-import re
+import time
+from typing import Sequence
 
 from absl import app, flags
 
@@ -19,17 +21,16 @@ from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.tuning import calibrate, shapes
 
-MODES = ("demo", "generate", "bench", "datagen", "convert", "plan", "profile_acceptance", "distill",
-         "calibrate")
 DRAFTS = ("none",) + tuple(drafts.REGISTRY)
 HARDWARE = ("cpu", "a100", "h100", "h200")
 IMPLS = ("auto", "xla", "pallas_interpret", "pallas_triton")
 RANDOM_PREFIX = testing.RANDOM_PREFIX   # test/debug model names: random-tiny or random-tiny:SEED
 
 
-def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
+def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues:
+  """Every flag, into `fv`; `modes`: the --mode names (cli/modes.py defines them with its registry)."""
   d = dict(flag_values=fv)
-  flags.DEFINE_enum("mode", "demo", MODES, "What to run (default: the demo).", **d)
+  flags.DEFINE_enum("mode", "demo", list(modes), "What to run (default: the demo).", **d)
   # Model and draft.
   flags.DEFINE_string("model", "smollm2-135m", "Target: 'smollm2-135m', an orbax dir, an HF dir or a .gguf "
                       f"file ('{RANDOM_PREFIX}[:SEED]': a tiny random model with a byte tokenizer, for tests).", **d)
@@ -193,20 +194,21 @@ def int_list(fv, name: str, minimum: int) -> list[int]:
   return vals
 
 
-def _need(fv, mode: str, *names: str):
+def need(fv, *names: str):
+  """UsageError unless every named flag is set."""
   for n in names:
     if not getattr(fv, n):
-      raise app.UsageError(f"--mode={mode} needs --{n}")
+      raise app.UsageError(f"--mode={fv.mode} needs --{n}")
 
 
-def _readable_file(flag: str, path: str):
+def readable_file(flag: str, path: str):
   if not os.path.isfile(path):
     raise app.UsageError(f"--{flag}={path}: no such file")
   if not os.access(path, os.R_OK):
     raise app.UsageError(f"--{flag}={path}: not readable")
 
 
-def _writable_target(flag: str, path: str):
+def writable_target(flag: str, path: str):
   parent = os.path.dirname(os.path.abspath(path))
   if os.path.isdir(path):
     raise app.UsageError(f"--{flag}={path}: is a directory, expected a file path")
@@ -234,23 +236,14 @@ def parse_gamma(value: str):
 
 
 def validate(fv) -> None:
-  """Cross-flag checks (mode requirements, files, lists); raises app.UsageError naming the flag."""
+  """The cross-flag checks common to every mode (each mode's module checks its own after these); raises
+  app.UsageError naming the flag."""
   mode = fv.mode
   parse_gamma(fv.gamma)
   if fv.draft == "lookup" and fv.tree:
     raise app.UsageError(f"--draft=lookup proposes a chain (--gamma), not --tree={fv.tree}")
   if fv.draft == "model" and not (fv.draft_model or fv.draft_layers):
     raise app.UsageError("--draft=model needs --draft_model and/or --draft_layers")
-  if fv.draft == "feature" and mode != "distill":
-    if not fv.draft_model or fv.draft_layers:
-      raise app.UsageError("--draft=feature needs --draft_model=DIR (a trained head) and no --draft_layers")
-    if not os.path.isfile(os.path.join(fv.draft_model, feature_head.HEAD_FILE)):
-      raise app.UsageError(f"--draft_model={fv.draft_model}: no {feature_head.HEAD_FILE} there (not a "
-                           "finished feature head)")
-  if mode == "distill":
-    _validate_distill(fv)
-  elif fv.draft not in ("model", "feature") and (fv.draft_model or fv.draft_layers):
-    raise app.UsageError(f"--draft_model/--draft_layers only apply to --draft=model (got --draft={fv.draft})")
   if fv.tree:
     parse_tree(fv.tree)
     if fv.draft == "none":
@@ -261,105 +254,41 @@ def validate(fv) -> None:
     raise app.UsageError(f"--process_id={fv.process_id} must be < --num_processes={fv.num_processes}")
   if fv.hardware is not None:
     check_hardware(fv.hardware)
-  if fv.acceptance_file and mode in ("generate", "demo", "bench", "datagen", "calibrate", "plan"):
-    _readable_file("acceptance_file", fv.acceptance_file)
-    load_acceptance_vector(fv.acceptance_file)
   if fv["distill_compute"].present and (mode != "distill" or fv.draft != "feature"):
     raise app.UsageError(f"--distill_compute={fv.distill_compute} is for --mode=distill --draft=feature "
                          f"(got --mode={mode} --draft={fv.draft})")
   if fv["draft_weights"].present and fv.draft_weights != "none" and fv.draft != "streaming":
     raise app.UsageError(f"--draft_weights={fv.draft_weights} is for --draft=streaming (got --draft={fv.draft})")
-  if (mode == "demo" and fv.shared_tokens is not None and fv["prompt_tokens"].present
-      and fv.shared_tokens >= fv.prompt_tokens):
-    raise app.UsageError(f"--shared_tokens={fv.shared_tokens} must be below --prompt_tokens={fv.prompt_tokens}")
   if fv.shrink_batch and (mode not in ("generate", "demo") or fv.mesh):
     raise app.UsageError(f"--shrink_batch is for --mode=generate or demo without --mesh (got --mode={mode}"
                          + (f" --mesh={fv.mesh})" if fv.mesh else ")"))
-  if mode == "demo" and fv.draft == "none":
-    raise app.UsageError("--mode=demo compares against a draft; --draft=none is not allowed")
-  if mode == "generate":
-    if bool(fv.prompt) == bool(fv.prompts_file):
-      raise app.UsageError("--mode=generate needs exactly one of --prompt (repeatable) or --prompts_file")
-    if fv.prompts_file:
-      _readable_file("prompts_file", fv.prompts_file)
-    if any(not p.strip() for p in fv.prompt):
-      raise app.UsageError("--prompt: empty prompt")
-  elif mode == "bench":
-    int_list(fv, "batches", 1)
-    int_list(fv, "contexts", 16)
-    int_list(fv, "gammas", 1)
-    if fv.draft == "none":
-      raise app.UsageError("--mode=bench compares against a draft; --draft=none is not allowed")
-    if fv.mesh:
-      raise app.UsageError("--mode=bench measures on one device (prefill once, decode each way); "
-                           "--mesh is for --mode=generate / datagen")
-    if fv.tree:
-      raise app.UsageError("--mode=bench sweeps chains (--gammas); --tree is for --mode=generate")
-  elif mode == "datagen":
-    _need(fv, mode, "input", "output")
-    _readable_file("input", fv.input)
-    _writable_target("output", fv.output)
-    if fv.refill_at > fv.batch_size:
-      raise app.UsageError(f"--refill_at={fv.refill_at} is larger than --batch_size={fv.batch_size}")
-    if os.path.abspath(fv.input) == os.path.abspath(fv.output):
-      raise app.UsageError("--input and --output are the same file")
-  elif mode == "convert":
-    _need(fv, mode, "src", "dst")
-  elif mode == "plan":
-    int_list(fv, "batches", 1)
-    int_list(fv, "contexts", 1)
-    if fv.draft == "none":
-      raise app.UsageError("--mode=plan plans a draft; --draft=none is not allowed")
-    if fv.draft == "model" and not fv.draft_layers:
-      raise app.UsageError("--mode=plan with --draft=model needs --draft_layers (the draft's depth)")
-  elif mode == "profile_acceptance":
-    _need(fv, mode, "output")
-    _writable_target("output", fv.output)
-    if fv.input:
-      _readable_file("input", fv.input)
-    if fv.draft not in ("streaming", "model"):
-      raise app.UsageError("--mode=profile_acceptance needs --draft=streaming or --draft=model")
-  elif mode == "calibrate":
-    _need(fv, mode, "output")
-    _writable_target("output", fv.output)
-    int_list(fv, "batches", 1)
-    int_list(fv, "contexts", 1)
-    int_list(fv, "calibrate_tokens", 1)
-    int_list(fv, "calibrate_draft_tokens", 1)
 
 
-def _validate_distill(fv):
-  _need(fv, "distill", "distill_data", "distill_out")
-  for p in fv.distill_data:
-    _readable_file("distill_data", p)
-    if os.path.getsize(p) == 0:
-      raise app.UsageError(f"--distill_data={p}: empty file")
-  if fv.draft_vocab and fv.draft != "feature":
-    raise app.UsageError(f"--draft_vocab={fv.draft_vocab} applies to --draft=feature only")
+def validate_draft(fv, head: bool = True) -> None:
+  """The draft flags of a mode that uses the draft they describe (every mode but distill, which trains one):
+  --draft_model / --draft_layers only where the draft takes them; --draft=feature a finished head
+  (`head=False`: none needed, plan prices the default head's shape)."""
   if fv.draft == "feature":
-    if fv.draft_layers or fv.draft_config or fv.draft_model:
-      raise app.UsageError("--mode=distill --draft=feature trains a new head: no --draft_layers, "
-                           "--draft_config or --draft_model")
-  elif bool(fv.draft_layers) == bool(fv.draft_config):
-    raise app.UsageError("--mode=distill needs exactly one of --draft_layers (the target's first N layers) "
-                         "or --draft_config (a config JSON for a random draft)")
-  if fv.draft_config:
-    _readable_file("draft_config", fv.draft_config)
-    draft_config_from_flag(fv.draft_config)
-  if fv.distill_heldout:
-    _readable_file("distill_heldout", fv.distill_heldout)
-  out = os.path.abspath(fv.distill_out)
-  if os.path.exists(out) and not os.path.isdir(out):
-    raise app.UsageError(f"--distill_out={fv.distill_out}: exists and is not a directory")
-  probe = out if os.path.isdir(out) else os.path.dirname(out)
-  if not os.path.isdir(probe):
-    raise app.UsageError(f"--distill_out={fv.distill_out}: directory {probe} does not exist")
-  if not os.access(probe, os.W_OK):
-    raise app.UsageError(f"--distill_out={fv.distill_out}: {probe} is not writable")
-  if fv.mesh:
-    m = re.search(r"data\s*:\s*(\d+)", fv.mesh)      # the rest is checked by setup_mesh (needs devices)
-    if m and int(m.group(1)) > 0 and fv.batch % int(m.group(1)):
-      raise app.UsageError(f"--batch={fv.batch}: must be a multiple of the mesh's data axis ({m.group(1)})")
+    if fv.draft_layers or (head and not fv.draft_model):
+      raise app.UsageError("--draft=feature needs --draft_model=DIR (a trained head) and no --draft_layers")
+    if fv.draft_model and not os.path.isfile(os.path.join(fv.draft_model, feature_head.HEAD_FILE)):
+      raise app.UsageError(f"--draft_model={fv.draft_model}: no {feature_head.HEAD_FILE} there (not a "
+                           "finished feature head)")
+  elif fv.draft != "model" and (fv.draft_model or fv.draft_layers):
+    raise app.UsageError(f"--draft_model/--draft_layers only apply to --draft=model (got --draft={fv.draft})")
+
+
+def validate_acceptance_file(fv) -> None:
+  """--acceptance_file, where the mode reads it: a readable acceptance vector."""
+  if fv.acceptance_file:
+    readable_file("acceptance_file", fv.acceptance_file)
+    load_acceptance_vector(fv.acceptance_file)
+
+
+def refuse_no_draft(fv, what: str) -> None:
+  """UsageError for --draft=none in a mode that needs a draft: '--mode=M {what}; --draft=none ...'."""
+  if fv.draft == "none":
+    raise app.UsageError(f"--mode={fv.mode} {what}; --draft=none is not allowed")
 
 
 def draft_config_from_flag(path: str):
@@ -370,7 +299,6 @@ def draft_config_from_flag(path: str):
     raise app.UsageError(f"--draft_config={path}: not a valid model config JSON ({e})") from None
 
 
-
 def check_hardware(value: str):
   """--hardware: a datasheet name or a readable hardware profile JSON (UsageError otherwise)."""
   if value in HARDWARE:
@@ -378,7 +306,7 @@ def check_hardware(value: str):
   if not value.endswith(".json"):
     raise app.UsageError(f"--hardware={value}: expected one of {', '.join(HARDWARE)} or a profile .json file "
                          "(run.py --mode=calibrate --output=PROFILE.json)")
-  _readable_file("hardware", value)
+  readable_file("hardware", value)
   try:
     calibrate.load_profile(value)
   except ValueError as e:
@@ -429,6 +357,45 @@ def load(name: str, mesh=None):
       raise app.UsageError(f"--model={name}: expected {RANDOM_PREFIX}:SEED with an integer seed")
     return testing.random_tiny_model(int(seed))
   return checkpoints.load_model(name)
+
+
+def load_target(fv, log):
+  """--model, loaded (into its shards with --mesh), with a log line before and after."""
+  log(f"loading {fv.model} ...")
+  t = time.perf_counter()
+  model = load(fv.model, setup_mesh(fv))
+  log(f"loaded {model.name}: {model.config.num_layers} layers, vocab {model.config.vocab_size} "
+      f"({time.perf_counter() - t:.1f}s)")
+  return model
+
+
+def read_prompts_file(path: str, flag: str = "prompts_file") -> list:
+  """One prompt per line, or JSONL objects with 'prompt' (or 'messages'); UsageError naming --flag."""
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      if line.lstrip().startswith("{"):
+        try:
+          rec = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise app.UsageError(f"--{flag}={path} line {n}: malformed JSON ({e.msg})") from None
+        if not isinstance(rec.get("prompt", rec.get("messages")), (str, list)):
+          raise app.UsageError(f"--{flag}={path} line {n}: needs a 'prompt' or 'messages' field")
+        out.append(rec.get("prompt", rec.get("messages")))
+      else:
+        out.append(line.rstrip("\n"))
+  if not out:
+    raise app.UsageError(f"--{flag}={path}: no prompts")
+  return out
+
+
+def prompt_text(fv, model, prompt) -> str:
+  """A prompt as the model reads it: messages (or, with --chat, a user turn) in its chat template."""
+  if isinstance(prompt, list) or fv.chat:
+    return render_chat(model, prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}])
+  return prompt
 
 
 def build_draft(fv, target):

@@ -1,0 +1,36 @@
+"""`run.py --mode=calibrate`: time this device's AR, verify and draft steps over a grid, fit the cost model's
+step-time coefficients, and write the hardware profile JSON (--output) that --hardware accepts."""
+from __future__ import annotations
+
+import json
+
+from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.tuning import calibrate
+
+
+def validate(fv) -> None:
+  cli_flags.validate_draft(fv)
+  cli_flags.validate_acceptance_file(fv)
+  cli_flags.need(fv, "output")
+  cli_flags.writable_target("output", fv.output)
+  for name in ("batches", "contexts", "calibrate_tokens", "calibrate_draft_tokens"):
+    cli_flags.int_list(fv, name, 1)
+
+
+def run(fv, log) -> None:
+  model = cli_flags.load_target(fv, log)
+  d = cli_flags.build_draft(fv, model)
+  under_test = [] if d is None else d.calibration_cases(model)
+  kw = {name: cli_flags.int_list(fv, name, 1) for name in ("batches", "contexts") if fv[name].present}
+  kw["tokens"] = cli_flags.int_list(fv, "calibrate_tokens", 1)
+  kw["draft_tokens"] = cli_flags.int_list(fv, "calibrate_draft_tokens", 1)
+  vec = cli_flags.load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file else None
+  prof = calibrate.calibrate(model.params, model.config, drafts=under_test, model_name=model.name,
+                             repeats=fv.calibrate_repeats, passes=fv.calibrate_passes,
+                             acceptance_vector=vec, log=log, **kw)
+  calibrate.save_profile(prof, fv.output)
+  fit = prof["fit"]
+  ho = fit["holdout_rel_err"] or {}
+  print(json.dumps({"profile": fv.output, "device": prof["device"], "measured_steps": len(prof["measurements"]),
+                    "seconds": round(prof["total_s"], 1), "coef": dict(zip(fit["features"], fit["coef"])),
+                    "train_rel_err": fit["train_rel_err"], "holdout_rel_err": ho}, indent=1))

@@ -1,0 +1,17 @@
+"""`run.py --mode=convert`: a checkpoint (--src: HF dir, .gguf, name) -> an orbax directory (--dst)."""
+from __future__ import annotations
+
+import json
+
+from magicdec_jax import checkpoints
+from magicdec_jax.cli import flags as cli_flags
+
+
+def validate(fv) -> None:
+  cli_flags.validate_draft(fv)      # unused here, but a misplaced draft flag is refused as in every mode
+  cli_flags.need(fv, "src", "dst")
+
+
+def run(fv, log) -> None:
+  log(f"converting {fv.src} -> {fv.dst} (orbax) ...")
+  print(json.dumps(checkpoints.convert(fv.src, fv.dst)))

@@ -1,0 +1,33 @@
+"""The --mode registry: each name's module (cli/<name>.py) has `validate(fv)`, its own cross-flag checks,
+and `run(fv, log)`. A new mode is a module with those two and one line in MODES; `define_flags` gives the
+`--mode` enum these names, `validate` runs the checks common to every mode, then the mode's own."""
+from __future__ import annotations
+
+from absl import flags
+
+from magicdec_jax.cli import (bench, calibrate, convert, datagen, demo, distill, generate, plan,
+                              profile_acceptance)
+from magicdec_jax.cli import flags as cli_flags
+
+MODES = {
+    "demo": demo,                              # the default: AR vs MagicDec where MagicDec wins
+    "generate": generate,
+    "bench": bench,
+    "datagen": datagen,
+    "convert": convert,
+    "plan": plan,
+    "profile_acceptance": profile_acceptance,
+    "distill": distill,
+    "calibrate": calibrate,
+}
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
+  """Every flag of run.py into `fv` (run.py: the global FLAGS; tests: a fresh FlagValues)."""
+  return cli_flags.define_flags(fv, tuple(MODES))
+
+
+def validate(fv) -> None:
+  """All of --mode's checks (app.UsageError naming the flag), before any model is loaded."""
+  cli_flags.validate(fv)
+  MODES[fv.mode].validate(fv)

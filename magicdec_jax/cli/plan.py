@@ -1,0 +1,72 @@
+"""`run.py --mode=plan`: the cost model's table (gamma, speedup, T_AR over batch x context) for a model shape
+(--model_shape) and the draft the flags describe, on a datasheet or a measured hardware profile
+(--hardware), with S_inflection; no weights are loaded."""
+from __future__ import annotations
+
+from absl import app
+
+from magicdec_jax import drafts
+from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.tuning import calibrate, costmodel, shapes
+from magicdec_jax.tuning.autotune import detect_hardware
+
+PLAN_BATCHES = (1, 4, 8, 16, 32, 64)
+PLAN_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def validate(fv) -> None:
+  cli_flags.validate_draft(fv, head=False)
+  cli_flags.validate_acceptance_file(fv)
+  cli_flags.int_list(fv, "batches", 1)
+  cli_flags.int_list(fv, "contexts", 1)
+  cli_flags.refuse_no_draft(fv, "plans a draft")
+  if fv.draft == "model" and not fv.draft_layers:
+    raise app.UsageError("--mode=plan with --draft=model needs --draft_layers (the draft's depth)")
+
+
+def _describe(fv, draft: costmodel.Draft) -> str:
+  """The header's words for the draft: its cost-model kind and the flags that shape it."""
+  if draft.kind == "lookup":
+    return f"lookup (n-grams up to {fv.lookup_ngram}, no network)"
+  name = "feature head" if fv.draft == "feature" else draft.kind
+  return (f"{name} (sink {fv.sink}, window {fv.window}"
+          f"{', budget %d' % fv.budget if draft.kind == 'snapkv' else ''})")
+
+
+def run(fv, log) -> None:
+  cfg = shapes.model_shape(fv.model_shape)
+  hw_name = fv.hardware or "h100"
+  profile, datasheet = None, None
+  if calibrate.is_profile_path(hw_name):
+    profile = calibrate.load_profile(hw_name)[1]
+    cfg = shapes.model_shape(fv.model_shape, dtype=profile.get("dtype", cfg.dtype))   # as it was measured
+    guess = next((k for k in ("h200", "h100", "a100") if k in profile.get("device", "").lower()), "h100")
+    datasheet = detect_hardware(fv.datasheet or guess)
+  draft = drafts.REGISTRY[fv.draft].cost_from_flags(fv, cfg)
+  vec = cli_flags.load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file else None
+  if vec is None and profile is not None and profile.get("acceptance_vector"):
+    vec = profile["acceptance_vector"]
+  # the plan's own grid (long contexts, serving batches), not the bench grid, unless given on the command line
+  batches = cli_flags.int_list(fv, "batches", 1) if fv["batches"].present else list(PLAN_BATCHES)
+  contexts = cli_flags.int_list(fv, "contexts", 1) if fv["contexts"].present else list(PLAN_CONTEXTS)
+  hw = detect_hardware(hw_name)
+  alpha = None if vec else fv.alpha
+  rows = costmodel.plan_table(cfg, hw, batches, contexts, draft, alpha=alpha, acceptance_vector=vec)
+  print(f"plan: {fv.model_shape} on {hw_name if profile is None else 'profile ' + hw_name + ' (' + profile.get('device', '?') + ')'}, "
+        f"draft {_describe(fv, draft)}, "
+        f"{'acceptance vector ' + (fv.acceptance_file or 'from the profile') if vec else 'alpha %.2f' % fv.alpha}")
+  if datasheet is not None:
+    ds = costmodel.plan_table(cfg, datasheet, batches, contexts, draft, alpha=alpha, acceptance_vector=vec)
+    print(f"(gamma / speedup / T_AR from the fitted profile; ds_* columns: the {datasheet.name} datasheet roofline)")
+    print(costmodel.format_plan(rows, compare=ds))
+  else:
+    print(costmodel.format_plan(rows))
+  a = vec[0] if vec else fv.alpha
+  print(f"\nS_inflection (smallest context where a gamma chain's speedup grows from batch 64 to 128; "
+        f"alpha {a:.2f}):")
+  for name, h in [(hw.name, hw)] + ([(datasheet.name + " datasheet", datasheet)] if datasheet else []):
+    cells = []
+    for g in range(1, 7):
+      n = costmodel.s_inflection(cfg, h, draft, g, a)
+      cells.append(f"gamma={g}: {n if n is not None else 'none <= 1M'}")
+    print(f"  {name}: " + ", ".join(cells))

@@ -1,0 +1,52 @@
+"""`run.py --mode=profile_acceptance`: the draft's acceptance vector (how often the target's token is the
+draft's k-th choice) on held-out Shakespeare or the user's --input prompts -> --output JSON, which plan,
+calibrate and gamma=auto / tree=auto read (--acceptance_file)."""
+from __future__ import annotations
+
+import json
+
+from absl import app
+
+from magicdec_jax import textdata
+from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.sampling import Sampling
+from magicdec_jax.tuning import acceptance
+
+
+def validate(fv) -> None:
+  cli_flags.validate_draft(fv)
+  cli_flags.need(fv, "output")
+  cli_flags.writable_target("output", fv.output)
+  if fv.input:
+    cli_flags.readable_file("input", fv.input)
+  if fv.draft not in ("streaming", "model"):
+    raise app.UsageError("--mode=profile_acceptance needs --draft=streaming or --draft=model")
+
+
+def _windows(fv, model, n: int) -> tuple[list[list[int]], str]:
+  """(token windows of <= n tokens, their source): each --input prompt's last n tokens, else Shakespeare."""
+  if not fv.input:
+    return textdata.shakespeare_prompts(model.tokenizer, fv.profile_windows, n, held_out=True), \
+        "shakespeare (held out)"
+  windows = []
+  for p in cli_flags.read_prompts_file(fv.input, "input"):
+    ids = model.tokenizer.encode(cli_flags.prompt_text(fv, model, p)).ids[-n:]
+    if len(ids) >= 32:
+      windows.append(ids)
+  if not windows:
+    raise app.UsageError(f"--input={fv.input}: no prompt has >= 32 tokens to profile on")
+  return windows, fv.input
+
+
+def run(fv, log) -> None:
+  model = cli_flags.load_target(fv, log)
+  draft = cli_flags.build_draft(fv, model)
+  n = min(fv.profile_tokens, model.config.max_position_embeddings)
+  windows, source = _windows(fv, model, n)
+  log(f"profiling {len(windows)} windows ({source}) of <= {n} tokens, width {fv.width} ...")
+  out = acceptance.profile(model, draft, windows, width=fv.width, seed=fv.seed,
+                           sampling=Sampling(fv.temperature, fv.top_k, fv.top_p))
+  out["source"] = source
+  with open(fv.output, "w") as f:
+    json.dump(out, f, indent=1)
+  print(json.dumps(out, indent=1))
