@@ -199,12 +199,14 @@ def check_positions(positions: str) -> None:
 
 # ------------------------------------------------------------------------------------ StreamingLLM rings
 
-def window_attention(spec, mask: jax.Array, q_pos: jax.Array, num_static: int) -> DenseMask:
-  """The draft's visibility rule, with StreamingLLM cache positions for static slots if asked."""
+def window_attention(spec, mask: jax.Array, q_pos: jax.Array, num_static: int,
+                     key_pos: jax.Array | None = None) -> DenseMask:
+  """The draft's visibility rule, with StreamingLLM cache positions for static slots if asked; key_pos
+  [B, S]: the position each slot holds (rings; None: slot == position)."""
   if getattr(spec, "positions", "absolute") == "absolute" or num_static == 0:
-    return DenseMask(mask)
+    return DenseMask(mask, key_pos=key_pos)
   alt_pos = jnp.minimum(q_pos, spec.sink + spec.window - 1)
-  return DenseMask(mask, alt_pos, jnp.arange(mask.shape[-1]) < num_static)
+  return DenseMask(mask, alt_pos, jnp.arange(mask.shape[-1]) < num_static, key_pos)
 
 
 def windowed_mask(sink: int, window: int, q_pos: jax.Array, num_slots: int) -> jax.Array:
@@ -230,6 +232,14 @@ def copy_from_linear(ring: RingCache, sink: int, window: int, cache: KVCache, le
   pos, valid = ring_positions(sink, window, lengths)
   k, v = gather_slots(cache.k, cache.v, pos)
   return ring.write_committed(k, v, pos, valid)
+
+
+def ring_key_positions(ring: RingCache, scratch_pos: jax.Array) -> jax.Array:
+  """[B, slots] the position each slot of a ring holds this round: its static / ring slots' committed
+  positions, the scratch nodes' positions, -1 for alignment slots (a target layer with a sliding window
+  reads it to keep only the keys inside its window)."""
+  pad = jnp.full((ring.pos.shape[0], ring.num_slots - ring.scratch_start - scratch_pos.shape[1]), -1, jnp.int32)
+  return jnp.concatenate([ring.pos, scratch_pos.astype(jnp.int32), pad], axis=1)
 
 
 def scratch_mask(ring: RingCache, sink: int, window: int, anc: jax.Array, q_pos: jax.Array,

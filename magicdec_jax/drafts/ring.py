@@ -13,7 +13,8 @@ import numpy as np
 
 from magicdec_jax.cache import RingCache, gather_slots
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.drafts.base import DraftSpec, Round, choose_children, draft_levels, scratch_mask, window_attention
+from magicdec_jax.drafts.base import (DraftSpec, Round, choose_children, draft_levels, ring_key_positions, scratch_mask,
+                                      window_attention)
 from magicdec_jax.model import forward
 from magicdec_jax.trees import Tree
 
@@ -62,7 +63,8 @@ class RingDraft(DraftSpec):
       mask = scratch_mask(ring, self.sink, self.window, anc[rows_sc], q_pos, scratch_pos, before)
       slots = jnp.broadcast_to(ring.scratch_start + rows_sc, q_pos.shape)
       logits, ring = forward(params, cfg, toks, jnp.maximum(q_pos, 0), ring, slots,
-                             window_attention(self, mask, q_pos, self.num_static))
+                             window_attention(self, mask, q_pos, self.num_static,
+                                              ring_key_positions(ring, scratch_pos)))
       logits = logits[:, 1:] if with_prev else logits                             # drop prev's output
       children_tok, level_dist = choose_children(logits, r.sampling, r.keys, d, children.shape[1])
       dist = dist.at[:, expanding].set(level_dist)

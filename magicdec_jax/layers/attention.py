@@ -36,10 +36,12 @@ class PrefixTree:
 class DenseMask:
   """An explicit mask. With `alt_pos`, slots flagged in `alt_slots` are scored against the query rotated
   at `alt_pos` instead of its true position: StreamingLLM's positions-within-the-cache, where sink keys
-  sit just before the window (keys are stored rotated at their absolute positions)."""
+  sit just before the window (keys are stored rotated at their absolute positions). `key_pos`: the position
+  each slot holds (a ring, where slot != position; -1: none); None means slot s holds position s."""
   mask: jax.Array                    # [B, T, S] bool
   alt_pos: jax.Array | None = None   # [B, T] int32
   alt_slots: jax.Array | None = None  # [S] bool
+  key_pos: jax.Array | None = None   # [B, S] int32
 
 
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
