@@ -178,9 +178,11 @@ def settings_used(model: Model, st: DecodeSettings, items: list[Item], batch_siz
 
 def fingerprint(model: Model, used: DecodeSettings, **job) -> dict:
   """What shapes a record's samples: the model, the sampler, the settings used (draft and tree as
-  resolved; rejection sampling's samples depend on them), and the job's own options."""
-  fp = {k: v for k, v in used.fingerprint().items() if k not in AUTO_INPUTS}
-  return {"model": model.name, "sampler": sampling.SAMPLER, **fp, **job}
+  resolved, where they change the samples: rejection sampling), and the job's own options. Greedy and
+  invariant sampling give plain decoding's tokens with any draft, so a run may resume with another."""
+  skip = AUTO_INPUTS + (() if used.draft_shapes_samples else ("draft", "tree"))
+  fp = {k: v for k, v in used.fingerprint().items() if k not in skip}
+  return {"model": model.name, "sampler": sampling.SAMPLER[used.sampling], **fp, **job}
 
 
 def _check_config(path: str, config: dict):

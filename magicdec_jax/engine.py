@@ -92,7 +92,7 @@ class Engine:
       raise ValueError(f"settings must be a DecodeSettings, got {settings!r:.80}")
     self.model, self.cfg, self.settings = model, model.config, settings
     self.mesh, self.device_memory = mesh, device_memory
-    self.sampling = settings.sampling
+    self.sampling = settings.sampler
     self.eos = self._eos(settings.eos_token_id)
     self.options = compiling.engine_options(settings.xla_options)
     self.impl = settings.attention_impl

@@ -14,6 +14,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from magicdec_jax.cache import KVCache, gather_slots, put_slots
 from magicdec_jax.config import ModelConfig
@@ -21,7 +22,7 @@ from magicdec_jax.drafts.base import DraftSpec, Prefill, Round
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.layers.prefill_attention import CausalChunk
 from magicdec_jax.model import forward
-from magicdec_jax.sampling import Sampling, probabilities
+from magicdec_jax.sampling import Sampling, filter_logits, position_noise, probabilities
 from magicdec_jax.trees import Tree
 from magicdec_jax.verify import accept
 
@@ -90,21 +91,31 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   draft_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
   verify_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2))(keys)
   base = state.lengths - 1
-  ring, q = state.ring, None
-  r = Round(tree, sampling, target_params, cfg, draft_params, state.last, state.prev, state.lengths, draft_keys)
+  ring, q, noise = state.ring, None, None
+  if sampling.noisy_argmax:     # invariant: the noise of the tokens at positions L .. L + D, shared by all
+    noise = position_noise(state.keys, state.lengths[:, None] + jnp.arange(tree.max_depth + 1)[None, :],
+                           cfg.vocab_size)
+  r = Round(tree, sampling, target_params, cfg, draft_params, state.last, state.prev, state.lengths, draft_keys,
+            noise=noise)
   if spec is None:
     node_tokens = state.last[:, None]
   else:
     node_tokens, draft_dist, ring = spec.propose(ring, r)
-    q = None if sampling.greedy else draft_dist          # already filtered: the q the draft sampled from
+    if not (sampling.greedy or sampling.noisy_argmax):
+      q = draft_dist          # already filtered: the q the draft sampled from
   n_nodes = tree.num_nodes
   positions = base[:, None] + jnp.asarray(tree.depths)[None, :]
   slots = base[:, None] + jnp.arange(n_nodes)[None, :]
   logits, target, *feats = forward(target_params, cfg, node_tokens, positions, state.target, slots,
                                    PrefixTree(base, jnp.asarray(tree.ancestor_mask)), impl=impl,
                                    feature_layers=() if spec is None else spec.feature_layers)
-  p = logits if sampling.greedy else probabilities(logits, sampling)
-  path, n, nxt, acc_at = accept(tree, sampling.greedy, p, q, node_tokens, verify_keys)
+  if sampling.greedy:
+    path, n, nxt, acc_at = accept(tree, True, logits, None, node_tokens, verify_keys)
+  elif sampling.noisy_argmax:   # the target's token at each node: argmax of filtered logits + that noise
+    scores = filter_logits(logits, sampling) + noise[:, np.asarray(tree.depths)]
+    path, n, nxt, acc_at = accept(tree, True, scores, None, node_tokens, verify_keys)
+  else:
+    path, n, nxt, acc_at = accept(tree, False, probabilities(logits, sampling), q, node_tokens, verify_keys)
   if not tree.is_chain:   # move the accepted path's K/V to consecutive slots (a chain already is)
     k, v = gather_slots(target.k, target.v, base[:, None] + path)
     dst = base[:, None] + jnp.arange(path.shape[1])[None, :]

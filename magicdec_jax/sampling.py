@@ -28,16 +28,22 @@ import jax.numpy as jnp
 
 
 # Names the way tokens are drawn (datagen fingerprints it): a data set resumed under another sampler would
-# mix two sets of samples. inverse-cdf-2: the two-stage inverse CDF of `sample_without_replacement`.
-SAMPLER = "inverse-cdf-2"
+# mix two sets of samples. rejection: the two-stage inverse CDF of `sample_without_replacement` with
+# per-round random numbers; invariant: Gumbel-max with one noise vector per (stream, absolute position).
+SAMPLER = {"rejection": "inverse-cdf-2", "invariant": "gumbel-max-position-1"}
+MODES = tuple(SAMPLER)
+NOISE_TAG = 0x6E6F6973        # folded into a row's key before the position: the invariant noise's stream
 
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-  """temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1 means no nucleus cut."""
+  """temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1 means no nucleus cut. invariant:
+  drafter-invariant sampling (a token is the argmax of the filtered logits plus the noise of its
+  position, shared by draft and target: `position_noise`); False: speculative rejection sampling."""
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
+  invariant: bool = False
 
   def __post_init__(self):
     if not (self.temperature >= 0.0):
@@ -50,6 +56,21 @@ class Sampling:
   @property
   def greedy(self) -> bool:
     return self.temperature == 0.0
+
+  @property
+  def noisy_argmax(self) -> bool:
+    """Tokens are argmaxes of filtered logits plus position noise (invariant sampling at temperature > 0)."""
+    return self.invariant and not self.greedy
+
+
+def position_noise(row_keys: jax.Array, positions: jax.Array, vocab: int) -> jax.Array:
+  """Standard Gumbel noise [B, K, V] for each row's stream (row_keys [B]) at absolute positions [B, K]:
+  one vector per (stream, position), whatever the batch, slot, round or draft. argmax(filtered logits +
+  noise) is an exact sample of the filtered distribution (Gumbel-max)."""
+  def one(key, pos):
+    stream = jax.random.fold_in(key, NOISE_TAG)
+    return jax.vmap(lambda p: jax.random.gumbel(jax.random.fold_in(stream, p), (vocab,)))(pos)
+  return jax.vmap(one)(row_keys, positions)
 
 
 def float_to_key(x: jax.Array) -> jax.Array:

@@ -17,7 +17,7 @@ import numpy as np
 
 from magicdec_jax.drafts import Draft, REGISTRY
 from magicdec_jax.pallas import IMPLS
-from magicdec_jax.sampling import Sampling
+from magicdec_jax.sampling import MODES as SAMPLING_MODES, Sampling
 from magicdec_jax.trees import Tree
 
 DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
@@ -28,7 +28,10 @@ class DecodeSettings:
   """How to decode. draft None: plain autoregressive decoding. gamma: chain length or "auto" (the cost
   model's choice for the batch and context); tree: a trees.Tree or "auto" (a hardware-aware Sequoia
   tree) instead of a chain. hardware / acceptance / auto_fallback: inputs of "auto" (tuning/autotune.py).
-  xla_options: XLA compiler options for this call's executables only."""
+  sampling: "rejection" (speculative rejection sampling: the highest acceptance; the samples depend on the
+  draft) or "invariant" (drafter-invariant: a token is the argmax of the filtered logits plus noise owned
+  by its (seed, stream, position), so the samples are plain decoding's whatever the draft, gamma, tree or
+  batch). xla_options: XLA compiler options for this call's executables only."""
   max_new_tokens: int
   temperature: float = 0.0
   top_k: int = 0
@@ -42,6 +45,7 @@ class DecodeSettings:
   hardware: Any = None
   acceptance: Any = None
   auto_fallback: bool = True
+  sampling: str = "rejection"
   xla_options: Mapping[str, Any] | None = None
 
   def __post_init__(self):
@@ -61,14 +65,22 @@ class DecodeSettings:
       raise ValueError(f"tree must be a trees.Tree or 'auto', got {self.tree!r}")
     if self.attention_impl not in IMPLS:
       raise ValueError(f"attention_impl must be one of {IMPLS}, got {self.attention_impl!r}")
+    if self.sampling not in SAMPLING_MODES:
+      raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}")
     if not isinstance(self.auto_fallback, bool):
       raise ValueError(f"auto_fallback must be True or False, got {self.auto_fallback!r}")
     if self.xla_options is not None and not isinstance(self.xla_options, Mapping):
       raise ValueError(f"xla_options must be a dict of XLA option name -> value, got {self.xla_options!r:.80}")
 
   @property
-  def sampling(self) -> Sampling:
-    return Sampling(float(self.temperature), int(self.top_k), float(self.top_p))
+  def sampler(self) -> Sampling:
+    return Sampling(float(self.temperature), int(self.top_k), float(self.top_p), self.sampling == "invariant")
+
+  @property
+  def draft_shapes_samples(self) -> bool:
+    """Whether the draft, gamma and tree can change the tokens drawn: only under rejection sampling
+    (greedy and invariant sampling give plain decoding's tokens, to float rounding of the logits)."""
+    return not (self.temperature == 0 or self.sampling == "invariant")
 
   @property
   def speculation(self) -> Tree | str | None:

@@ -221,7 +221,10 @@ def main(which: str, tmpdir: str):
                       for s in MESHES}
     out["greedy"] = mesh_tokens(model, prompts, modes(4), max_new_tokens=8)
     sample = {"chain_t0.8": dict(draft=md.StreamingDraft(sink=1, window=4), gamma=2, temperature=0.8,
-                                 seed=7)}
+                                 seed=7),
+              "ar_invariant": dict(draft=None, temperature=0.8, top_p=0.9, seed=7, sampling="invariant"),
+              "tree_invariant": dict(draft=md.StreamingDraft(sink=1, window=4), tree=md.Tree.kary([2, 2]),
+                                     temperature=0.8, top_p=0.9, seed=7, sampling="invariant")}
     out["sampling"] = mesh_tokens(model, prompts, sample, max_new_tokens=8)
     pallas = {"chain_pallas": dict(draft=md.StreamingDraft(sink=1, window=4), gamma=2,
                                    attention_impl="pallas_interpret")}

@@ -131,6 +131,17 @@ def _lookup_draft(doc, out, mod, stdout):
   assert all(s["tokens_per_s"] > 0 for s in doc["summary"].values())
 
 
+@case("invariant_sampling")
+def _invariant_sampling(doc, out, mod, stdout):
+  """Invariant sampling's speculative samples equal plain decoding's; both modes measured per temperature."""
+  _env_ok(doc)
+  (p,) = doc["points"]
+  assert p["invariant"]["samples_equal_plain"]
+  for mode in ("rejection", "invariant"):
+    assert p[mode]["speedup"] > 0 and 0 <= p[mode]["acceptance_rate"] <= 1
+  assert out.with_suffix(".png").exists()
+
+
 @case("round_cost")
 def _round_cost(doc, out, mod, stdout):
   (row,) = doc["rows"]

@@ -85,6 +85,8 @@ def test_tiny_model_on_every_mesh():
   assert out["feature"]["greedy_chain"]["ref"] == out["greedy"]["chain"]["ref"]       # = autoregressive
   assert out["feature"]["sampled_chain"]["acceptance"] > 0
   assert out["sampling"]["chain_t0.8"]["ref"] != out["greedy"]["chain"]["ref"]     # really sampled
+  # invariant sampling: a speculative tree on every mesh gives plain decoding's samples
+  assert out["sampling"]["tree_invariant"]["ref"] == out["sampling"]["ar_invariant"]["ref"]
   check_same_on_every_mesh(out["pallas"], meshes=("data:2,model:4",))               # vs one-device XLA
 
   c = out["collectives"]                       # 2x4: rows split over data, q heads over model

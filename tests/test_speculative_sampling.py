@@ -129,6 +129,8 @@ CASES = {
     "tree-feature-t1": dict(draft="feature", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "chain2-feature-vocab5-t1": dict(draft="feature-vocab", gamma=2, temperature=1.0),
     "chain2-lookup-t1": dict(draft=PromptLookupDraft(2), gamma=2, temperature=1.0),
+    "autoregressive-invariant-t0.8-topp0.9": dict(draft=None, temperature=0.8, top_p=0.9, sampling="invariant"),
+    "chain2-model-invariant-t1": dict(draft="other", gamma=2, temperature=1.0, sampling="invariant"),
 }
 
 

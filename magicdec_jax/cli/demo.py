@@ -12,7 +12,7 @@ nearly a full step and speculation loses; when the KV cache dominates (long prom
 cheap relative to a step and the verify pass costs about one step, so MagicDec wins, and more so as the
 context grows. SmolLM2-135M in float32 has 540 MB of weights and 46 KB of KV per token, so its KV cache
 outweighs the weights only beyond ~12K tokens in the batch. The CPU default, 8 prompts of 4096 tokens
-(1.5 GB of KV cache), is where it wins on a 2-core CPU within a few minutes (README, "Measured");
+(1.5 GB of KV cache), is where it wins on a 2-core CPU within a few minutes (docs/measurements.md);
 4 x 7900 holds the same KV but its prefill costs half as much again.
 
 The prompts are several requests about one long document (the long-document extraction use): they share
@@ -229,7 +229,7 @@ def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int
     print(f"  tail           : the mean row needed {m['verify_steps'] / batch / repeats:.1f} rounds, the batch ran "
           f"{m['loop_rounds'] / repeats:.1f} (its slowest row; finished rows wait), {tail:.2f}x the mean: "
           f"without that tail ~{speedup * tail:.2f}x (a projection; --mode=datagen refills finished rows; "
-          f"--shrink_batch shrinks the batch instead, which did not pay on a 2-core CPU: README)")
+          f"--shrink_batch shrinks the batch instead, which did not pay on a 2-core CPU: docs/shrink-batch.md)")
   if temperature == 0:
     print(f"  identical greedy tokens: {same}")
   print(f"  prefill (once, shared): {pre.prefill_s:.1f}s"

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from absl import app, flags
 
-from magicdec_jax import checkpoints, drafts, feature_head, settings, sharding, testing, trees
+from magicdec_jax import checkpoints, drafts, feature_head, sampling, settings, sharding, testing, trees
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.tuning import calibrate, shapes
@@ -73,6 +73,10 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_float("temperature", 0.0, "0 = greedy.", lower_bound=0.0, upper_bound=100.0, **d)
   flags.DEFINE_integer("top_k", 0, "0 = off.", lower_bound=0, **d)
   flags.DEFINE_float("top_p", 1.0, "1 = off.", lower_bound=1e-6, upper_bound=1.0, **d)
+  flags.DEFINE_enum("sampling", "rejection", list(sampling.MODES), "With temperature > 0: rejection = "
+                    "speculative rejection sampling (highest acceptance; the samples depend on the draft); "
+                    "invariant = drafter-invariant sampling (the samples are plain decoding's whatever the draft, "
+                    "gamma, tree or batch: Gumbel-max with noise per seed, stream and position).", **d)
   flags.DEFINE_integer("seed", 0, "Random seed.", lower_bound=0, upper_bound=2**31 - 1, **d)
   flags.DEFINE_integer("max_new_tokens", 64, "New tokens per prompt.", lower_bound=1, upper_bound=1 << 20, **d)
   flags.DEFINE_integer("batch_size", 4, "Rows per generate call (demo); decode slots (datagen).", lower_bound=1,
@@ -91,7 +95,7 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
                     "demo uses bfloat16 unless this is given.", **d)
   flags.DEFINE_boolean("shrink_batch", False, "generate / demo: once half the rows are done, go on with the "
                        "rest in a batch half as large, and so on (same tokens; each smaller batch compiles once "
-                       "more, and on a CPU the first copy into fresh memory can cost more than it saves: README).",
+                       "more, and on a CPU the first copy into fresh memory can cost more than it saves: docs/shrink-batch.md).",
                        **d)
   flags.DEFINE_integer("demo_repeats", 2, "Demo: AR and MagicDec decode alternately this many times each (the "
                        "speedup is of their summed times, robust to a machine whose speed drifts).", lower_bound=1,
@@ -413,7 +417,7 @@ def decode_settings(fv, target) -> settings.DecodeSettings:
   try:
     return settings.DecodeSettings(
         max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p,
-        seed=fv.seed, draft=build_draft(fv, target), gamma=parse_gamma(fv.gamma),
+        seed=fv.seed, draft=build_draft(fv, target), gamma=parse_gamma(fv.gamma), sampling=fv.sampling,
         tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl,
         hardware=fv.hardware or None,
         acceptance=load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file else None)

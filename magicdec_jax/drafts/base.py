@@ -32,7 +32,7 @@ import numpy as np
 from magicdec_jax.cache import KVCache, RingCache, gather_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask
-from magicdec_jax.sampling import Sampling, probabilities, sample_without_replacement
+from magicdec_jax.sampling import Sampling, filter_logits, probabilities, sample_without_replacement
 from magicdec_jax.trees import Tree
 from magicdec_jax.tuning import calibrate, costmodel
 
@@ -55,7 +55,8 @@ class Round:
   """What `propose` and `commit` get: the round's tree and sampling, both networks' params, the rows'
   pending token (position L-1), previous token (L-2), lengths L and PRNG keys; after verification also
   the target cache (accepted path compacted to slots L-1 ..), the accepted path [B, D+1], count n [B],
-  the node tokens [B, N] and the target's features at every node (drafts with `feature_layers`)."""
+  the node tokens [B, N] and the target's features at every node (drafts with `feature_layers`). Under
+  invariant sampling, `noise[:, d]` is the noise of the token a node at depth d proposes (position L + d)."""
   tree: Tree
   sampling: Sampling
   target_params: Any
@@ -70,6 +71,7 @@ class Round:
   n: jax.Array | None = None
   node_tokens: jax.Array | None = None
   features: jax.Array | None = None
+  noise: jax.Array | None = None      # [B, D+1, V] invariant sampling: the noise of the tokens at depth 1..D+1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,13 +257,18 @@ def scratch_mask(ring: RingCache, sink: int, window: int, anc: jax.Array, q_pos:
 
 # ------------------------------------------------------------------------------------------ tree levels
 
-def choose_children(logits: jax.Array, sampling: Sampling, keys: jax.Array, d, width: int
-                    ) -> tuple[jax.Array, jax.Array]:
+def choose_children(logits: jax.Array, sampling: Sampling, keys: jax.Array, d, width: int,
+                    noise: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """A level's child tokens [B, E, W] from its logits [B, E, V], and the distribution recorded for
-  verification: the logits (greedy: the top W) or q, the filtered probabilities the W children were drawn
-  from without replacement (sampling; level d's keys fold_in(row key, 7919 + d))."""
+  verification: the logits (greedy: the top W; invariant sampling: the top W of the filtered logits plus
+  the level's position noise noise[:, d], the same noise the target's token there gets) or q, the filtered
+  probabilities the W children were drawn from without replacement (rejection sampling; level d's keys
+  fold_in(row key, 7919 + d))."""
   if sampling.greedy:
     return jax.lax.top_k(logits, width)[1].astype(jnp.int32), logits
+  if sampling.noisy_argmax:
+    scores = filter_logits(logits, sampling) + noise[:, d][:, None, :]
+    return jax.lax.top_k(scores, width)[1].astype(jnp.int32), logits
   q = probabilities(logits, sampling)
   level_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7919 + d))(keys)
   keys_e = jax.vmap(lambda k: jax.random.split(k, logits.shape[1]))(level_keys)

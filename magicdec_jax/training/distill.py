@@ -62,8 +62,8 @@ class DistillConfig:
   seed: int = 0
   checkpoint_every: int = 100
   eval_every: int = 0          # 0: evaluate only at the start and the end
-  sink: int = 4                # the draft's StreamingLLM cache for held-out acceptance
-  window: int = 256
+  sink: int = drafts.DEFAULT_SINK   # the draft's StreamingLLM cache for held-out acceptance
+  window: int = drafts.DEFAULT_WINDOW
 
   def validate(self):
     trainer.check_settings(self, "distill")

@@ -36,6 +36,7 @@ import optax
 
 from magicdec_jax import compile as compiling
 from magicdec_jax import feature_head
+from magicdec_jax.drafts import DEFAULT_SINK, DEFAULT_WINDOW
 from magicdec_jax.training import trainer
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
@@ -62,8 +63,8 @@ class FeatureDistillConfig:
   seed: int = 0
   checkpoint_every: int = 20
   eval_every: int = 0          # 0: evaluate only at the start and the end
-  sink: int = 4                # the head's StreamingLLM ring (training mask and held-out evaluation)
-  window: int = 256
+  sink: int = DEFAULT_SINK     # the head's StreamingLLM ring (training mask and held-out evaluation)
+  window: int = DEFAULT_WINDOW
   compute: str = "float32"     # "bfloat16": target pass and head matmuls on bfloat16 copies (f32 master)
 
   def validate(self):
