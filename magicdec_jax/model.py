@@ -1,7 +1,9 @@
-"""The LLaMA decoder as Flax modules used purely, and the functional forward pass.
+"""The decoder as Flax modules used purely, and the functional forward pass.
 
 `forward(params, cfg, tokens, positions, cache, write_slots, spec) -> (logits, cache)`: embed, the layers,
-final norm, LM head.
+final norm, LM head. One forward for every family: the config's features (config.py) switch its pieces on
+(biases, q/k norms, Gemma's scaled embedding, (1 + w) norms, post-norms, GeGLU and soft-capping, each layer's
+sliding window and RoPE; docs/families.md).
 
 Layout: `params["layers"]` is a tuple of L per-layer trees and a cache a tuple of L per-layer buffers, and
 the forward pass is a Python loop over layers. A `lax.scan` over stacked [L, ...] arrays would be shorter
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import flax.linen as nn
@@ -22,9 +25,10 @@ import jax.numpy as jnp
 
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.layers import Attention, RMSNorm, SwiGLU, rms_norm
+from magicdec_jax.layers import Attention, GatedMLP, RMSNorm, rms_norm
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.layers.dense import dense
+from magicdec_jax.layers.prefill_attention import softcapped
 
 
 @dataclasses.dataclass
@@ -38,19 +42,20 @@ class Model:
 
 
 class Block(nn.Module):
-  """One pre-norm decoder layer."""
+  """One pre-norm decoder layer (Gemma: the attention and MLP outputs normed too, before the residual)."""
   cfg: ModelConfig
   impl: str = "xla"
+  layer: int = 0
 
   @nn.compact
   def __call__(self, x, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
     cfg = self.cfg
-    h = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="attn_norm")(x)
-    a, cache_k, cache_v, scores = Attention(cfg, self.impl, name="attn")(
-        h, positions, cache_k, cache_v, write_slots, spec, return_scores)
-    x = x + a
-    h = RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, name="mlp_norm")(x)
-    x = x + SwiGLU(cfg.intermediate_size, cfg.jnp_dtype, name="mlp")(h)
+    norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_plus_one, name=name)
+    a, cache_k, cache_v, scores = Attention(cfg, self.impl, self.layer, name="attn")(
+        norm("attn_norm")(x), positions, cache_k, cache_v, write_slots, spec, return_scores)
+    x = x + (norm("post_attn_norm")(a) if cfg.post_norms else a)
+    m = GatedMLP(cfg.intermediate_size, cfg.jnp_dtype, cfg.activation, name="mlp")(norm("mlp_norm")(x))
+    x = x + (norm("post_mlp_norm")(m) if cfg.post_norms else m)
     return x, cache_k, cache_v, scores
 
 
@@ -68,7 +73,7 @@ def init_params(cfg: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
   params = {
       "embed": (jax.random.normal(k_embed, (cfg.vocab_size, cfg.hidden_size)) * scale).astype(dt),
       "layers": layers,
-      "final_norm": {"scale": jnp.ones((cfg.hidden_size,), dt)},
+      "final_norm": {"scale": (jnp.zeros if cfg.norm_plus_one else jnp.ones)((cfg.hidden_size,), dt)},
   }
   if not cfg.tie_embeddings:
     params["lm_head"] = (jax.random.normal(k_head, (cfg.hidden_size, cfg.vocab_size)) * scale).astype(dt)
@@ -87,11 +92,11 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
   hidden states after those layers come back last, concatenated: [B, T, len(feature_layers) * D] (what a
   feature-head draft reads, feature_draft.py).
   """
-  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)   # (a draft's embed may be narrower)
-  block = Block(cfg, impl)
+  x = embed(params, cfg, tokens)
   ks, vs, scores, feats = [], [], [], {}
   for i, (lp, ck, cv) in enumerate(zip(params["layers"], cache.k, cache.v, strict=True)):
-    x, ck, cv, sc = block.apply({"params": lp}, x, positions, ck, cv, write_slots, spec, return_scores)
+    x, ck, cv, sc = Block(cfg, impl, i).apply({"params": lp}, x, positions, ck, cv, write_slots, spec,
+                                              return_scores)
     ks.append(ck)
     vs.append(cv)
     scores.append(sc)
@@ -107,13 +112,19 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
   return out
 
 
+def embed(params: dict, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
+  """tokens [B, T] -> [B, T, D] in the activation dtype (Gemma: x sqrt(D) rounded to that dtype, as HF)."""
+  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)   # (a draft's embed may be narrower)
+  return x * jnp.asarray(math.sqrt(cfg.hidden_size), cfg.jnp_dtype) if cfg.embed_scale else x
+
+
 def lm_logits(params: dict, cfg: ModelConfig, x: jax.Array, norm_scale: jax.Array) -> jax.Array:
   """Hidden states [B, T, D] -> float32 logits [B, T, V]: RMS norm with `norm_scale`, then the LM head of
-  `params` (its embedding when tied)."""
-  x = rms_norm(x, norm_scale, cfg.rms_norm_eps)
+  `params` (its embedding when tied), soft-capped if the config says so."""
+  x = rms_norm(x, norm_scale, cfg.rms_norm_eps, cfg.norm_plus_one)
   # a tied head reads the embedding [V, D] as it lies (a transposed copy would cost V x D more memory)
   head, eq = (params["embed"], "BTD,VD->BTV") if cfg.tie_embeddings else (params["lm_head"], "BTD,DV->BTV")
-  return dense(eq, x, head, out_dtype=jnp.float32)        # (a draft's narrower copy: a bfloat16 dot)
+  return softcapped(dense(eq, x, head, out_dtype=jnp.float32), cfg.final_softcap)  # (a draft's copy: bf16 dot)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))

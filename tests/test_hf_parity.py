@@ -6,7 +6,7 @@ import pytest
 
 from magicdec_jax import Model, generate, logits
 from magicdec_jax.checkpoints import known_model_path, load_model, params_from_hf_state_dict
-from magicdec_jax.config import config_from_hf
+from magicdec_jax.families import config_from_hf
 from magicdec_jax.tokenizer import render_chat
 
 from conftest import random_hf_llama

@@ -31,7 +31,7 @@ from magicdec_jax import feature_head
 from magicdec_jax.cache import KVCache, RingCache, aligned_slots, gather_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import (Draft, DraftSpec, Footprint, Prefill, Round, check_sink_window, choose_children,
-                                      draft_levels, scratch_mask)
+                                      draft_levels, ring_key_positions, scratch_mask)
 from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW
 from magicdec_jax.feature_head import FeatureHead
 from magicdec_jax.layers.attention import DenseMask
@@ -117,7 +117,7 @@ class FeatureSpec(DraftSpec):
       slots = jnp.broadcast_to(ring.scratch_start + expanding, q_pos.shape)
       logits, h, k, v = feature_head.step(self.config, r.draft_params, r.target_params, g,
                                           node_tokens[:, expanding], q_pos, ring.k[0], ring.v[0], slots,
-                                          DenseMask(mask))
+                                          DenseMask(mask, key_pos=ring_key_positions(ring, node_pos)))
       logits = feature_head.to_target_vocab(logits, self.vocab, cfg.vocab_size)     # [B, E, V]
       hidden = hidden.at[:, expanding].set(h)
       children_tok, level_dist = choose_children(logits, r.sampling, r.keys, d, children.shape[1], r.noise)

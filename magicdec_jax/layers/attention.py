@@ -7,6 +7,11 @@ to the cache under a visibility rule. Three rules cover every caller:
   * `DenseMask(mask)` — any explicit [B, T, S] mask (the draft's sink + window ring buffer);
   * `CausalChunk(start)` — a prefill chunk (layers/prefill_attention.py): only the causal triangle is
     computed, block by block.
+A layer with a sliding window w (static, from the config and the layer index) also hides every key whose
+position is not in (q - w, q] for a query at position q, under every rule: the query positions are the
+forward pass's, the key positions the slots' (slot == position in a linear cache, the tree's own positions
+for its nodes, `DenseMask.key_pos` in a draft's ring). The Pallas kernel knows no windows or soft-capping:
+such layers take the XLA path.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ import jax.numpy as jnp
 from magicdec_jax import pallas
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.dense import dense
-from magicdec_jax.layers.prefill_attention import CausalChunk, causal_chunk_attention
+from magicdec_jax.layers.norm import RMSNorm
+from magicdec_jax.layers.prefill_attention import CausalChunk, causal_chunk_attention, softcapped
 from magicdec_jax.layers.rope import apply_rope, rope_frequencies
 from magicdec_jax.pallas.xla_attention import dot_operands, fold_queries, unfold_queries, visibility_mask
 
@@ -44,22 +50,42 @@ class DenseMask:
   key_pos: jax.Array | None = None   # [B, S] int32
 
 
+def in_window(key_pos: jax.Array, q_pos: jax.Array, window: int) -> jax.Array:
+  """key_pos [B, S], q_pos [B, T] -> [B, T, S]: key inside the query's sliding window (q - w, q]."""
+  return key_pos[:, None, :] > q_pos[:, :, None] - window
+
+
+def tree_key_positions(base: jax.Array, q_pos: jax.Array, num_slots: int) -> jax.Array:
+  """[B, S] the position each slot holds under a PrefixTree rule: slot s < base holds s, slot base + j the
+  j-th new token's position q_pos[:, j] (its tree depth, not j), later slots none (-1)."""
+  t = q_pos.shape[1]
+  s = jnp.arange(num_slots, dtype=jnp.int32)[None, :]
+  rel = s - base[:, None].astype(jnp.int32)
+  tree = jnp.take_along_axis(q_pos.astype(jnp.int32), jnp.clip(rel, 0, t - 1), axis=1)
+  return jnp.where(rel < 0, s, jnp.where(rel < t, tree, -1))
+
+
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                      return_scores: bool = False, q_alt: jax.Array | None = None,
-                     alt_slots: jax.Array | None = None):
-  """q [B,T,H,D], k/v [B,K,S,D], mask [B,T,S] -> out [B,T,H,D] (and [B,K,S] probability mass per KV head)."""
+                     alt_slots: jax.Array | None = None, *, scale: float | None = None,
+                     softcap: float | None = None):
+  """q [B,T,H,D], k/v [B,K,S,D], mask [B,T,S] -> out [B,T,H,D] (and [B,K,S] probability mass per KV head).
+  Logits are q.k x `scale` (default D ** -0.5), soft-capped to softcap * tanh(. / softcap) if given."""
   b, t, h, d = q.shape
   kh = k.shape[1]
   out_dtype = q.dtype
+  scale = d ** -0.5 if scale is None else scale
   q, k, v, q_alt = dot_operands(q, k, v, q if q_alt is None else q_alt)
   q_alt = None if alt_slots is None else q_alt
   prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None   # no TF32 on GPU for fp32
-  logits = jnp.einsum("BKQD,BKSD->BKQS", fold_queries(q, kh), k, preferred_element_type=jnp.float32,
-                      precision=prec) * (d ** -0.5)
+
+  def scores(qq):
+    return softcapped(jnp.einsum("BKQD,BKSD->BKQS", fold_queries(qq, kh), k, preferred_element_type=jnp.float32,
+                                 precision=prec) * scale, softcap)
+
+  logits = scores(q)
   if q_alt is not None:
-    alt = jnp.einsum("BKQD,BKSD->BKQS", fold_queries(q_alt, kh), k,
-                     preferred_element_type=jnp.float32, precision=prec) * (d ** -0.5)
-    logits = jnp.where(alt_slots[None, None, None, :], alt, logits)
+    logits = jnp.where(alt_slots[None, None, None, :], scores(q_alt), logits)
   mask_q = jnp.repeat(mask, h // kh, axis=1)                                  # [B, T*G, S]
   logits = jnp.where(mask_q[:, None], logits, NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1)
@@ -71,58 +97,85 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   return out
 
 
-def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=None):
-  """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel."""
+def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=None, *, q_pos=None,
+           window: int | None = None, scale: float | None = None, softcap: float | None = None):
+  """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel (not with a window
+  or soft-capping). q_pos [B, T]: the query positions (needed with a window)."""
+  num_slots = k.shape[2]
   if isinstance(spec, PrefixTree):
-    if impl == "auto":
-      impl = pallas.resolve_impl(q, k, v, spec.base, spec.anc)
-    if impl != "xla" and not return_scores:
-      return pallas.tree_attention(q, k, v, spec.base, spec.anc, impl=impl)
-    return masked_attention(q, k, v, visibility_mask(spec.base, spec.anc, k.shape[2]), return_scores)
-  return masked_attention(q, k, v, spec.mask, return_scores, q_alt, spec.alt_slots)
+    kernel = window is None and softcap is None and not return_scores
+    if kernel and impl == "auto":
+      impl = pallas.resolve_impl(q, k, v, spec.base, spec.anc, scale=scale)
+    if kernel and impl != "xla":
+      return pallas.tree_attention(q, k, v, spec.base, spec.anc, scale=scale, impl=impl)
+    mask = visibility_mask(spec.base, spec.anc, num_slots)
+    if window is not None:
+      mask = mask & in_window(tree_key_positions(spec.base, q_pos, num_slots), q_pos, window)
+    return masked_attention(q, k, v, mask, return_scores, scale=scale, softcap=softcap)
+  mask = spec.mask
+  if window is not None:
+    key_pos = spec.key_pos
+    if key_pos is None:                                            # a linear cache: slot s holds position s
+      key_pos = jnp.broadcast_to(jnp.arange(num_slots, dtype=jnp.int32), (q.shape[0], num_slots))
+    mask = mask & in_window(key_pos, q_pos, window)
+  return masked_attention(q, k, v, mask, return_scores, q_alt, spec.alt_slots, scale=scale, softcap=softcap)
 
 
 class Attention(nn.Module):
-  """q/k/v/o projections + RoPE + cache write + attention, for one layer and that layer's own cache
-  buffers [B, K, S, D] (written in place, read where they lie: no slice or copy of the cache)."""
+  """q/k/v/o projections (+ biases) + q/k norms + RoPE + cache write + attention, for layer `layer` (its
+  window and RoPE: cfg.layer_window / cfg.layer_rope) and that layer's own cache buffers [B, K, S, D]
+  (written in place, read where they lie: no slice or copy of the cache)."""
   cfg: ModelConfig
   impl: str = "xla"
+  layer: int = 0
 
   @nn.compact
   def __call__(self, x, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
     cfg, dt = self.cfg, self.cfg.jnp_dtype
-    init = nn.initializers.normal(0.02)
+    init, zeros = nn.initializers.normal(0.02), nn.initializers.zeros
     dm, h, kh, d = x.shape[-1], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     wq = self.param("q", init, (dm, h, d), dt)
     wk = self.param("k", init, (dm, kh, d), dt)
     wv = self.param("v", init, (dm, kh, d), dt)
     wo = self.param("o", init, (h, d, dm), dt)
-    inv_freq = rope_frequencies(cfg)
-    q_raw = project(x, wq)
+    bq, bk, bv = ((self.param("q_bias", zeros, (h * d,), dt), self.param("k_bias", zeros, (kh * d,), dt),
+                   self.param("v_bias", zeros, (kh * d,), dt)) if cfg.qkv_bias else (None, None, None))
+    inv_freq = rope_frequencies(cfg, self.layer)
+    q_raw, k = project(x, wq, bq), project(x, wk, bk)
+    if cfg.qk_norm:                                                          # per head, before RoPE
+      q_raw = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one, name="q_norm")(q_raw)
+      k = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one, name="k_norm")(k)
     q = apply_rope(q_raw, positions, inv_freq)
     alt_pos = getattr(spec, "alt_pos", None)
     q_alt = None if alt_pos is None else apply_rope(q_raw, alt_pos, inv_freq)
-    k = apply_rope(project(x, wk), positions, inv_freq)                      # [B, T, K, D]
-    v = project(x, wv)
+    k = apply_rope(k, positions, inv_freq)                                   # [B, T, K, D]
+    v = project(x, wv, bv)
     if write_slots is not None:
       cache_k = write_rows(cache_k, write_slots, k)
       cache_v = write_rows(cache_v, write_slots, v)
+    window = cfg.layer_window(self.layer)
+    scale = None if cfg.query_pre_attn_scalar is None else cfg.attn_scale
     if isinstance(spec, CausalChunk):
-      out, scores = causal_chunk_attention(q, k, v, cache_k, cache_v, spec.start), None
+      out, scores = causal_chunk_attention(q, k, v, cache_k, cache_v, spec.start, scale=scale,
+                                           softcap=cfg.attn_softcap, window=window), None
     else:
-      res = attend(q, cache_k, cache_v, spec, self.impl, return_scores, q_alt)
+      res = attend(q, cache_k, cache_v, spec, self.impl, return_scores, q_alt, q_pos=positions,
+                   window=window, scale=scale, softcap=cfg.attn_softcap)
       out, scores = res if return_scores else (res, None)
     b, t = out.shape[:2]
     # [B, T, N*H] x [N*H, Dm]: both reshapes are free, and XLA then never transposes the weight (with a
     # "BTNH,NHD" contraction XLA:CPU copied every layer's o weight into [H, N, Dm] order each step)
     o = dense("BTF,FD->BTD", out.reshape(b, t, h * d), wo.reshape(h * d, dm))
+    if cfg.o_bias:
+      o = (o + self.param("o_bias", zeros, (dm,), dt)).astype(o.dtype)
     return o, cache_k, cache_v, scores
 
 
-def project(x: jax.Array, w: jax.Array) -> jax.Array:
-  """x [B, T, Dm] @ w [Dm, N, H] -> [B, T, N, H] as one 2-D matmul over the weight as it lies."""
+def project(x: jax.Array, w: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+  """x [B, T, Dm] @ w [Dm, N, H] (+ bias [N * H]) -> [B, T, N, H] as one 2-D matmul over the weight as it lies."""
   dm, n, hd = w.shape
   y = dense("BTD,DF->BTF", x, w.reshape(dm, n * hd))
+  y = y if bias is None else (y + bias).astype(y.dtype)
   return y.reshape(*x.shape[:2], n, hd)
 
 

@@ -1,14 +1,17 @@
-"""SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+"""The gated feed-forward: down(act(gate(x)) * up(x)), act SiLU (SwiGLU) or tanh-approximated GELU (GeGLU)."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from magicdec_jax.layers.dense import dense
 
+ACTIVATION_FNS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 
-class SwiGLU(nn.Module):
+
+class GatedMLP(nn.Module):
   hidden: int
   dtype: jnp.dtype = jnp.float32
+  activation: str = "silu"
 
   @nn.compact
   def __call__(self, x):  # x [B, T, Dm]
@@ -17,5 +20,6 @@ class SwiGLU(nn.Module):
     gate = self.param("gate", init, (dm, self.hidden), self.dtype)
     up = self.param("up", init, (dm, self.hidden), self.dtype)
     down = self.param("down", init, (self.hidden, dm), self.dtype)
-    h = jax.nn.silu(dense("BTD,DF->BTF", x, gate)) * dense("BTD,DF->BTF", x, up)
+    h = ACTIVATION_FNS[self.activation](dense("BTD,DF->BTF", x, gate)) * dense("BTD,DF->BTF", x, up)
     return dense("BTF,FD->BTD", h, down)
+

@@ -8,11 +8,12 @@ import numpy as np
 from magicdec_jax.config import ModelConfig
 
 
-def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
-  """Inverse frequencies [D/2] in float64 numpy (a compile-time constant)."""
+def rope_frequencies(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
+  """Inverse frequencies [D/2] of layer `layer` (its base and scaling: cfg.layer_rope) in float64 numpy (a
+  compile-time constant)."""
   d = cfg.head_dim
-  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
-  s = cfg.rope_scaling
+  theta, s = cfg.layer_rope(layer)
+  inv = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
   if s is None:
     return inv
   if s.kind == "linear":

@@ -5,7 +5,8 @@ Tensor parallelism (Megatron-style, expressed as shardings only; XLA inserts the
     row-parallel (their input dim split), so each layer needs one all-reduce after attention and one after
     the MLP;
   * the embedding (and an untied LM head) is split over the vocabulary, else over the hidden dim;
-  * norm scales are replicated; everything is replicated over "data".
+  * q/k/v biases split with their projection's heads; o's bias, norm scales (q/k norms included) are
+    replicated; everything is replicated over "data".
 KV caches (per-layer [B, K, S, D] buffers) split B over "data" and K over "model"; the draft's ring likewise, by its own
 model's layout. Per-row loop state splits its batch dim over "data".
 
@@ -97,6 +98,10 @@ def param_spec(keys: list[str], ndim: int, lay: ModelLayout) -> P:
     return P(None, lay.kv_axis, None)
   if "attn" in keys and name == "o":                       # [H, D, Dm] row-parallel
     return P(lay.q_axis, None, None)
+  if "attn" in keys and name == "q_bias":                  # [H * D] (Qwen2's biases) with q's heads
+    return P(lay.q_axis)
+  if "attn" in keys and name in ("k_bias", "v_bias"):      # [K * D] with k / v's heads
+    return P(lay.kv_axis)
   if "mlp" in keys and name in ("gate", "up"):             # [Dm, F] column-parallel
     return P(None, MODEL if lay.mlp else None)
   if "mlp" in keys and name == "down":                     # [F, Dm] row-parallel

@@ -1,11 +1,15 @@
 """Published shapes of the models MagicDec is evaluated with, as `ModelConfig`s (no weights).
 
 Used by the cost model and by benchmarks that run randomly initialized models of real size. Values are from the
-models' HF `config.json` files; dtype defaults to bfloat16 (what they ship in).
+models' HF `config.json` files (the Qwen, Gemma 3 and Mistral ones kept as those files' fields and parsed as
+a downloaded config.json is); dtype defaults to bfloat16 (what they ship in).
 """
 from __future__ import annotations
 
+import functools
+
 from magicdec_jax.config import ModelConfig, RopeScaling
+from magicdec_jax.families import config_from_hf
 
 _LLAMA3_EOS = (128001, 128008, 128009)
 
@@ -58,6 +62,51 @@ def smollm2_135m(dtype: str = "bfloat16") -> ModelConfig:
       max_position_embeddings=8192, bos_token_id=1, eos_token_ids=(2,), dtype=dtype)
 
 
+# ---- other families: each config.json's computation-relevant fields as published on the HF hub, read by the
+# same parser as a downloaded one (families.config_from_hf), so the shape carries the family's features too.
+# Fields that change nothing here are left out (Qwen's max_window_layers: their use_sliding_window is false).
+
+QWEN25_7B = {  # Qwen/Qwen2.5-7B-Instruct/config.json
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584,
+    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 131072,
+    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645}
+QWEN25_32B = dict(QWEN25_7B, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,  # Qwen/Qwen2.5-32B-Instruct
+                  num_attention_heads=40, num_key_value_heads=8)
+QWEN25_72B = dict(QWEN25_7B, hidden_size=8192, intermediate_size=29568, num_hidden_layers=80,  # Qwen/Qwen2.5-72B-Instruct
+                  num_attention_heads=64, num_key_value_heads=8)
+QWEN3_8B = {  # Qwen/Qwen3-8B/config.json
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 4096,
+    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "max_position_embeddings": 40960, "rope_theta": 1000000, "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False, "attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+    "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645}
+QWEN3_32B = dict(QWEN3_8B, hidden_size=5120, intermediate_size=25600, num_hidden_layers=64,  # Qwen/Qwen3-32B
+                 num_attention_heads=64, num_key_value_heads=8)
+GEMMA3_4B = {  # google/gemma-3-4b-it/config.json: the text model's fields; the rest are Gemma3TextConfig's defaults
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "eos_token_id": [1, 106],
+    "text_config": {"model_type": "gemma3_text", "hidden_size": 2560, "intermediate_size": 10240,
+                    "num_hidden_layers": 34, "sliding_window": 1024,
+                    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}}
+GEMMA3_12B = dict(GEMMA3_4B, text_config={  # google/gemma-3-12b-it/config.json
+    "model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 48,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "sliding_window": 1024,
+    "rope_scaling": {"factor": 8.0, "rope_type": "linear"}})
+GEMMA3_27B = dict(GEMMA3_4B, text_config={  # google/gemma-3-27b-it/config.json
+    "model_type": "gemma3_text", "hidden_size": 5376, "intermediate_size": 21504, "num_hidden_layers": 62,
+    "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128, "query_pre_attn_scalar": 168,
+    "sliding_window": 1024, "rope_scaling": {"factor": 8.0, "rope_type": "linear"}})
+MISTRAL_7B = {  # mistralai/Mistral-7B-v0.1/config.json (v0.2 / v0.3 drop the window: "sliding_window": null)
+    "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "max_position_embeddings": 32768, "rope_theta": 10000.0, "rms_norm_eps": 1e-05, "sliding_window": 4096,
+    "tie_word_embeddings": False, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
+HF_SHAPES = {"qwen25_7b": QWEN25_7B, "qwen25_32b": QWEN25_32B, "qwen25_72b": QWEN25_72B, "qwen3_8b": QWEN3_8B,
+             "qwen3_32b": QWEN3_32B, "gemma3_4b": GEMMA3_4B, "gemma3_12b": GEMMA3_12B, "gemma3_27b": GEMMA3_27B,
+             "mistral_7b": MISTRAL_7B}
+
+
 MODEL_SHAPES = {
     "llama31_8b": llama31_8b,
     "llama32_1b": llama32_1b,
@@ -65,6 +114,8 @@ MODEL_SHAPES = {
     "llama2_7b_32k": llama2_7b_32k,
     "tinyllama_1b": tinyllama_1b,
     "smollm2_135m": smollm2_135m,
+    **{name: functools.partial(lambda d, dtype="bfloat16": config_from_hf(d, dtype), d)
+       for name, d in HF_SHAPES.items()},
 }
 
 

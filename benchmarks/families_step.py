@@ -1,0 +1,83 @@
+"""Speed per byte of each family's AR step: the same dimensions with each family's features switched on.
+
+A decode step reads the weights and the KV cache; a family's extra pieces (Qwen3's q/k norms, Qwen2's
+biases, Gemma's (1 + w) norms, post-norms, GeGLU, window masks and local RoPE) add work but almost no bytes.
+This times one autoregressive target step (`calibrate.time_step`: the real forward over a prefix + the new
+token) of random weights at one shape per family, the families alternated round by round, and reports
+seconds per step and bytes per second: the bytes the step must read (every parameter leaf, the KV cache up
+to the context) over its fastest time. By default a Qwen3-shaped model against the LLaMA of the same size
+(SmolLM2-135M's dimensions, float32). JSON to benchmarks/results/.
+
+  python -m benchmarks.families_step                                  # batch 8 x 2048 context, llama vs qwen3
+  python -m benchmarks.families_step --families llama,qwen3,qwen2,gemma3
+  python -m benchmarks.families_step --smoke                          # tiny shapes, seconds
+"""
+from __future__ import annotations
+
+import sys
+
+import jax
+
+from benchmarks import common
+from magicdec_jax.model import init_params
+from magicdec_jax.tuning import calibrate, shapes
+
+FEATURES = {   # each family's config features at the shape being measured (docs/families.md)
+    "llama": lambda n: {},
+    "qwen3": lambda n: dict(qk_norm=True),
+    "qwen2": lambda n: dict(qkv_bias=True),
+    "gemma3": lambda n: dict(qk_norm=True, norm_plus_one=True, post_norms=True, activation="gelu_tanh",
+                             embed_scale=True, query_pre_attn_scalar=64.0, local_rope_theta=10000.0,
+                             layer_windows=tuple(0 if (i + 1) % 6 == 0 else 512 for i in range(n))),
+}
+
+
+def step_bytes(params, cfg, batch: int, context: int) -> int:
+  """Bytes a step reads: every parameter leaf and the K and V of `context` positions per row and layer."""
+  weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * context * cfg.head_dim * cfg.jnp_dtype.itemsize
+  return int(weights + kv)
+
+
+def main(argv=None):
+  ap = common.parser(__doc__)
+  ap.add_argument("--families", default="llama,qwen3", help="comma-separated: " + ",".join(FEATURES))
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--context", type=int, default=2048)
+  ap.add_argument("--rounds", type=int, default=3, help="families alternated this many times")
+  ap.add_argument("--repeats", type=int, default=5, help="timed steps per round (the fastest counts)")
+  ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  args = common.parse(ap, argv, batch=2, context=64, rounds=2, repeats=2)
+  families = args.families.split(",")
+  unknown = [f for f in families if f not in FEATURES]
+  if unknown:
+    ap.error(f"unknown families {unknown}; known: {sorted(FEATURES)}")
+  base = shapes.smollm2_135m(args.dtype)
+  if args.smoke:
+    base = base.replace(vocab_size=264, hidden_size=32, intermediate_size=64, num_layers=6, num_heads=4,
+                        num_kv_heads=2, head_dim=8)
+  cfgs = {f: base.replace(**FEATURES[f](base.num_layers)) for f in families}
+  params = {f: init_params(cfgs[f], jax.random.key(0)) for f in families}
+  times = {f: [] for f in families}
+  for r in range(args.rounds):
+    for f in families:
+      t = calibrate.time_step(params[f], cfgs[f], args.batch, args.context, 1, repeats=args.repeats)
+      times[f] += t["times"]
+      print(f"[families_step] round {r} {f}: {t['seconds'] * 1e3:.2f} ms", file=sys.stderr, flush=True)
+  runs = {}
+  for f in families:
+    nbytes = step_bytes(params[f], cfgs[f], args.batch, args.context)
+    best = min(times[f])
+    runs[f] = {"seconds": best, "median_s": sorted(times[f])[len(times[f]) // 2], "times": times[f],
+               "bytes": nbytes, "bytes_per_s": nbytes / best}
+  ref = runs[families[0]]["bytes_per_s"]
+  doc = {"benchmark": "families_step", "env": common.env_info(), "command": common.command(),
+         "shape": {k: getattr(base, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                                                 "num_heads", "num_kv_heads", "head_dim", "dtype")},
+         "batch": args.batch, "context": args.context, "rounds": args.rounds, "repeats": args.repeats,
+         "runs": runs, "speed_per_byte_vs_" + families[0]: {f: runs[f]["bytes_per_s"] / ref for f in families}}
+  common.finish(doc, args.output, f"families_step_{common.device_tag()}.json")
+
+
+if __name__ == "__main__":
+  main()
