@@ -130,9 +130,12 @@ def test_stream_id_stable():
   assert all(0 <= datagen.stream_id(i, s) < 2**31 for i in range(50) for s in range(3))
 
 
-def test_kill9_then_resume_exactly_once(tmp_path):
+@pytest.mark.parametrize("sampling", ["rejection", "invariant"])
+def test_kill9_then_resume_exactly_once(tmp_path, sampling):
   """Killed mid-run under continuous batching (3 slots, refill after every finished row, 2 samples a
-  prompt), resumed: the same records as one uninterrupted static-batching run (2 slots, refill_at = 2)."""
+  prompt), resumed: the same records as one uninterrupted static-batching run (2 slots, refill_at = 2).
+  Invariant sampling: the killed run drafts with a streaming draft, the resumed one with prompt lookup,
+  and the reference decodes plainly (no draft): the draft cannot change an invariant data set."""
   prompts, samples = 32, 2
   n = prompts * samples
   inp = write(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Record {i} says hello"} for i in range(prompts)])
@@ -140,7 +143,7 @@ def test_kill9_then_resume_exactly_once(tmp_path):
   args = [sys.executable, os.path.join(ROOT, "run.py"), "--mode=datagen", "--model=random-tiny",
           f"--input={inp}", f"--output={out}", "--batch_size=3", "--refill_at=1", "--max_new_tokens=8",
           f"--num_samples_per_prompt={samples}", "--gamma=2", "--sink=2", "--window=8", "--temperature=1",
-          "--seed=3", "--noprogress"]
+          "--seed=3", "--noprogress", f"--sampling={sampling}"]
   proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT)
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None:
@@ -152,12 +155,16 @@ def test_kill9_then_resume_exactly_once(tmp_path):
   proc.wait()
   partial = open(out, "rb").read()
   assert 0 < partial.count(b"\n") < n
+  if sampling == "invariant":
+    args = [a for a in args if not a.startswith(("--sink", "--window"))] + ["--draft=lookup"]
   resumed = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=240)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   got = read_records(out)
   # The reference: an uninterrupted run in this process (same random-tiny weights, same settings).
   ref_out = str(tmp_path / "ref.jsonl")
-  datagen.run(tiny(), inp, ref_out, batch_size=2, refill_at=2, num_samples=samples, progress=False, **GEN)
+  ref_gen = dict(GEN, draft=None) if sampling == "invariant" else GEN
+  datagen.run(tiny(), inp, ref_out, batch_size=2, refill_at=2, num_samples=samples, progress=False,
+              sampling=sampling, **ref_gen)
   ref = read_records(ref_out)
   assert len(got) == n and len({(r["id"], r["sample"]) for r in got}) == n
   assert as_set(got) == as_set(ref)

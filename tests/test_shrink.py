@@ -9,7 +9,6 @@ autoregressive fixed batch's.
 """
 from __future__ import annotations
 
-import json
 
 import jax.numpy as jnp
 import numpy as np
