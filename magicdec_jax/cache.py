@@ -6,7 +6,14 @@ compiled decode step never copies a layer's cache out of a stack (GPU-FINDINGS.m
 that followed it cost 24 ms of a 54 ms step at 8 x 32K). [S, D] blocks are contiguous per (row, KV head),
 which is what the batched matmuls and the split-K attention kernel want.
 
-`KVCache` is the target's linear cache: slot s holds position s, per-row lengths live in the loop state.
+`KVCache` is the target's cache: slot s holds position s (per-row lengths live in the loop state), except
+in a layer with a sliding window w, whose buffer is a ring of R slots (`ring_sizes`: R >= w + a round's
+tree + 1 and >= w + a prefill chunk) holding position p at slot p % R, so Gemma 3 at 32K context keeps
+~1.3K slots in five of its six layers. Callers address every layer by the linear slot ("virtual slot":
+position, or base + node index in a round); `layer_slots` maps it, and the model sees a ring layer through
+`layers.attention.ring_rule`, which masks by the position each slot holds. A ring slot is valid once
+every virtual slot below the round's top has been written in order (prefill chunks, then each round's
+nodes), which the prefill keeps by writing no padding position past a row's length.
 `RingCache` is a draft's StreamingLLM cache: `num_static` slots that never move (sink tokens, or SnapKV's
 selected tokens), a ring of `window` slots for recent committed positions (position j lives at slot
 num_static + j % window), and `scratch` slots holding this round's speculative nodes. Speculative tokens
@@ -29,6 +36,7 @@ import jax.numpy as jnp
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import write_rows
 
+MAX_CHUNK = 256      # the longest prefill chunk (engine.MAX_CHUNK): a ring's room for one beyond its window
 SLOT_ALIGN = 128      # attention tile: XLA's GPU dot tiles and the Pallas kernel's block_k divide it
 CPU_SLOT_ALIGN = 16   # a CPU has no tile to fill: the logits' slot axis fills whole 16-lane float32 vectors
 Layers = tuple        # one jax.Array per layer
@@ -45,23 +53,76 @@ def aligned_slots(n: int) -> int:
   return -(-int(n) // align) * align
 
 
-def _zeros(cfg: ModelConfig, batch: int, num_slots: int) -> Layers:
-  shape = (batch, cfg.num_kv_heads, num_slots, cfg.head_dim)
-  return tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))
+def ring_margin(tree_nodes: int, chunk: int = MAX_CHUNK) -> int:
+  """Slots a windowed layer's ring keeps beyond its window: a round's tree nodes (+ the pending token), so
+  no rejected node overwrites a key some query of the round still sees, and a prefill chunk."""
+  return max(int(chunk), MAX_CHUNK, int(tree_nodes) + 1)
+
+
+def ring_sizes(cfg: ModelConfig, num_slots: int, margin: int | None) -> tuple[int, ...]:
+  """Per-layer slot counts of a target cache of `num_slots` linear slots: a windowed layer keeps
+  aligned_slots(window + margin) when that is smaller (a ring), every other layer num_slots (linear).
+  margin None: every layer linear (a full cache, for one-shot forwards over many tokens)."""
+  sizes = []
+  for i in range(cfg.num_layers):
+    w = cfg.layer_window(i)
+    sizes.append(num_slots if margin is None or w is None else min(num_slots, aligned_slots(w + margin)))
+  return tuple(sizes)
+
+
+def _zeros(cfg: ModelConfig, batch: int, sizes) -> Layers:
+  sizes = (sizes,) * cfg.num_layers if isinstance(sizes, int) else sizes
+  return tuple(jnp.zeros((batch, cfg.num_kv_heads, s, cfg.head_dim), cfg.jnp_dtype) for s in sizes)
 
 
 @flax.struct.dataclass
 class KVCache:
-  k: Layers  # L x [B, K, S, D]
-  v: Layers  # L x [B, K, S, D]
+  k: Layers  # L x [B, K, S_l, D]: S_l = num_slots (linear) or a windowed layer's ring size
+  v: Layers  # L x [B, K, S_l, D]
+  length: int | None = flax.struct.field(pytree_node=False, default=None)   # linear slots (None: k[0]'s)
 
   @classmethod
-  def zeros(cls, cfg: ModelConfig, batch: int, num_slots: int) -> "KVCache":
-    return cls(_zeros(cfg, batch, num_slots), _zeros(cfg, batch, num_slots))
+  def zeros(cls, cfg: ModelConfig, batch: int, num_slots: int, margin: int | None = None) -> "KVCache":
+    """A zero cache of `num_slots` linear slots; with `margin` (ring_margin) windowed layers are rings."""
+    sizes = ring_sizes(cfg, num_slots, margin)
+    return cls(_zeros(cfg, batch, sizes), _zeros(cfg, batch, sizes), length=int(num_slots))
 
   @property
   def num_slots(self) -> int:
-    return self.k[0].shape[2]
+    """Linear slots: positions 0 .. num_slots - 1 can be written (a ring layer keeps the latest of them)."""
+    return self.k[0].shape[2] if self.length is None else self.length
+
+  def is_ring(self, layer: int) -> bool:
+    return self.k[layer].shape[2] != self.num_slots
+
+  def layer_slots(self, layer: int, slots: jax.Array) -> jax.Array:
+    """Virtual (linear) slots -> slots of layer `layer`'s buffer: slot % R in a ring; out of range (how
+    callers say "do not write") stays out of range."""
+    if not self.is_ring(layer):
+      return slots
+    size = self.k[layer].shape[2]
+    return jnp.where((slots >= 0) & (slots < self.num_slots), jnp.mod(slots, size), size)
+
+  def slot_positions(self, layer: int, top: jax.Array) -> jax.Array:
+    """[B, S_l] the position each slot of layer `layer` holds once virtual slots 0 .. top - 1 ([B]) are
+    written: s in a linear layer, the latest v = s (mod R) below top in a ring; -1: none."""
+    size = self.k[layer].shape[2]
+    s = jnp.arange(size, dtype=jnp.int32)[None, :]
+    v = s + size * jnp.floor_divide(top[:, None].astype(jnp.int32) - 1 - s, size) if self.is_ring(layer) else s
+    return jnp.where((v >= 0) & (v < top[:, None]), v, -1)
+
+  def gather(self, slots: jax.Array) -> tuple[Layers, Layers]:
+    """Per-row gather of virtual slots [B, M] from every layer -> L x [B, K, M, D] each (clipped to range)."""
+    safe = jnp.clip(slots, 0, self.num_slots - 1)
+    ks, vs = zip(*(gather_slots((k,), (v,), self.layer_slots(i, safe))
+                   for i, (k, v) in enumerate(zip(self.k, self.v))))
+    return tuple(k[0] for k in ks), tuple(v[0] for v in vs)
+
+  def put(self, slots: jax.Array, k: Layers, v: Layers) -> "KVCache":
+    """Per-row write of L x [B, K, M, D] at virtual slots [B, M] (out-of-range slots are dropped)."""
+    per = [self.layer_slots(i, slots) for i in range(len(self.k))]
+    return self.replace(k=tuple(write_rows(c, s, jnp.swapaxes(x, 1, 2)) for c, s, x in zip(self.k, per, k)),
+                        v=tuple(write_rows(c, s, jnp.swapaxes(x, 1, 2)) for c, s, x in zip(self.v, per, v)))
 
 
 @flax.struct.dataclass

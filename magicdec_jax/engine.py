@@ -21,7 +21,7 @@ import numpy as np
 
 from magicdec_jax import loop, sharding, shrink, slots
 from magicdec_jax import compile as compiling
-from magicdec_jax.cache import aligned_slots
+from magicdec_jax.cache import MAX_CHUNK, aligned_slots
 from magicdec_jax.model import Model, full_forward
 from magicdec_jax.prompts import prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
@@ -30,7 +30,6 @@ from magicdec_jax.trees import Tree
 from magicdec_jax.tuning import autotune
 
 AR_TREE = Tree((-1,))
-MAX_CHUNK = 256
 
 
 @dataclasses.dataclass

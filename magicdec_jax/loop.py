@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax.cache import KVCache, gather_slots, put_slots
+from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import DraftSpec, Prefill, Round
 from magicdec_jax.layers.attention import PrefixTree
@@ -47,13 +47,16 @@ class LoopState:
   refill_at: jax.Array   # [] decode returns once this many rows are done (B: when all are; traced)
 
 
-def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, *, cfg: ModelConfig,
-                  impl: str = "xla") -> KVCache:
+def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, lengths: jax.Array | None = None,
+                  *, cfg: ModelConfig, impl: str = "xla") -> KVCache:
   """Write the target's K/V of one chunk tokens [B, T] at slots start..start+T-1 (start a multiple of T;
-  traced, so one executable serves every chunk of a prompt), computing only the causal triangle."""
+  traced, so one executable serves every chunk of a prompt), computing only the causal triangle.
+  lengths [B]: positions at or past a row's length (padding) are not written (a ring layer would lose
+  keys its row still needs to them); None: every position is a real token."""
   b, t = tokens.shape
   pos = jnp.broadcast_to(start + jnp.arange(t, dtype=jnp.int32), (b, t))
-  _, cache = forward(params, cfg, tokens, pos, cache, pos, CausalChunk(jnp.asarray(start, jnp.int32)),
+  slots = pos if lengths is None else jnp.where(pos < lengths[:, None], pos, cache.num_slots)
+  _, cache = forward(params, cfg, tokens, pos, cache, slots, CausalChunk(jnp.asarray(start, jnp.int32)),
                      impl=impl, compute_logits=False)
   return cache
 
@@ -62,12 +65,14 @@ def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, *
 def prefill(target_params, draft_params, tokens: jax.Array, lengths: jax.Array, *, cfg: ModelConfig,
             spec: DraftSpec | None, tree: Tree, num_slots: int, chunk: int, impl: str = "xla"):
   """tokens [B, P] right-padded prompts (P a multiple of `chunk`), lengths [B] -> (target KVCache, the
-  draft's ring or None). Positions 0..L-2 of each row are encoded; the last prompt token stays pending."""
+  draft's ring or None). Positions 0..L-2 of each row are encoded; the last prompt token stays pending.
+  Windowed layers are rings sized for `tree` and the chunk (cache.ring_sizes)."""
   def body(cache, c):
     toks = jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, axis=1)
-    return prefill_chunk(target_params, cache, toks, c * chunk, cfg=cfg, impl=impl), None
+    return prefill_chunk(target_params, cache, toks, c * chunk, lengths, cfg=cfg, impl=impl), None
 
-  target, _ = jax.lax.scan(body, KVCache.zeros(cfg, tokens.shape[0], num_slots),
+  empty = KVCache.zeros(cfg, tokens.shape[0], num_slots, ring_margin(tree.num_nodes, chunk))
+  target, _ = jax.lax.scan(body, empty,
                            jnp.arange(tokens.shape[1] // chunk, dtype=jnp.int32))
   return target, prefill_draft.__wrapped__(target_params, draft_params, target, tokens, lengths, cfg=cfg,
                                            spec=spec, tree=tree, chunk=chunk)
@@ -105,7 +110,7 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
       q = draft_dist          # already filtered: the q the draft sampled from
   n_nodes = tree.num_nodes
   positions = base[:, None] + jnp.asarray(tree.depths)[None, :]
-  slots = base[:, None] + jnp.arange(n_nodes)[None, :]
+  slots = base[:, None] + jnp.arange(n_nodes)[None, :]      # virtual: a ring layer keeps them at slot % R
   logits, target, *feats = forward(target_params, cfg, node_tokens, positions, state.target, slots,
                                    PrefixTree(base, jnp.asarray(tree.ancestor_mask)), impl=impl,
                                    feature_layers=() if spec is None else spec.feature_layers)
@@ -116,10 +121,9 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
     path, n, nxt, acc_at = accept(tree, True, scores, None, node_tokens, verify_keys)
   else:
     path, n, nxt, acc_at = accept(tree, False, probabilities(logits, sampling), q, node_tokens, verify_keys)
-  if not tree.is_chain:   # move the accepted path's K/V to consecutive slots (a chain already is)
-    k, v = gather_slots(target.k, target.v, base[:, None] + path)
-    dst = base[:, None] + jnp.arange(path.shape[1])[None, :]
-    target = target.replace(k=put_slots(target.k, dst, k), v=put_slots(target.v, dst, v))
+  if not tree.is_chain:   # move the accepted path's K/V to consecutive (virtual) slots (a chain already is)
+    k, v = target.gather(base[:, None] + path)
+    target = target.put(base[:, None] + jnp.arange(path.shape[1])[None, :], k, v)
   if spec is not None:
     ring = spec.commit(ring, dataclasses.replace(r, target=target, path=path, n=n, node_tokens=node_tokens,
                                                  features=feats[0] if feats else None))

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from magicdec_jax.cache import KVCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import Attention, GatedMLP, RMSNorm, rms_norm
-from magicdec_jax.layers.attention import PrefixTree
+from magicdec_jax.layers.attention import PrefixTree, ring_rule
 from magicdec_jax.layers.dense import dense
 from magicdec_jax.layers.prefill_attention import softcapped
 
@@ -90,13 +90,19 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
   `spec` is a PrefixTree or DenseMask visibility rule (see layers/attention.py). Slots out of range, or
   every slot when `write_slots` is None, are not written. With `feature_layers` (layer indices), the
   hidden states after those layers come back last, concatenated: [B, T, len(feature_layers) * D] (what a
-  feature-head draft reads, feature_draft.py).
+  feature-head draft reads, feature_draft.py). A KVCache's ring layers (windowed, cache.py) take the
+  slots and the rule as that layer's ring sees them (`ring_rule`): write_slots are virtual (linear) slots.
   """
   x = embed(params, cfg, tokens)
-  ks, vs, scores, feats = [], [], [], {}
+  ks, vs, scores, feats, rings = [], [], [], {}, {}
   for i, (lp, ck, cv) in enumerate(zip(params["layers"], cache.k, cache.v, strict=True)):
-    x, ck, cv, sc = Block(cfg, impl, i).apply({"params": lp}, x, positions, ck, cv, write_slots, spec,
-                                              return_scores)
+    ws, sp = write_slots, spec
+    if isinstance(cache, KVCache) and cache.is_ring(i):
+      size = ck.shape[2]
+      if size not in rings:
+        rings[size] = (None if ws is None else cache.layer_slots(i, ws), ring_rule(spec, positions, size))
+      ws, sp = rings[size]
+    x, ck, cv, sc = Block(cfg, impl, i).apply({"params": lp}, x, positions, ck, cv, ws, sp, return_scores)
     ks.append(ck)
     vs.append(cv)
     scores.append(sc)

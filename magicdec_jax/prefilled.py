@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from magicdec_jax import compile as compiling
 from magicdec_jax import engine, loop
-from magicdec_jax.cache import KVCache
+from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
 from magicdec_jax.prompts import prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
@@ -98,13 +98,14 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   compiling.ensure_persistent_cache()
   options = compiling.engine_options(options)
   c0 = compiling.compile_seconds()
+  row_lengths = lambda rows: jnp.asarray(lengths[:rows] if rows == b else [min(lengths[:n])], jnp.int32)
   step_args = lambda cache, rows, c: (model.params, cache, jnp.asarray(tokens[:rows, c * chunk:(c + 1) * chunk]),
-                                      jnp.int32(c * chunk))
+                                      jnp.int32(c * chunk), row_lengths(rows))
   step_for = lambda cache, rows: compiling.jit_executable(
       "prefill_chunk", loop.prefill_chunk, step_args(cache, rows, 0), {"cfg": cfg, "impl": attention_impl},
       options=options,
       donate_argnames=("cache",))
-  cache = KVCache.zeros(cfg, 1 if shared else b, num_slots)
+  cache = KVCache.zeros(cfg, 1 if shared else b, num_slots, ring_margin(max_tree_nodes, chunk))
   step = step_for(cache, 1 if shared else b)
   compile_s = compiling.compile_seconds() - c0
   t0 = time.perf_counter()

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from magicdec_jax import loop
-from magicdec_jax.cache import KVCache
+from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import DraftSpec
 from magicdec_jax.trees import Tree
@@ -26,7 +26,7 @@ from magicdec_jax.trees import Tree
 def empty_state(eos: jax.Array, *, cfg: ModelConfig, spec: DraftSpec | None, tree: Tree, batch: int,
                 num_slots: int, out_len: int) -> loop.LoopState:
   """A LoopState of `batch` free slots (every row done, zero caches), ready for `insert`."""
-  target = KVCache.zeros(cfg, batch, num_slots)
+  target = KVCache.zeros(cfg, batch, num_slots, ring_margin(tree.num_nodes))
   ring = None if spec is None else spec.empty_ring(cfg, batch, tree, num_slots)
   tokens = jnp.zeros((batch, 1), jnp.int32)
   keys = jax.random.split(jax.random.key(0), batch)
@@ -40,7 +40,9 @@ def _put(dst: jax.Array, x: jax.Array, values: jax.Array) -> jax.Array:
 
 
 def _put_cache(dst, cache: tuple, pre: tuple, rows: jax.Array) -> tuple:
-  """Per-layer [B, K, S, D] buffers: rows dst take the first S' slots of prefilled rows `rows` [n]."""
+  """Per-layer [B, K, S, D] buffers: rows dst take the first S' slots of prefilled rows `rows` [n]. A ring
+  layer has the same size in both (cache.ring_sizes: the same margin), or the prefill's is linear and no
+  longer than the state's (position p at slot p in both): the slot pattern is the same."""
   s = pre[0].shape[2]
   return tuple(c.at[dst, :, :s].set(p[rows].astype(c.dtype), mode="drop") for c, p in zip(cache, pre))
 

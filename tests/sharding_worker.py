@@ -1,6 +1,6 @@
 """Runs in a subprocess with 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8) for
 test_sharding.py; prints one JSON object of facts (tokens per mesh, shardings, byte counts, collectives)
-that the test asserts on. Usage: python sharding_worker.py tiny|smollm2 [tmpdir].
+that the test asserts on. Usage: python sharding_worker.py tiny|family|smollm2 [tmpdir].
 
 References are single-device `generate` calls (no mesh) in the same process.
 """
@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 import magicdec_jax as md
-from magicdec_jax import checkpoints, sharding
+from magicdec_jax import checkpoints, loop, sharding
 from magicdec_jax import compile as compiling
 from magicdec_jax.sharding import rules
 
@@ -42,6 +42,27 @@ def tiny_model(seed: int = 0):
 
   params = jax.tree_util.tree_map_with_path(leaf, shapes, is_leaf=checkpoints.is_shape)
   return md.Model(cfg, params, name="tiny-8h2kv")
+
+
+def family_model(seed: int = 3):
+  """The tiny model with every family feature (Qwen3's biases and q/k norms, Gemma 3's (1 + w) norms,
+  post-norms, GeGLU, scaled embedding, soft-caps, local layers with their own RoPE base): layer 0 slides
+  (window 6), so its target cache is a ring once a prompt passes 6 + 256 tokens."""
+  base = tiny_model(seed)
+  cfg = base.config.replace(qkv_bias=True, o_bias=True, qk_norm=True, norm_plus_one=True, post_norms=True,
+                            activation="gelu_tanh", embed_scale=True, query_pre_attn_scalar=12.0,
+                            attn_softcap=20.0, final_softcap=15.0, layer_windows=(6, 0), local_rope_theta=100.0)
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, shape):
+    name = jax.tree_util.keystr(path)
+    if "norm" in name or "bias" in name or "scale" in name:
+      return jax.numpy.asarray(0.3 * rng.normal(size=shape), np.float32)
+    std = 0.5 if "embed" in name else (6.0 if "attn" in name else 1.0) * cfg.hidden_size ** -0.5
+    return jax.numpy.asarray(rng.normal(size=shape) * std, np.float32)
+
+  params = jax.tree_util.tree_map_with_path(leaf, checkpoints.expected_shapes(cfg), is_leaf=checkpoints.is_shape)
+  return md.Model(cfg, params, name="tiny-family-8h2kv")
 
 
 def modes(window: int, tree=(2, 2)):
@@ -240,6 +261,17 @@ def main(which: str, tmpdir: str):
     out["planner"] = planner_facts(model, prompts, "data:2,model:4")
     out["orbax"] = orbax_facts(model, tmpdir, "data:2,model:4")
     out["refusal"] = refusal_facts(model, prompts)
+  elif which == "family":
+    model = family_model()
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 64, n).tolist() for n in (290, 7)]     # the first passes the ring's 272 slots
+    out["ring_slots"] = [int(c.shape[2]) for c in loop.prefill(
+        model.params, None, jax.numpy.asarray([prompts[0] + [0] * 222]), jax.numpy.asarray([290]),
+        cfg=model.config, spec=None, tree=md.Tree((-1,)), num_slots=576, chunk=256)[0].k]
+    ar = md.generate(model, prompts, max_new_tokens=6).tokens                # single-device plain decoding
+    cases = {"ar": dict(draft=None), "chain": dict(draft=md.StreamingDraft(sink=1, window=4), gamma=2)}
+    out["greedy"] = mesh_tokens(model, prompts, cases, max_new_tokens=6, refs={"ar": ar, "chain": ar})
+    out["chain_acceptance"] = md.generate(model, prompts, max_new_tokens=6, **cases["chain"]).stats["acceptance_rate"]
   else:
     model = md.load_model("smollm2-135m")
     prompts = [model.tokenizer.encode(p).ids for p in ("To be, or not to be", "Once upon a time")]

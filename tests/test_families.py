@@ -240,12 +240,13 @@ def test_windowed_layers_take_the_xla_path(monkeypatch):
     attend(q, k, v, spec, "pallas_interpret", q_pos=pos)
 
 
-@pytest.mark.parametrize("case,batch", [("ar", 1), ("chain", 3)])
-def test_windowed_decode_loop_reads_weights_and_caches_in_place(case, batch, monkeypatch):
+@pytest.mark.parametrize("case,batch,prompt", [("ar", 1, 64), ("chain", 3, 64), ("chain", 3, 320)])
+def test_windowed_decode_loop_reads_weights_and_caches_in_place(case, batch, prompt, monkeypatch):
   """test_hlo_no_copies.py's check on a model with every family feature (biases, q/k norms, Gemma norms and
   GeGLU, soft-caps, local and global layers with their own RoPE): the window masks add no copy of a weight
-  or a cache layer to the compiled decode loop."""
+  or a cache layer to the compiled decode loop; with a 320-token prompt the local layers are rings."""
   import test_hlo_no_copies as hlo_check
+  monkeypatch.setattr(hlo_check, "P", prompt)
   family = hlo_check.CFG.replace(qkv_bias=True, o_bias=True, qk_norm=True, norm_plus_one=True, post_norms=True,
                                  activation="gelu_tanh", embed_scale=True, query_pre_attn_scalar=10.0,
                                  attn_softcap=20.0, final_softcap=15.0, layer_windows=(6, 0, 6),

@@ -126,6 +126,16 @@ def test_smollm2_on_every_mesh():
   assert c["cache_shard_shape"] == c["cache_shape"]
 
 
+def test_family_model_on_every_mesh():
+  """A tiny model with every family feature (q/k/v/o biases and q/k norms sharded by head, Gemma's norms,
+  GeGLU, soft-caps, a local layer whose target cache is a ring): greedy AR and a chain on 1x8, 2x4, 4x2,
+  8x1 equal single-device plain decoding."""
+  out = worker("family")
+  assert out["ring_slots"] == [272, 576]                # the local layer keeps window + 256 slots
+  check_same_on_every_mesh(out["greedy"])
+  assert len(set(out["greedy"]["ar"]["ref"][0])) > 3 and 0 < out["chain_acceptance"] < 1
+
+
 def test_planner_single_device_and_refusal_in_process():
   """One device (this process): exact parameter bytes, and generate refuses an oversize batch."""
   model = testing.random_tiny_model(0)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax.cache import KVCache, RingCache, gather_slots
+from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask
 from magicdec_jax.sampling import Sampling, filter_logits, probabilities, sample_without_replacement
@@ -232,7 +232,7 @@ def copy_from_linear(ring: RingCache, sink: int, window: int, cache: KVCache, le
   """Fill a ring with the exact K/V of its sink and recent positions from a linear cache (slot ==
   position): the target's own (self drafts) or a draft network's windowed prefill."""
   pos, valid = ring_positions(sink, window, lengths)
-  k, v = gather_slots(cache.k, cache.v, pos)
+  k, v = cache.gather(pos)
   return ring.write_committed(k, v, pos, valid)
 
 

@@ -34,7 +34,7 @@ from magicdec_jax.drafts.base import (Draft, DraftSpec, Footprint, Prefill, Roun
                                       draft_levels, ring_key_positions, scratch_mask)
 from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW
 from magicdec_jax.feature_head import FeatureHead
-from magicdec_jax.layers.attention import DenseMask
+from magicdec_jax.layers.attention import DenseMask, PrefixTree
 from magicdec_jax.model import forward
 from magicdec_jax.trees import Tree
 from magicdec_jax.tuning import costmodel
@@ -84,7 +84,10 @@ class FeatureSpec(DraftSpec):
     safe = jnp.clip(pos, 0, n - 1)
     mask = jnp.arange(p.target.num_slots)[None, None, :] <= safe[:, :, None]
     _, _, feats = forward(p.target_params, p.cfg, jnp.take_along_axis(p.tokens, safe, axis=1), safe, p.target,
-                          None, DenseMask(mask), compute_logits=False, feature_layers=self.layers)
+                          None, DenseMask(mask, filled=p.lengths - 1), compute_logits=False,
+                          feature_layers=self.layers)
+    if self.sink and any(p.target.is_ring(i) for i in range(p.cfg.num_layers)):
+      feats = feats.at[:, :self.sink].set(self._sink_features(p))     # a ring no longer holds their keys
     nxt = jnp.take_along_axis(p.tokens, jnp.clip(safe + 1, 0, n - 1), axis=1)     # token t+1
     m = pos.shape[1] - 1                                                          # ring entries
     scratch = KVCache.zeros(self.config, b, aligned_slots(m))
@@ -96,6 +99,15 @@ class FeatureSpec(DraftSpec):
     valid = in_region & (pos[:, :m] >= 0) & (pos[:, :m] <= last - 1)
     ks, vs = gather_slots((k,), (v,), slots)
     return FeatureRing(fr.ring.write_committed(ks, vs, pos[:, :m], valid), feats[:, m])
+
+  def _sink_features(self, p: Prefill) -> jax.Array:
+    """The target's features at positions 0 .. sink - 1, from a forward over those tokens alone."""
+    b, sink = p.tokens.shape[0], self.sink
+    pos = jnp.broadcast_to(jnp.arange(sink, dtype=jnp.int32), (b, sink))
+    toks = jnp.take_along_axis(p.tokens, jnp.minimum(pos, p.tokens.shape[1] - 1), axis=1)
+    rule = PrefixTree(jnp.zeros((b,), jnp.int32), jnp.tril(jnp.ones((sink, sink), bool)))
+    return forward(p.target_params, p.cfg, toks, pos, KVCache.zeros(p.cfg, b, aligned_slots(sink)), pos, rule,
+                   compute_logits=False, feature_layers=self.layers)[-1]
 
   # ------------------------------------------------------------------------------------------- propose
 

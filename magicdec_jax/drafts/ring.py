@@ -82,7 +82,7 @@ class RingDraft(DraftSpec):
     i = jnp.arange(dp1)[None, :]
     if self.uses_target_weights:
       pos = (r.lengths - 1)[:, None] + i
-      k, v = gather_slots(r.target.k, r.target.v, pos)
+      k, v = r.target.gather(pos)
       return ring.write_committed(k, v, pos, i <= r.n[:, None])
     pos = (r.lengths - 2)[:, None] + jnp.concatenate([jnp.zeros((b, 1), jnp.int32),
                                                       jnp.broadcast_to(i + 1, (b, dp1))], axis=1)

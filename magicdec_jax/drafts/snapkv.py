@@ -71,10 +71,10 @@ class SnapKVDraft(RingDraft, Draft):
     scores: L x [B, K, S] attention mass of the observation queries on each cache slot. Candidates are
     positions before the initial recent window (those are kept by the ring anyway)."""
     pad = self.pool_kernel // 2
-    s = jnp.arange(target.num_slots)
-    candidate = s[None, :] < (lengths - self.window)[:, None]                      # [B, S]
     new_k, new_v = [], []
-    for sc, tk, tv, rk, rv in zip(scores, target.k, target.v, ring.k, ring.v, strict=True):
+    for i, (sc, tk, tv, rk, rv) in enumerate(zip(scores, target.k, target.v, ring.k, ring.v, strict=True)):
+      pos = target.slot_positions(i, lengths - 1)                                  # [B, S]: ring layers
+      candidate = (pos >= 0) & (pos < (lengths - self.window)[:, None])
       pooled = jax.lax.reduce_window(sc, 0.0, jax.lax.add, (1, 1, self.pool_kernel), (1, 1, 1),
                                      [(0, 0), (0, 0), (pad, pad)]) / self.pool_kernel
       pooled = jnp.where(candidate[:, None, :], pooled, -jnp.inf)

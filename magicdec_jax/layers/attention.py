@@ -43,11 +43,13 @@ class DenseMask:
   """An explicit mask. With `alt_pos`, slots flagged in `alt_slots` are scored against the query rotated
   at `alt_pos` instead of its true position: StreamingLLM's positions-within-the-cache, where sink keys
   sit just before the window (keys are stored rotated at their absolute positions). `key_pos`: the position
-  each slot holds (a ring, where slot != position; -1: none); None means slot s holds position s."""
+  each slot holds (a ring, where slot != position; -1: none); None means slot s holds position s. A mask
+  over a target KVCache's linear slots gives `filled` for its ring layers (ring_rule)."""
   mask: jax.Array                    # [B, T, S] bool
   alt_pos: jax.Array | None = None   # [B, T] int32
   alt_slots: jax.Array | None = None  # [S] bool
   key_pos: jax.Array | None = None   # [B, S] int32
+  filled: jax.Array | None = None    # [B] over a target KVCache: virtual slots below it are written (ring layers)
 
 
 def in_window(key_pos: jax.Array, q_pos: jax.Array, window: int) -> jax.Array:
@@ -63,6 +65,40 @@ def tree_key_positions(base: jax.Array, q_pos: jax.Array, num_slots: int) -> jax
   rel = s - base[:, None].astype(jnp.int32)
   tree = jnp.take_along_axis(q_pos.astype(jnp.int32), jnp.clip(rel, 0, t - 1), axis=1)
   return jnp.where(rel < 0, s, jnp.where(rel < t, tree, -1))
+
+
+def ring_rule(spec, q_pos: jax.Array, size: int) -> DenseMask:
+  """A linear-cache rule (PrefixTree, or a prefill chunk's CausalChunk) seen through a ring layer of `size`
+  slots holding virtual slot v at v % size: the T new tokens sit at virtual slots base .. base + T - 1
+  and every virtual slot below base + T has been written in order, so ring slot r holds the latest v = r
+  (mod size) below base + T. It shows a query that slot's prefix position (v < base), or its tree node under
+  the ancestor mask; a slot not yet written (v < 0) is invisible. key_pos: the position each slot holds,
+  for the layer's window (which the ring's size covers, so no key a query needs was overwritten)."""
+  t = q_pos.shape[1]
+  if isinstance(spec, DenseMask) and spec.filled is not None and spec.key_pos is None:
+    r = jnp.arange(size, dtype=jnp.int32)[None, :]
+    top = spec.filled.astype(jnp.int32)[:, None]
+    virt = r + size * jnp.floor_divide(top - 1 - r, size)
+    seen = jnp.take_along_axis(spec.mask, jnp.clip(virt, 0, spec.mask.shape[2] - 1)[:, None, :].repeat(t, 1), 2)
+    return DenseMask(seen & (virt >= 0)[:, None, :], key_pos=jnp.where(virt >= 0, virt, -1))
+  if isinstance(spec, CausalChunk):
+    base = jnp.broadcast_to(spec.start.astype(jnp.int32), (q_pos.shape[0],))
+    anc = jnp.tril(jnp.ones((t, t), bool))
+  elif isinstance(spec, PrefixTree):
+    base, anc = spec.base.astype(jnp.int32), spec.anc
+  else:
+    raise ValueError("a ring layer of the target cache takes a PrefixTree, a CausalChunk or a DenseMask with "
+                     f"`filled`, got {type(spec).__name__}")
+  r = jnp.arange(size, dtype=jnp.int32)[None, :]
+  top = base[:, None] + t
+  virt = r + size * jnp.floor_divide(top - 1 - r, size)                      # [B, S] latest v below top
+  rel = virt - base[:, None]
+  node = jnp.clip(rel, 0, t - 1)
+  key_pos = jnp.where(virt < 0, -1, jnp.where(rel < 0, virt, jnp.take_along_axis(q_pos.astype(jnp.int32),
+                                                                                   node, axis=1)))
+  tree = jnp.moveaxis(jnp.take(anc, node, axis=1), 1, 0)                     # [B, T, S]: anc[j, node]
+  mask = jnp.where((rel < 0)[:, None, :], (virt >= 0)[:, None, :], tree)
+  return DenseMask(mask, key_pos=key_pos)
 
 
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
