@@ -43,8 +43,7 @@ def _put_cache(dst, cache: tuple, pre: tuple, rows: jax.Array) -> tuple:
   """Per-layer [B, K, S, D] buffers: rows dst take the first S' slots of prefilled rows `rows` [n]. A ring
   layer has the same size in both (cache.ring_sizes: the same margin), or the prefill's is linear and no
   longer than the state's (position p at slot p in both): the slot pattern is the same."""
-  s = pre[0].shape[2]
-  return tuple(c.at[dst, :, :s].set(p[rows].astype(c.dtype), mode="drop") for c, p in zip(cache, pre))
+  return tuple(c.at[dst, :, :p.shape[2]].set(p[rows].astype(c.dtype), mode="drop") for c, p in zip(cache, pre))
 
 
 def insert(state: loop.LoopState, target: KVCache, ring: Any, tokens: jax.Array, lengths: jax.Array,
