@@ -271,6 +271,13 @@ def main(which: str, tmpdir: str):
     ar = md.generate(model, prompts, max_new_tokens=6).tokens                # single-device plain decoding
     cases = {"ar": dict(draft=None), "chain": dict(draft=md.StreamingDraft(sink=1, window=4), gamma=2)}
     out["greedy"] = mesh_tokens(model, prompts, cases, max_new_tokens=6, refs={"ar": ar, "chain": ar})
+    out["specs"] = {}
+    for spec in ("data:2,model:4", "data:4,model:2"):     # K/V replicated over model, then split by head
+      sm = sharding.shard_model(model, sharding.make_mesh(spec))
+      out["specs"][spec] = {jax.tree_util.keystr(k): str(v.sharding.spec) for k, v in
+                            jax.tree_util.tree_leaves_with_path(sm.params["layers"][0]["attn"])
+                            if "bias" in jax.tree_util.keystr(k) or "norm" in jax.tree_util.keystr(k)}
+    out["collectives"] = {}
     out["chain_acceptance"] = md.generate(model, prompts, max_new_tokens=6, **cases["chain"]).stats["acceptance_rate"]
   else:
     model = md.load_model("smollm2-135m")

@@ -3,7 +3,8 @@ whole context. Random tiny HF models (Gemma 3: local and global layers; Mistral:
 HF transformers in float32: teacher-forced logits over prompts longer than the ring (prefilled in several
 chunks, then 4-token rounds), greedy AR and speculative decoding (self-draft chain and tree, SnapKV, a model
 draft) equal to HF `generate` several windows past a wrapped ring, continuous batching with refills of
-short (linear-cache) and long (ring) prefills into one state, and the rings' buffer shapes."""
+short (linear-cache) and long (ring) prefills into one state, the rings' buffer shapes, and the memory
+planner's and the cost model's window-aware bytes against a hand computation."""
 import functools
 
 import jax
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from magicdec_jax import ModelConfig, drafts, generate, loop
+from magicdec_jax import ModelConfig, drafts, generate, loop, sharding
 from magicdec_jax.cache import KVCache, aligned_slots, ring_margin, ring_sizes
 from magicdec_jax.checkpoints import load_model
 from magicdec_jax.drafts.model import truncate_layers
@@ -19,6 +20,7 @@ from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import forward
 from magicdec_jax.stream import generate_stream
 from magicdec_jax.trees import Tree, default_tree
+from magicdec_jax.tuning import costmodel, shapes
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -129,3 +131,21 @@ def test_stream_refills_into_rings_equal_hf(root):
                            eos_token_id=[], draft=drafts.StreamingDraft(2, 8), gamma=2):
     got[r.index] = r.tokens
   assert got == want
+
+
+def test_planner_and_cost_model_count_windows():
+  """Gemma 3 27B at 32K context, batch 4, bf16: 52 local layers keep aligned(1024 + 256) = 1280 slots, the
+  10 global ones 32768 (memory planner, by hand); a step reads min(context, 1024) tokens per local layer."""
+  cfg = shapes.model_shape("gemma3_27b")
+  per_slot = 2 * 4 * cfg.num_kv_heads * cfg.head_dim * 2               # K and V, 4 rows, bf16
+  assert sum(1 for w in cfg.layer_windows if w == 1024) == 52 and cfg.num_layers == 62
+  plan = sharding.plan_memory(cfg, None, batch=4, max_context=32768, tree_nodes=4)
+  assert plan.target_kv == per_slot * (52 * aligned_slots(1280) + 10 * 32768)
+  assert plan.target_kv < 0.2 * sharding.plan_memory(cfg.replace(layer_windows=()), None, batch=4,
+                                                     max_context=32768, tree_nodes=4).target_kv
+  assert costmodel.kv_read_tokens(cfg, 32768) == (52 * 1024 + 10 * 32768) / 62
+  assert costmodel.kv_read_tokens(cfg, 512) == 512
+  full = cfg.replace(layer_windows=())
+  kv = 2 * 62 * cfg.num_kv_heads * cfg.head_dim * 2
+  assert costmodel.step_bytes(full, 4, 32768, 1) - costmodel.step_bytes(cfg, 4, 32768, 1) == \
+      4 * kv * (32768 - (52 * 1024 + 10 * 32768) / 62)

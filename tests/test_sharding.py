@@ -134,6 +134,10 @@ def test_family_model_on_every_mesh():
   assert out["ring_slots"] == [272, 576]                # the local layer keeps window + 256 slots
   check_same_on_every_mesh(out["greedy"])
   assert len(set(out["greedy"]["ar"]["ref"][0])) > 3 and 0 < out["chain_acceptance"] < 1
+  rep, split = "P(None,)", "P('model',)"
+  for mesh, kv in (("data:2,model:4", rep), ("data:4,model:2", split)):      # q_heads, then heads layout
+    assert out["specs"][mesh] == {"['q_bias']": split, "['k_bias']": kv, "['v_bias']": kv, "['o_bias']": rep,
+                                  "['q_norm']['scale']": rep, "['k_norm']['scale']": rep}, out["specs"][mesh]
 
 
 def test_planner_single_device_and_refusal_in_process():

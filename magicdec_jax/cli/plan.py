@@ -1,6 +1,7 @@
 """`run.py --mode=plan`: the cost model's table (gamma, speedup, T_AR over batch x context) for a model shape
 (--model_shape) and the draft the flags describe, on a datasheet or a measured hardware profile
-(--hardware), with S_inflection; no weights are loaded."""
+(--hardware), with S_inflection; a model with sliding-window layers is priced with them (their KV reads
+are min(context, window)) and compared with the same shape priced all global; no weights are loaded."""
 from __future__ import annotations
 
 from absl import app
@@ -70,3 +71,21 @@ def run(fv, log) -> None:
       n = costmodel.s_inflection(cfg, h, draft, g, a)
       cells.append(f"gamma={g}: {n if n is not None else 'none <= 1M'}")
     print(f"  {name}: " + ", ".join(cells))
+  windows = [w for w in cfg.layer_windows if w]
+  if windows:
+    print(f"\nwindowed layers: {len(windows)} of {cfg.num_layers} slide (window {min(windows)}"
+          f"{'-%d' % max(windows) if max(windows) != min(windows) else ''}): their KV reads and memory are "
+          f"min(context, window) (the target keeps them as rings), so the draft saves only on the "
+          f"{cfg.num_layers - len(windows)} global layers and where its window is narrower than theirs")
+    glob = cfg.replace(layer_windows=())
+    same = [costmodel.s_inflection(glob, hw, draft, g, a) for g in range(1, 7)]
+    equal = same == [costmodel.s_inflection(cfg, hw, draft, g, a) for g in range(1, 7)]
+    print(f"  S_inflection with every layer global ({hw.name}): " + ", ".join(
+        f"gamma={g}: {n if n is not None else 'none <= 1M'}" for g, n in enumerate(same, 1))
+          + (" (the same: it falls below the window, where windows change nothing)" if equal else ""))
+    for n in [c for c in contexts if c > min(windows)][:3]:
+      b = max(batches)
+      g, sp = costmodel.choose_gamma(cfg, hw, draft, b, n, a)
+      g0, sp0 = costmodel.choose_gamma(glob, hw, draft, b, n, a)
+      print(f"  batch {b}, context {n}: speedup {sp:.2f} (gamma {g}); the same shape with every layer global "
+            f"{sp0:.2f} (gamma {g0})")

@@ -6,7 +6,7 @@ each device holds; `generate` and run.py refuse a configuration whose total exce
 before anything compiles, naming every figure.
 
 Params, draft params and KV caches are exact (shape x itemsize / the number of devices the rules split
-each array over). Activations are an estimate: the largest set of transient buffers live at once, the
+each array over; a windowed layer's target cache is its ring, cache.ring_sizes). Activations are an estimate: the largest set of transient buffers live at once, the
 max over prefill (one chunk through one layer, plus a model draft's temporary linear cache and SnapKV's
 scores) and one decode round (tree-wide logits over the vocabulary for target and draft, one layer's
 attention scores over the whole cache, the MLP's hidden columns). XLA's own scratch is not included.
@@ -19,7 +19,7 @@ import math
 import jax
 import numpy as np
 
-from magicdec_jax.cache import aligned_slots
+from magicdec_jax.cache import aligned_slots, ring_margin, ring_sizes
 from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
 from magicdec_jax.sharding import rules
 from magicdec_jax.sharding.mesh import axis_sizes, describe
@@ -88,12 +88,16 @@ def param_bytes(cfg: ModelConfig, mesh=None) -> int:
   return total
 
 
-def cache_bytes(cfg: ModelConfig, mesh, batch: int, slots: int) -> int:
-  """K and V of a cache of L x [B, K, slots, D] buffers on one device."""
+def cache_bytes(cfg: ModelConfig, mesh, batch: int, slots) -> int:
+  """K and V of a cache of L x [B, K, slots, D] buffers on one device; slots: one count for every layer,
+  or one per layer (a target cache whose windowed layers are rings: cache.ring_sizes)."""
   d, m = _sizes(mesh)
-  shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
-  split = _split(rules.cache_spec(rules.layout_for(cfg, m)), shape, {"data": d, "model": m})
-  return 2 * cfg.num_layers * math.prod(shape) * cfg.jnp_dtype.itemsize // split
+  spec = rules.cache_spec(rules.layout_for(cfg, m))
+  total = 0
+  for s in ((slots,) * cfg.num_layers if isinstance(slots, int) else slots):
+    shape = (batch, cfg.num_kv_heads, s, cfg.head_dim)
+    total += 2 * math.prod(shape) * cfg.jnp_dtype.itemsize // _split(spec, shape, {"data": d, "model": m})
+  return total
 
 
 def plan_memory(cfg: ModelConfig, mesh, *, batch: int, max_context: int, draft=None, tree_nodes: int = 1,
@@ -112,7 +116,8 @@ def plan_memory(cfg: ModelConfig, mesh, *, batch: int, max_context: int, draft=N
   mf = m if lay.mlp else 1
   it = cfg.jnp_dtype.itemsize
   params = param_bytes(cfg, mesh)
-  target_kv = cache_bytes(cfg, mesh, batch, max_context)
+  layer_slots = ring_sizes(cfg, max_context, ring_margin(tree_nodes, chunk))   # windowed layers: rings
+  target_kv = cache_bytes(cfg, mesh, batch, layer_slots)
   draft_params = draft_kv = 0
   prefill_extra = 0
   n = tree_nodes
@@ -130,7 +135,7 @@ def plan_memory(cfg: ModelConfig, mesh, *, batch: int, max_context: int, draft=N
                       // kv_split)
 
   def layer_transients(t: int) -> int:
-    scores = 2 * bd * cfg.num_heads * t * max_context * f32 // mq          # logits + probs, one layer
+    scores = 2 * bd * cfg.num_heads * t * max(layer_slots) * f32 // mq    # logits + probs, one layer
     mlp = 3 * bd * t * cfg.intermediate_size * it // mf                      # gate, up, product
     hidden = 4 * bd * t * cfg.hidden_size * f32
     return scores + mlp + hidden

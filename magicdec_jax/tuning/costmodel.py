@@ -98,14 +98,25 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: str = "bfloat16") -> float:
   return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes(dtype)
 
 
+def kv_read_tokens(cfg: ModelConfig, kv: float) -> float:
+  """Cached tokens a step reads per layer, averaged over layers: kv in a global layer, min(kv, window) in a
+  sliding-window one (its ring holds the window; the ring's few margin slots are left out). A draft passes
+  its own kv (sink + window): min(that, window) per layer, so on Gemma 3 its saving is on the global layers
+  and on local ones only where its window is narrower than theirs."""
+  if not cfg.layer_windows:
+    return float(kv)
+  return sum(min(kv, w) if w else kv for w in cfg.layer_windows) / cfg.num_layers
+
+
 def step_bytes(cfg: ModelConfig, batch: int, context: int, new_tokens: int, dtype: str = "bfloat16",
                kv_context: int | None = None) -> float:
   """HBM bytes of one forward step over `new_tokens` tokens per row, attending to kv_context cached tokens.
 
   Weights read once (matmul weights; the input embedding contributes only the gathered rows), KV read of
-  batch * kv_context tokens, KV write of the new tokens, float32 logits written.
+  batch * kv_context tokens (a windowed layer's: min(kv_context, window), kv_read_tokens), KV write of the
+  new tokens, float32 logits written.
   """
-  kv = context if kv_context is None else kv_context
+  kv = kv_read_tokens(cfg, context if kv_context is None else kv_context)
   b = dtype_bytes(dtype)
   tokens = batch * new_tokens
   weights = matmul_params(cfg) * b + (0 if cfg.tie_embeddings else tokens * cfg.hidden_size * b)
@@ -115,8 +126,9 @@ def step_bytes(cfg: ModelConfig, batch: int, context: int, new_tokens: int, dtyp
 
 
 def step_flops(cfg: ModelConfig, batch: int, context: int, new_tokens: int, kv_context: int | None = None) -> float:
-  """2 FLOPs per matmul weight per token + attention (QK^T and PV: 4 * kv * heads * head_dim per token per layer)."""
-  kv = context if kv_context is None else kv_context
+  """2 FLOPs per matmul weight per token + attention (QK^T and PV: 4 * kv * heads * head_dim per token per layer;
+  a windowed layer's kv: min(kv, window))."""
+  kv = kv_read_tokens(cfg, context if kv_context is None else kv_context)
   tokens = batch * new_tokens
   attn = 4 * tokens * (kv + new_tokens) * cfg.num_heads * cfg.head_dim * cfg.num_layers
   return float(2 * matmul_params(cfg) * tokens + attn)
@@ -375,7 +387,7 @@ def plan_table(cfg: ModelConfig, hw: Hardware, batches: Sequence[int], contexts:
       g, s = choose_gamma(cfg, hw, draft, b, n, alpha, max_gamma, dtype)
       tar = t_ar(cfg, hw, b, n, dtype)
       tree, info = choose_tree(cfg, hw, draft, b, n, vec, tree_sizes, tree_max_depth, dtype)
-      mem = param_bytes(cfg, dtype) + b * (n + tree.num_nodes) * kv_bytes_per_token(cfg, dtype)
+      mem = param_bytes(cfg, dtype) + b * kv_read_tokens(cfg, n + tree.num_nodes) * kv_bytes_per_token(cfg, dtype)
       if draft.kind == "model":
         mem += param_bytes(draft.draft_cfg, dtype)
       mem += b * draft.kv_tokens(n) * kv_bytes_per_token(draft.model(cfg), dtype)

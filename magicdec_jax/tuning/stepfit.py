@@ -27,7 +27,8 @@ FEATURE_DOC = {
                     "count exceeds a matmul tile (GPU)",
     "matmul_flops": "2 * matmul weights * batch * tokens (compute-bound CPU, large-batch verify)",
     "activations": "batch * tokens * hidden * layers (norms, RoPE, cache writes)",
-    "kv_bytes": "batch * kv_context * KV bytes per token, all layers (the cache read)",
+    "kv_bytes": "batch * kv_context * KV bytes per token, all layers (the cache read; min(kv_context, window) "
+                "in a windowed layer)",
     "attn_flops": "4 * batch * tokens * (kv_context + tokens) * heads * head_dim * layers",
 }
 
@@ -37,6 +38,7 @@ def step_features(cfg: ModelConfig, batch: int, kv_context: int, new_tokens: int
   """The FEATURES of one forward step over new_tokens tokens per row against kv_context cached ones."""
   b = costmodel.dtype_bytes(dtype)
   tokens = batch * new_tokens
+  kv_context = costmodel.kv_read_tokens(cfg, kv_context)          # a windowed layer reads its window
   wbytes = costmodel.matmul_params(cfg) * b
   return np.asarray([
       1.0, cfg.num_layers, wbytes, wbytes * (math.ceil(tokens / tile) - 1), 2.0 * costmodel.matmul_params(cfg) * tokens,
