@@ -261,11 +261,11 @@ def _tree_attention_bench(doc, out, mod, stdout):
     assert row["pallas_interpret_max_abs_diff_vs_xla"] < 1e-2, row   # bfloat16 inputs, float32 math
 
 
-@case("families_step", slow=False)
+@case("families_step", slow=False, extra=("--families", "llama,qwen3,gemma3", "--full_cache"))
 def _families_step(doc, out, mod, stdout):
   """Each family timed every round; its bytes counted by hand from the shape (every weight of a tied
   LLaMA layer stack, Qwen3's two q/k norm vectors per layer, the float32 K and V up to the context), so
-  bytes_per_s is those bytes over the fastest step."""
+  bytes_per_s is those bytes over the fastest step; Gemma 3 over rings and over a full cache."""
   _env_ok(doc)
   s, b, n = doc["shape"], doc["batch"], doc["context"]
   dm, f, v, nl, h, kh, d = (s[k] for k in ("hidden_size", "intermediate_size", "vocab_size", "num_layers",
@@ -278,6 +278,8 @@ def _families_step(doc, out, mod, stdout):
     assert len(r["times"]) == doc["rounds"] * doc["repeats"] and r["seconds"] == min(r["times"]) > 0
     assert r["bytes_per_s"] == pytest.approx(r["bytes"] / r["seconds"])
   assert doc["speed_per_byte_vs_llama"]["llama"] == 1.0 and doc["speed_per_byte_vs_llama"]["qwen3"] > 0
+  assert runs["gemma3"]["cache"] == "rings" and runs["gemma3+full"]["cache"] == "full"
+  assert set(doc["ring_speedup_vs_full_cache"]) == {"gemma3"} and doc["ring_speedup_vs_full_cache"]["gemma3"] > 0
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if c[1] else []) for n, c in CASES.items()])

@@ -31,7 +31,7 @@ import numpy as np
 
 from magicdec_jax import feature_head
 from magicdec_jax.tuning import stepfit
-from magicdec_jax.cache import KVCache, aligned_slots
+from magicdec_jax.cache import KVCache, aligned_slots, ring_margin
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
 from magicdec_jax.layers.dense import narrow_weights
@@ -79,13 +79,14 @@ def _step_fn(cfg: ModelConfig, t: int, kind: str):
 
 
 def time_step(params, cfg: ModelConfig, batch: int, kv_context: int, t: int, kind: str = "linear",
-              repeats: int = 5, options: dict | None = None) -> dict:
+              repeats: int = 5, options: dict | None = None, rings: bool = True) -> dict:
   """{'seconds' (min), 'median_s', 'times', 'first_call_s'} of one forward of t tokens per row after
   kv_context cached ones (the first call, compiling on the first use of a shape, is not counted). The
   cache has the engine's slot count (cache.aligned_slots); `options`: XLA compiler
-  options for this step's executable only (e.g. {"xla_gpu_enable_triton_gemm": False})."""
+  options for this step's executable only (e.g. {"xla_gpu_enable_triton_gemm": False}). The target's
+  windowed layers keep rings as the engine's do (rings=False: a full cache in every layer)."""
   slots = aligned_slots(kv_context + t)          # as the engine sizes both the target cache and the rings
-  cache = KVCache.zeros(cfg, batch, slots)
+  cache = KVCache.zeros(cfg, batch, slots, ring_margin(t) if rings and kind == "linear" else None)
   tokens = jnp.zeros((batch, t), jnp.int32)
   base = jnp.full((batch,), kv_context, jnp.int32)
   f = _step_fn(cfg, t, kind)
