@@ -105,8 +105,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name,case", [(n, c) for n in ("gemma3-untied", "mistral") for c in CASES]
-                         + [("gemma3-untied", "model")])
+@pytest.mark.parametrize("name,case", [(n, c) for n in ("gemma3-untied", "mistral") for c in CASES
+                                       if (n, c) != ("mistral", "ar")]      # Mistral's AR: test_families.py
+                         + [pytest.param("mistral", "ar", marks=pytest.mark.slow),
+                            pytest.param("gemma3-untied", "model", marks=pytest.mark.slow)])
 def test_greedy_decoding_with_rings_equals_hf(name, case, root):
   """AR, self-draft chain and Sequoia tree, SnapKV and a model draft on the ring target: the tokens of HF
   `generate` for a 300-token prompt (ring wrapped, two prefill chunks) and a 37-token one beside it."""
