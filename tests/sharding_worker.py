@@ -278,6 +278,11 @@ def main(which: str, tmpdir: str):
                             jax.tree_util.tree_leaves_with_path(sm.params["layers"][0]["attn"])
                             if "bias" in jax.tree_util.keystr(k) or "norm" in jax.tree_util.keystr(k)}
     out["collectives"] = {}
+    mesh = sharding.make_mesh("data:2,model:4")         # continuous batching: ring and linear prefills
+    reqs = prompts + [rng.integers(0, 64, 280).tolist(), rng.integers(0, 64, 12).tolist()]
+    got = {r.index: r.tokens for r in md.generate_stream(sharding.shard_model(model, mesh), reqs, batch_size=2,
+                                                          refill_at=1, max_new_tokens=6, mesh=mesh)}
+    out["stream"] = {"ref": md.generate(model, reqs, max_new_tokens=6).tokens, "got": [got[i] for i in range(4)]}
     out["chain_acceptance"] = md.generate(model, prompts, max_new_tokens=6, **cases["chain"]).stats["acceptance_rate"]
   else:
     model = md.load_model("smollm2-135m")

@@ -129,11 +129,12 @@ def test_smollm2_on_every_mesh():
 def test_family_model_on_every_mesh():
   """A tiny model with every family feature (q/k/v/o biases and q/k norms sharded by head, Gemma's norms,
   GeGLU, soft-caps, a local layer whose target cache is a ring): greedy AR and a chain on 1x8, 2x4, 4x2,
-  8x1 equal single-device plain decoding."""
+  8x1, and continuous batching with refills on 2x4, equal single-device plain decoding."""
   out = worker("family")
   assert out["ring_slots"] == [272, 576]                # the local layer keeps window + 256 slots
   check_same_on_every_mesh(out["greedy"])
   assert len(set(out["greedy"]["ar"]["ref"][0])) > 3 and 0 < out["chain_acceptance"] < 1
+  assert out["stream"]["got"] == out["stream"]["ref"]     # generate_stream on 2x4, refilled: sharded inserts
   rep, split = "P(None,)", "P('model',)"
   for mesh, kv in (("data:2,model:4", rep), ("data:4,model:2", split)):      # q_heads, then heads layout
     assert out["specs"][mesh] == {"['q_bias']": split, "['k_bias']": kv, "['v_bias']": kv, "['o_bias']": rep,
