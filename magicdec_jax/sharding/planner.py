@@ -6,8 +6,8 @@ each device holds; `generate` and run.py refuse a configuration whose total exce
 before anything compiles, naming every figure.
 
 Params, draft params and KV caches are exact (shape x itemsize / the number of devices the rules split
-each array over; a windowed layer's target cache is its ring, cache.ring_sizes). Activations are an estimate: the largest set of transient buffers live at once, the
-max over prefill (one chunk through one layer, plus a model draft's temporary linear cache and SnapKV's
+each array over; a windowed layer's target cache is its ring, cache.ring_sizes). Activations are an
+estimate: the largest set of transient buffers live at once, the max over prefill (one chunk through one layer, plus a model draft's temporary linear cache and SnapKV's
 scores) and one decode round (tree-wide logits over the vocabulary for target and draft, one layer's
 attention scores over the whole cache, the MLP's hidden columns). XLA's own scratch is not included.
 """
