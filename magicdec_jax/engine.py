@@ -18,8 +18,9 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tqdm
 
-from magicdec_jax import loop, sharding, shrink, slots
+from magicdec_jax import loop, schedule, sharding, shrink, slots
 from magicdec_jax import compile as compiling
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.model import Model, full_forward
@@ -31,6 +32,8 @@ from magicdec_jax.tuning import autotune
 
 AR_TREE = Tree((-1,))
 MAX_CHUNK = 256
+LONG_OUTPUT = 1024        # generate(progress=None) shows a progress bar from this many new tokens
+SEGMENT_ROUNDS = 128      # with a progress bar, the loop returns to the host every this many rounds
 
 
 @dataclasses.dataclass
@@ -99,6 +102,9 @@ class Engine:
     self.draft = settings.draft
     self.spec, self.draft_params, self.tree = None, None, AR_TREE
     self.plan: dict | None = None
+    self.variants: tuple[Tree, ...] | None = None     # adaptive speculation: the settings rounds switch between
+    self.thresholds = None                            # (at, variant) host arrays for LoopState.sched
+    self.progress = None                              # a tqdm bar: decode in segments of SEGMENT_ROUNDS
     if self.draft is not None:
       self.draft.check_compatible(model)
       self.spec = self.draft.spec
@@ -128,22 +134,66 @@ class Engine:
     if self.spec is not None and ids:
       self.spec.check_prompts(ids)
 
-  def resolve_auto(self, batch: int, context: int, fixed_batch: bool = False) -> "Engine":
-    """gamma / tree = "auto": the cost model's choice for this batch and context (`plan` says what it
-    predicted). fixed_batch: rows run together until the slowest is done (generate), so a chain is priced
-    with that tail over max_new_tokens (batch_tail); not for refilled slots (stream, datagen). Where every
-    setting is predicted slower than plain decoding (and auto_fallback), the draft is dropped."""
+  def resolve_auto(self, batch: int, lo: int, hi: int) -> "Engine":
+    """gamma / tree = "auto" (or a forced `schedule`): adaptive speculation for contexts lo .. hi
+    (schedule.py). The rounds switch between plain decoding (with auto_fallback, where the draft allows it)
+    and chains of gamma 1..3 (tree="auto": the cost model's Sequoia tree for the middle context) at the
+    contexts where the cost model's choice for this batch changes (`plan` holds its predictions). Where
+    plain decoding is predicted best at every context, the draft is dropped."""
+    st = self.settings
+    if st.schedule is not None:
+      if self.spec is None:
+        raise ValueError("schedule needs a draft")
+      variants, self.thresholds = schedule.forced(st.schedule)
+      if variants[0].num_nodes == 1 and not self.spec.commits_plain_rounds:
+        raise ValueError(f"{self.draft_name} cannot keep its ring through plain rounds: schedule gamma 0 "
+                         f"is not available with it")
+      self._adapt(variants)
+      self.plan = {"speculate": True, "schedule": "forced"}
+      return self
     if not isinstance(self.tree, str):
       return self
-    st = self.settings
-    tree, self.plan = autotune.choose(self.cfg, self.spec, batch, context, want_tree=(self.tree == "auto"),
-                                      hardware=st.hardware, acceptance_vector=st.acceptance,
-                                      allow_autoregressive=st.auto_fallback,
-                                      new_tokens=st.max_new_tokens if fixed_batch else None)
-    self.tree = tree
-    if not self.plan["speculate"]:     # predicted to lose: plain decoding (same distribution, no draft)
+    want_tree = self.tree == "auto"
+    plain = st.auto_fallback and self.spec.commits_plain_rounds
+
+    def choose(context, points=None, allow=plain):
+      return autotune.choose(self.cfg, self.spec, batch, context, want_tree=want_tree, hardware=st.hardware,
+                             acceptance_vector=st.acceptance, allow_autoregressive=allow,
+                             max_gamma=max(schedule.AUTO_GAMMAS))
+
+    tree = choose((lo + hi) // 2, allow=False)[0] if want_tree else None
+    variants = schedule.variants_for(schedule.AUTO_GAMMAS, plain, tree)
+    self.thresholds, points = schedule.from_cost_model(choose, variants, lo, hi,
+                                                       max_points=32 if want_tree else schedule.GRID_POINTS)
+    used = sorted({p["variant"] for p in points})
+    info = autotune.choose(self.cfg, self.spec, batch, hi, want_tree=False, hardware=st.hardware,
+                           acceptance_vector=st.acceptance, max_gamma=max(schedule.AUTO_GAMMAS))[1]
+    self.plan = {"speculate": used != [0] or not plain, "hardware": info.get("hardware"),
+                 "settings": ", ".join(schedule.names([variants[v] for v in used])),
+                 "contexts": f"{lo}..{hi}"}
+    if plain and used == [0]:     # predicted to lose everywhere: plain decoding (same distribution, no draft)
       self.draft = self.spec = self.draft_params = None
+      self.tree, self.thresholds = AR_TREE, None
+      return self
+    self._adapt(variants)
+    self.plan["schedule_points"] = points
     return self
+
+  def _adapt(self, variants: tuple[Tree, ...]) -> None:
+    for t in variants:
+      if t.num_nodes > 1:
+        self.spec.check_tree(t)
+    self.variants, self.tree = variants, schedule.widest(variants)
+
+  def with_schedule(self, state: loop.LoopState) -> loop.LoopState:
+    """The state with this engine's thresholds (adaptive speculation; fixed settings: as it is)."""
+    if self.thresholds is None:
+      return state
+    return state.replace(sched=schedule.with_thresholds(state.sched, *self.thresholds))
+
+  @property
+  def num_variants(self) -> int:
+    return 1 if self.variants is None else len(self.variants)
 
   def num_slots(self, prompt_bucket: int) -> int:
     return cache_slots(prompt_bucket, self.settings.max_new_tokens, self.tree.num_nodes)
@@ -195,19 +245,22 @@ class Engine:
     one small executable each per shape), the caches donated into it (not donated, XLA copies the whole
     target cache: 0.6 s at SmolLM2 8 x 2048 on CPU, ten AR steps); with a mesh, eager as placed."""
     args = (tokens, lengths, max_new, jnp.asarray(eos_array(self.eos)), keys, target, ring)
-    static = dict(out_len=self.out_len(), tree=self.tree)
+    static = dict(out_len=self.out_len(), tree=self.tree, num_variants=self.num_variants)
     if self.mesh is not None:
-      return loop.initial_state(*args, **static)
-    return compiling.jit_executable("initial_state", loop.initial_state, args, static, options=self.options,
-                                    donate_argnames=("target", "ring"))(*args)
+      return self.with_schedule(loop.initial_state(*args, **static))
+    return self.with_schedule(compiling.jit_executable(
+        "initial_state", loop.initial_state, args, static, options=self.options,
+        donate_argnames=("target", "ring"))(*args))
 
   def empty_state(self, batch: int, num_slots: int) -> loop.LoopState:
     """`batch` free slots for continuous batching (stream.py)."""
     args = (jnp.asarray(eos_array(self.eos)),)
-    static = self._static(batch=batch, num_slots=num_slots, out_len=self.out_len())
+    static = self._static(batch=batch, num_slots=num_slots, out_len=self.out_len(),
+                          num_variants=self.num_variants)
     if self.mesh is not None:
-      return sharding.empty_state(self.mesh, *args, options=self.options, **static)
-    return compiling.jit_executable("empty_state", slots.empty_state, args, static, options=self.options)(*args)
+      return self.with_schedule(sharding.empty_state(self.mesh, *args, options=self.options, **static))
+    return self.with_schedule(compiling.jit_executable("empty_state", slots.empty_state, args, static,
+                                                       options=self.options)(*args))
 
   def insert(self, state, prefilled, slot_ids, rows, stream_ids, max_new, seed) -> loop.LoopState:
     """Prefilled rows (target, ring, tokens, lengths) into free slots of the donated state (slots.insert)."""
@@ -219,16 +272,16 @@ class Engine:
 
   def decode_fn(self):
     """(target_params, draft_params, state, **static) -> state: the compiled loop on one device or the mesh."""
-    if self.mesh is not None:
-      return functools.partial(sharding.decode, self.mesh)
-    return _decode_loop
+    fn = functools.partial(sharding.decode, self.mesh) if self.mesh is not None else _decode_loop
+    return fn if self.progress is None else functools.partial(_segmented, fn, self.progress)
 
   def decode(self, state: loop.LoopState) -> loop.LoopState:
     """Rounds until `state.refill_at` rows are done (the state is donated)."""
     return self.decode_fn()(self.model.params, self.draft_params, state, **self._decode_static())
 
   def _decode_static(self) -> dict:
-    return self._static(sampling=self.sampling, impl=self.impl, options=self.options)
+    extra = {} if self.variants is None else {"variants": self.variants}
+    return self._static(sampling=self.sampling, impl=self.impl, options=self.options, **extra)
 
   def run(self, state: loop.LoopState, shrink_batch: bool = False) -> shrink.Finished:
     """The decode loop to the end, in one batch or (shrink_batch) in shrinking stages; per-row results."""
@@ -262,10 +315,24 @@ class Engine:
     if self.plan is not None:
       stats["auto_plan"] = {k: v for k, v in self.plan.items() if isinstance(v, (int, float, str))}
       stats["tree_depth"] = self.tree.max_depth
+    if self.variants is not None and fin.sched is not None:
+      stats["schedule"] = schedule.report(self.variants, fin.sched)
     texts = None
     if self.model.tokenizer is not None:
       texts = [self.model.tokenizer.decode(t, skip_special_tokens=False) for t in toks]
     return GenerateResult(toks, texts, reasons, stats, row_stats)
+
+
+def _segmented(decode_fn, bar, target_params, draft_params, state, **static):
+  """decode_fn in segments of SEGMENT_ROUNDS rounds (the same executable: the limit is data), the bar
+  updated with the tokens written after each; returns when decode_fn would have."""
+  while True:
+    limit = int(state.step) + SEGMENT_ROUNDS
+    state = decode_fn(target_params, draft_params,
+                      state.replace(sched=state.sched.replace(limit=jnp.asarray(limit, jnp.int32))), **static)
+    bar.update(int(np.asarray(state.n_out).sum()) - bar.n)
+    if int(state.step) < limit:
+      return state.replace(sched=state.sched.replace(limit=jnp.asarray(schedule.NO_LIMIT, jnp.int32)))
 
 
 def _decode_loop(target_params, draft_params, state, *, options=None, **static):
@@ -277,24 +344,28 @@ def _decode_loop(target_params, draft_params, state, *, options=None, **static):
 
 def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, stream_ids: Sequence[int] | None = None,
              mesh=None, device_memory: int | None = None, lengths=None, attention_mask=None,
-             shrink_batch: bool = False, **kwargs) -> GenerateResult:
+             shrink_batch: bool = False, progress: bool | None = None, **kwargs) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 
   Decoding settings: a `DecodeSettings` (settings=) and/or its fields as keywords (max_new_tokens,
   temperature, top_k, top_p, seed, eos_token_id, draft, gamma, tree, attention_impl, hardware, acceptance,
   auto_fallback, xla_options; see settings.py). draft: None (autoregressive) or a drafts.Draft
   (StreamingDraft, SnapKVDraft, ModelDraft, FeatureDraft, PromptLookupDraft); gamma: chain length, or
-  "auto" (the cost model's choice for this batch and context, tuning/autotune.py; `hardware` names the
-  device or is a profile JSON from `run.py --mode=calibrate`, `acceptance` an acceptance vector or its
-  JSON path from `run.py --mode=profile_acceptance`; with auto_fallback, "auto" decodes autoregressively
-  where every chain / tree is predicted slower: stats["auto_plan"]["speculate"] says which); tree: a
-  trees.Tree to speculate instead of a chain, or "auto" for the hardware-aware Sequoia tree.
+  "auto": adaptive speculation (schedule.py): every round of the loop picks plain decoding (with
+  auto_fallback) or a chain of gamma 1..3 from the batch's current context, at thresholds the cost model
+  computes (tuning/autotune.py; `hardware` names the device or is a profile JSON from `run.py
+  --mode=calibrate`, `acceptance` an acceptance vector or its JSON path from `run.py
+  --mode=profile_acceptance`); stats["schedule"] says what ran at which context; `schedule` forces the
+  thresholds ([(from_context, gamma), ...], gamma 0: plain). tree: a trees.Tree to speculate instead of a
+  chain, or "auto" (adaptive between plain decoding and the cost model's Sequoia tree).
 
   stream_ids: per-prompt random-stream ids (default 0..n-1); a row's samples depend only on (seed, stream
   id), never on the rest of the batch. mesh: a sharding.make_mesh mesh (same tokens as one device; place
   the params once with sharding.shard_model). device_memory: bytes per device for the memory check;
   configurations that do not fit are refused before compiling. shrink_batch: once half the rows are done,
   go on with the rest in a batch half as large, and so on (shrink.py); same tokens; not with a mesh.
+  progress: a tqdm bar (tokens, tokens/s) while decoding, the loop returning to the host every
+  SEGMENT_ROUNDS rounds (same tokens); None: for max_new_tokens >= LONG_OUTPUT.
 
   prompts: a list of strings or of token-id lists (ragged is fine), or an integer array [B, T] (numpy or
   jax) with `lengths` [B] or an HF-style `attention_mask` [B, T] (prompts.py).
@@ -308,7 +379,7 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
-  eng.resolve_auto(n, max(len(p) for p in ids) + st.max_new_tokens // 2, fixed_batch=True)
+  eng.resolve_auto(n, min(len(p) for p in ids), max(len(p) for p in ids) + st.max_new_tokens)
 
   b = eng.batch_rows(n)
   p_bucket = bucket(max(len(p) for p in ids))
@@ -331,7 +402,13 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   t1 = time.perf_counter()
   c1 = compiling.compile_seconds()
   state = eng.initial_state(tokens_j, lengths_j, jnp.asarray(max_new), keys, target, ring)
-  fin = eng.run(state, shrink_batch)
+  if progress or (progress is None and st.max_new_tokens >= LONG_OUTPUT):
+    eng.progress = tqdm.tqdm(total=n * st.max_new_tokens, unit="tok", desc="generate", leave=False)
+  try:
+    fin = eng.run(state, shrink_batch)
+  finally:
+    if eng.progress is not None:
+      eng.progress.close()
   t2 = time.perf_counter()
   c2 = compiling.compile_seconds()
   # compilation (first call of a bucket) is reported apart from the prefill / decode times

@@ -4,6 +4,9 @@ One round: propose (a draft fills the tree; autoregressive = the root-only tree,
 verify (one target pass over the tree with a prefix + ancestor mask) -> accept (verify.py) -> commit
 (compact the accepted path into the target cache, refresh the draft ring, write tokens at per-row
 offsets) -> stop (per-row EOS / max_new_tokens). Every row advances on its own; finished rows freeze.
+With several `variants` (adaptive speculation, schedule.py) each round `lax.switch`es to the one the
+schedule picks for the batch's context; a plain-decoding round with a draft still commits its token to the
+draft's ring, so the ring holds the recent window when speculation switches on.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from magicdec_jax import schedule as sched_lib
 from magicdec_jax.cache import KVCache, gather_slots, put_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import DraftSpec, Prefill, Round
@@ -45,6 +49,7 @@ class LoopState:
   accepted: jax.Array    # [B] accepted draft tokens
   accepted_at: jax.Array  # [B, D] accepted count per tree depth
   refill_at: jax.Array   # [] decode returns once this many rows are done (B: when all are; traced)
+  sched: sched_lib.Sched  # adaptive speculation: thresholds (data), rounds per variant, switches
 
 
 def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, *, cfg: ModelConfig,
@@ -97,7 +102,7 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
                            cfg.vocab_size)
   r = Round(tree, sampling, target_params, cfg, draft_params, state.last, state.prev, state.lengths, draft_keys,
             noise=noise)
-  if spec is None:
+  if spec is None or tree.num_nodes == 1:    # plain decoding (with a draft: a plain round of a schedule)
     node_tokens = state.last[:, None]
   else:
     node_tokens, draft_dist, ring = spec.propose(ring, r)
@@ -147,27 +152,39 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
       done=state.done | (active & (hit_eos | (n_out >= state.max_new))),
       step=state.step + 1, target=target, ring=ring,
       rounds=state.rounds + active, accepted=state.accepted + jnp.where(active, n, 0),
-      accepted_at=state.accepted_at + (acc_at & active[:, None]))
+      accepted_at=state.accepted_at + jnp.pad(acc_at & active[:, None],
+                                              ((0, 0), (0, state.accepted_at.shape[1] - acc_at.shape[1]))))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "sampling", "impl"),
+@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "sampling", "impl", "variants"),
                    donate_argnames=("state",))
 def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, spec, tree: Tree,
-           sampling: Sampling, impl: str = "xla") -> LoopState:
-  """Run rounds until `state.refill_at` rows are done (all of them: refill_at = B): one `lax.while_loop`,
-  no host round trip. Every active row emits >= 1 token a round, so no row runs more than M rounds."""
+           sampling: Sampling, impl: str = "xla", variants: tuple[Tree, ...] | None = None) -> LoopState:
+  """Run rounds until `state.refill_at` rows are done (all of them: refill_at = B) or `state.step` reaches
+  `state.sched.limit`: one `lax.while_loop`, no host round trip. Every active row emits >= 1 token a
+  round, so no row runs more than M rounds. variants: the settings a schedule switches between (the state
+  sized for `tree`, the widest); None: `tree` every round."""
   max_rounds = state.out.shape[1]
+  variants = (tree,) if variants is None else tuple(variants)
 
   def cond(s):
-    return (s.done.sum() < s.refill_at) & (s.rounds.max() < max_rounds)
+    return (s.done.sum() < s.refill_at) & (s.rounds.max() < max_rounds) & (s.step < s.sched.limit)
 
-  return jax.lax.while_loop(
-      cond, lambda s: _round(s, target_params, draft_params, cfg, spec, tree, sampling, impl), state)
+  branches = [functools.partial(_round, target_params=target_params, draft_params=draft_params, cfg=cfg,
+                                spec=spec, tree=t, sampling=sampling, impl=impl) for t in variants]
+
+  def body(s):
+    ctx = sched_lib.context(s.lengths, s.done)
+    v = sched_lib.pick(s.sched, ctx) if len(variants) > 1 else jnp.zeros((), jnp.int32)
+    s = s.replace(sched=sched_lib.record(s.sched, v, ctx, s.step))
+    return branches[0](s) if len(variants) == 1 else jax.lax.switch(v, branches, s)
+
+  return jax.lax.while_loop(cond, body, state)
 
 
 def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos: jax.Array,
                   keys: jax.Array, target: KVCache, ring: Any, out_len: int,
-                  tree: Tree) -> LoopState:
+                  tree: Tree, num_variants: int = 1) -> LoopState:
   b = tokens.shape[0]
   rows = jnp.arange(b)
   return LoopState(
@@ -175,4 +192,5 @@ def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos
       last=tokens[rows, lengths - 1], prev=tokens[rows, jnp.maximum(lengths - 2, 0)],
       done=max_new <= 0, max_new=max_new, eos=eos, keys=keys, step=jnp.zeros((), jnp.int32),
       target=target, ring=ring, rounds=jnp.zeros((b,), jnp.int32), accepted=jnp.zeros((b,), jnp.int32),
-      accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32), refill_at=jnp.asarray(b, jnp.int32))
+      accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32), refill_at=jnp.asarray(b, jnp.int32),
+      sched=sched_lib.empty(num_variants))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +30,7 @@ import numpy as np
 from magicdec_jax import compile as compiling
 from magicdec_jax.loop import LoopState
 
-SHARED_FIELDS = ("eos", "step", "refill_at")   # LoopState fields without a batch axis
+SHARED_FIELDS = ("eos", "step", "refill_at", "sched")   # LoopState fields without a batch axis
 ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at")   # what Finished keeps per row
 
 
@@ -44,6 +45,7 @@ class Finished:
   step: int                # rounds run, summed over the stages
   stages: list             # [(batch, rounds run at that batch, seconds without compilation), ...]
   gather_s: list = dataclasses.field(default_factory=list)   # seconds of each shrinking copy
+  sched: Any = None        # the final LoopState.sched (rounds per setting, switches)
 
 
 def take_rows(state: LoopState, rows: jax.Array) -> LoopState:
@@ -83,7 +85,7 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
       getattr(fin, name)[rows] = np.asarray(getattr(state, name))
     done = np.asarray(state.done)
     if done.all() or not can_shrink:
-      fin.step = int(state.step)
+      fin.step, fin.sched = int(state.step), jax.device_get(state.sched)
       return fin
     active = np.flatnonzero(~done)
     nb = _next_batch(active.size, min_batch)
@@ -103,4 +105,4 @@ def finished(state: LoopState) -> Finished:
   """The per-row results of a state every row of which ran in one stage (no shrinking)."""
   b = int(state.lengths.shape[0])
   return Finished(**{name: np.asarray(getattr(state, name)) for name in ROW_RESULTS}, step=int(state.step),
-                  stages=[(b, int(state.step), None)])
+                  stages=[(b, int(state.step), None)], sched=jax.device_get(state.sched))
