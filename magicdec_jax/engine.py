@@ -273,6 +273,8 @@ class Engine:
   def decode_fn(self):
     """(target_params, draft_params, state, **static) -> state: the compiled loop on one device or the mesh."""
     fn = functools.partial(sharding.decode, self.mesh) if self.mesh is not None else _decode_loop
+    if self.variants is not None:    # adaptive: each variant's executable in turn (schedule.run)
+      fn = functools.partial(schedule.run, fn, variants=self.variants)
     return fn if self.progress is None else functools.partial(_segmented, fn, self.progress)
 
   def decode(self, state: loop.LoopState) -> loop.LoopState:
@@ -280,8 +282,7 @@ class Engine:
     return self.decode_fn()(self.model.params, self.draft_params, state, **self._decode_static())
 
   def _decode_static(self) -> dict:
-    extra = {} if self.variants is None else {"variants": self.variants}
-    return self._static(sampling=self.sampling, impl=self.impl, options=self.options, **extra)
+    return self._static(sampling=self.sampling, impl=self.impl, options=self.options)
 
   def run(self, state: loop.LoopState, shrink_batch: bool = False) -> shrink.Finished:
     """The decode loop to the end, in one batch or (shrink_batch) in shrinking stages; per-row results."""

@@ -4,8 +4,9 @@ One round: propose (a draft fills the tree; autoregressive = the root-only tree,
 verify (one target pass over the tree with a prefix + ancestor mask) -> accept (verify.py) -> commit
 (compact the accepted path into the target cache, refresh the draft ring, write tokens at per-row
 offsets) -> stop (per-row EOS / max_new_tokens). Every row advances on its own; finished rows freeze.
-With several `variants` (adaptive speculation, schedule.py) each round `lax.switch`es to the one the
-schedule picks for the batch's context; a plain-decoding round with a draft still commits its token to the
+With several `variants` (adaptive speculation, schedule.py) the loop of one variant returns before a round
+the schedule gives another, and the host re-enters that variant's executable (a `lax.switch` of whole
+rounds copied the caches every round); a plain-decoding round with a draft still commits its token to the
 draft's ring, so the ring holds the recent window when speculation switches on.
 """
 from __future__ import annotations
@@ -156,28 +157,29 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
                                               ((0, 0), (0, state.accepted_at.shape[1] - acc_at.shape[1]))))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "sampling", "impl", "variants"),
+@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "sampling", "impl", "variants", "variant"),
                    donate_argnames=("state",))
 def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, spec, tree: Tree,
-           sampling: Sampling, impl: str = "xla", variants: tuple[Tree, ...] | None = None) -> LoopState:
+           sampling: Sampling, impl: str = "xla", variants: tuple[Tree, ...] | None = None,
+           variant: int = 0) -> LoopState:
   """Run rounds until `state.refill_at` rows are done (all of them: refill_at = B) or `state.step` reaches
   `state.sched.limit`: one `lax.while_loop`, no host round trip. Every active row emits >= 1 token a
-  round, so no row runs more than M rounds. variants: the settings a schedule switches between (the state
-  sized for `tree`, the widest); None: `tree` every round."""
+  round, so no row runs more than M rounds. variants: the settings of an adaptive schedule (the state
+  sized for `tree`, the widest): this executable runs `variants[variant]` and also returns before a round
+  for which the schedule picks another (schedule.run re-enters that one's executable); None: `tree`."""
   max_rounds = state.out.shape[1]
   variants = (tree,) if variants is None else tuple(variants)
 
   def cond(s):
-    return (s.done.sum() < s.refill_at) & (s.rounds.max() < max_rounds) & (s.step < s.sched.limit)
-
-  branches = [functools.partial(_round, target_params=target_params, draft_params=draft_params, cfg=cfg,
-                                spec=spec, tree=t, sampling=sampling, impl=impl) for t in variants]
+    go = (s.done.sum() < s.refill_at) & (s.rounds.max() < max_rounds) & (s.step < s.sched.limit)
+    if len(variants) > 1:
+      go &= sched_lib.pick(s.sched, sched_lib.context(s.lengths, s.done)) == variant
+    return go
 
   def body(s):
-    ctx = sched_lib.context(s.lengths, s.done)
-    v = sched_lib.pick(s.sched, ctx) if len(variants) > 1 else jnp.zeros((), jnp.int32)
-    s = s.replace(sched=sched_lib.record(s.sched, v, ctx, s.step))
-    return branches[0](s) if len(variants) == 1 else jax.lax.switch(v, branches, s)
+    v = jnp.asarray(variant, jnp.int32)
+    s = s.replace(sched=sched_lib.record(s.sched, v, sched_lib.context(s.lengths, s.done), s.step))
+    return _round(s, target_params, draft_params, cfg, spec, variants[variant], sampling, impl)
 
   return jax.lax.while_loop(cond, body, state)
 

@@ -1,12 +1,18 @@
 """Adaptive speculation: each round of the compiled loop picks its setting from the batch's context.
 
 MagicDec's gain depends on the context: below a crossover plain decoding is faster, above it speculation
-wins, and the best chain grows with the context. `gamma="auto"` (or `tree="auto"`) compiles one loop
-whose rounds `lax.switch` between a fixed set of settings ("variants": plain decoding, chains of
-gamma 1..3, or plain and one Sequoia tree), the state sized for the widest. Which variant a round runs is
-DATA: context thresholds the host computes from the cost model (hardware profile + acceptance vector,
-tuning/autotune.choose at every context of a grid) and writes into `LoopState.sched`, so changing them
-never recompiles. The context of a round is the mean committed length L of the batch's active rows.
+wins, and the best chain grows with the context. `gamma="auto"` (or `tree="auto"`) decodes with a fixed
+set of settings ("variants": plain decoding, chains of gamma 1..3, or plain and one Sequoia tree), one
+state sized for the widest. Which variant a round runs is DATA: context thresholds the host computes from
+the cost model (hardware profile + acceptance vector, tuning/autotune.choose at every context of a grid)
+and writes into `LoopState.sched`, so changing them never recompiles. The context of a round is the mean
+committed length L of the batch's active rows.
+
+Each variant has its own executable of the loop (loop.decode(variant=i)), which returns before the first
+round the schedule gives another variant; `run` re-enters the next one's with the same (donated) state,
+so a switch costs one host round trip and no round is wasted. (A `lax.switch` between whole rounds inside
+one while_loop was built first: XLA's copy insertion then copied the target cache and the draft ring in
+every round, an extra pass over the whole KV per round; see tests/test_hlo_no_copies.py.)
 
 `DecodeSettings.schedule` forces thresholds instead: [(from_context, gamma), ...] with gamma 0 for plain
 decoding (tests force switches at chosen contexts this way; the output is the same distribution, and
@@ -80,6 +86,30 @@ def record(s: Sched, v: jax.Array, ctx: jax.Array, step: jax.Array) -> Sched:
 
 
 # ------------------------------------------------------------------------------------------------- host
+
+def host_pick(state) -> int:
+  """The variant the loop would pick for `state`'s next round (the same integer arithmetic, on the host)."""
+  lengths, done = np.asarray(state.lengths), np.asarray(state.done)
+  n = int((~done).sum())
+  ctx = int(np.where(done, 0, lengths).sum()) // max(n, 1)
+  at, var = np.asarray(state.sched.at), np.asarray(state.sched.variant)
+  return int(var[int((at <= ctx).sum())])
+
+
+def run(decode_fn, target_params, draft_params, state, *, variants: tuple[Tree, ...], **static):
+  """decode_fn (loop.decode's signature) through the variants' executables until it would have returned
+  for the caller (rows done for refill_at, the segment limit, the round cap)."""
+  max_rounds = state.out.shape[1]
+  while True:
+    v = host_pick(state)
+    step0 = int(state.step)
+    state = decode_fn(target_params, draft_params, state, variants=variants, variant=v, **static)
+    done, step = np.asarray(state.done), int(state.step)
+    if (done.sum() >= int(state.refill_at) or int(np.asarray(state.rounds).max()) >= max_rounds
+        or step >= int(state.sched.limit)):
+      return state
+    if step == step0 and host_pick(state) == v:
+      raise RuntimeError("adaptive decode made no progress (host and device disagree on the variant)")
 
 def variants_for(gammas: Sequence[int], plain: bool, tree: Tree | None = None) -> tuple[Tree, ...]:
   """The static variant set, narrowest first: plain (if allowed), the chains, or plain and a tree."""
