@@ -77,6 +77,12 @@ def cache_slots(prompt_bucket: int, max_new_tokens: int, tree_nodes: int) -> int
   return aligned_slots(prompt_bucket + bucket(max_new_tokens) + tree_nodes + 1)
 
 
+def attention_reads_live_range(impl: str) -> bool:
+  """Whether the target's attention reads only each row's live KV (the Pallas kernel on GPU) rather than
+  the whole cache (XLA's dense attention, CPU): what a round's cost grows with."""
+  return jax.default_backend() == "gpu" and impl in ("auto", "pallas_triton")
+
+
 def check_shrink_batch(shrink_batch, mesh=None) -> None:
   """ValueError (before anything compiles) for a shrink_batch that is not a bool, or set with a mesh."""
   if not isinstance(shrink_batch, bool):
@@ -134,12 +140,15 @@ class Engine:
     if self.spec is not None and ids:
       self.spec.check_prompts(ids)
 
-  def resolve_auto(self, batch: int, lo: int, hi: int) -> "Engine":
+  def resolve_auto(self, batch: int, lo: int, hi: int, prompt_bucket: int) -> "Engine":
     """gamma / tree = "auto" (or a forced `schedule`): adaptive speculation for contexts lo .. hi
     (schedule.py). The rounds switch between plain decoding (with auto_fallback, where the draft allows it)
     and chains of gamma 1..3 (tree="auto": the cost model's Sequoia tree for the middle context) at the
-    contexts where the cost model's choice for this batch changes (`plan` holds its predictions). Where
-    plain decoding is predicted best at every context, the draft is dropped."""
+    contexts where the cost model's choice for this batch changes (`plan` holds its predictions). A round
+    is priced at the KV its attention reads: the live range where the kernel walks only that (Pallas on
+    GPU), else the whole cache (XLA's dense attention: prompt_bucket + room for the new tokens), which
+    makes the choice one setting per call. Where plain decoding is predicted best everywhere, the draft is
+    dropped."""
     st = self.settings
     if st.schedule is not None:
       if self.spec is None:
@@ -156,21 +165,24 @@ class Engine:
     want_tree = self.tree == "auto"
     plain = st.auto_fallback and self.spec.commits_plain_rounds
 
-    def choose(context, points=None, allow=plain):
+    @functools.lru_cache(maxsize=None)
+    def priced(context, allow):
       return autotune.choose(self.cfg, self.spec, batch, context, want_tree=want_tree, hardware=st.hardware,
                              acceptance_vector=st.acceptance, allow_autoregressive=allow,
                              max_gamma=max(schedule.AUTO_GAMMAS))
 
-    tree = choose((lo + hi) // 2, allow=False)[0] if want_tree else None
+    tree = priced((lo + hi) // 2, False)[0] if want_tree else None
     variants = schedule.variants_for(schedule.AUTO_GAMMAS, plain, tree)
-    self.thresholds, points = schedule.from_cost_model(choose, variants, lo, hi,
+    whole_cache = cache_slots(prompt_bucket, st.max_new_tokens, schedule.widest(variants).num_nodes)
+    live = attention_reads_live_range(self.impl)
+    self.thresholds, points = schedule.from_cost_model(lambda c: priced(c if live else whole_cache, plain),
+                                                       variants, lo, hi,
                                                        max_points=32 if want_tree else schedule.GRID_POINTS)
     used = sorted({p["variant"] for p in points})
-    info = autotune.choose(self.cfg, self.spec, batch, hi, want_tree=False, hardware=st.hardware,
-                           acceptance_vector=st.acceptance, max_gamma=max(schedule.AUTO_GAMMAS))[1]
-    self.plan = {"speculate": used != [0] or not plain, "hardware": info.get("hardware"),
+    self.plan = {"speculate": used != [0] or not plain, "hardware": priced(hi, plain)[1].get("hardware"),
                  "settings": ", ".join(schedule.names([variants[v] for v in used])),
-                 "contexts": f"{lo}..{hi}"}
+                 "contexts": f"{lo}..{hi}", "priced_at": "live range" if live else f"whole cache ({whole_cache})",
+                 "predicted_speedup": max(p["speedup"] for p in points)}
     if plain and used == [0]:     # predicted to lose everywhere: plain decoding (same distribution, no draft)
       self.draft = self.spec = self.draft_params = None
       self.tree, self.thresholds = AR_TREE, None
@@ -380,7 +392,8 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
-  eng.resolve_auto(n, min(len(p) for p in ids), max(len(p) for p in ids) + st.max_new_tokens)
+  eng.resolve_auto(n, min(len(p) for p in ids), max(len(p) for p in ids) + st.max_new_tokens,
+                   bucket(max(len(p) for p in ids)))
 
   b = eng.batch_rows(n)
   p_bucket = bucket(max(len(p) for p in ids))

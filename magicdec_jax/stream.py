@@ -80,8 +80,8 @@ class Generator:
     self.engine = engine.Engine(model, st, mesh=mesh, device_memory=device_memory)
     if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)) and max_prompt_tokens is None:
       max_prompt_tokens = max((len(self._ids(model, r, i)) for i, r in enumerate(requests)), default=1)
-    self.engine.resolve_auto(batch_size, 1, min((max_prompt_tokens or model.config.max_position_embeddings)
-                                                + st.max_new_tokens, model.config.max_position_embeddings))
+    longest = max_prompt_tokens or model.config.max_position_embeddings - st.max_new_tokens
+    self.engine.resolve_auto(batch_size, 1, longest + st.max_new_tokens, engine.bucket(longest))
     self.settings, self.plan = st, self.engine.plan
     self.model, self.seed = model, int(st.seed)
     self.batch = sharding.pad_batch(batch_size, mesh)     # whole rows on every data shard
