@@ -5,8 +5,11 @@ stop token (every row generates exactly --new tokens), the same prompts, prefill
 (prefilled.py: prefill once, decode several ways). The decode loop returns to the host every --chunk-rounds
 rounds (the same executable: the limit is data), so each setting's tokens/s is known per --segment tokens of
 output: per segment, tokens/s of every setting, and which setting adaptive ran (its rounds per setting
-there). Adaptive's thresholds come from the cost model with --profile (a fitted hardware profile) and are
-reported with the schedule it ran. Compilation is timed apart and left out of every figure.
+there). Adaptive's thresholds come from the cost model with --profile (a fitted hardware profile) and an
+acceptance vector measured first at the run's sampling settings (tuning/acceptance.profile on --acceptance-
+windows held-out windows that are not the prompts; --no-acceptance: the cost model's default alpha), and are
+reported with the schedule it ran. The settings run interleaved, --chunk-rounds rounds each in turn, so the
+load of a shared machine falls on all alike. Compilation is timed apart and left out of every figure.
 
   python -m benchmarks.long_output --prompt 2048 --new 1024      # ~17 min on the 2-core CPU
   python -m benchmarks.long_output --smoke
@@ -24,12 +27,15 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import engine, prefilled, schedule
 from magicdec_jax.drafts import StreamingDraft
 from magicdec_jax.settings import decode_settings
+from magicdec_jax.tuning import acceptance
 
 PROFILE = "benchmarks/results/cpu_profile_smollm2_streaming4+256_bf16copy_2026-11-25_intel.json"
 
 
-def run_setting(model, pre, st, chunk_rounds: int) -> dict:
-  """Decode the prefilled batch with settings `st` in chunks; the time and mean tokens per row after each."""
+def run_setting(model, pre, st, chunk_rounds: int):
+  """Decode the prefilled batch with settings `st` in chunks, yielding after each (the caller interleaves
+  the settings chunk by chunk, so a shared machine's load falls on all of them alike); returns the time
+  and mean tokens per row after each chunk."""
   eng = engine.Engine(model, st)
   p = int(pre.tokens.shape[1])
   eng.resolve_auto(pre.batch, p, p + st.max_new_tokens, p)
@@ -53,6 +59,7 @@ def run_setting(model, pre, st, chunk_rounds: int) -> dict:
     t += time.perf_counter() - t0 - dc
     compile_s += dc
     records.append((t, float(np.asarray(state.n_out).mean()), np.asarray(state.sched.rounds).tolist()))
+    yield
   n_out, rounds, acc = np.asarray(state.n_out), np.asarray(state.rounds), np.asarray(state.accepted)
   out = {"decode_s": t, "tokens_per_s": float(n_out.sum()) / t, "new_tokens": int(n_out.sum()),
          "ring_s": ring_s, "decode_compile_s": compile_s, "loop_rounds": int(state.step),
@@ -134,10 +141,12 @@ def main(argv=None):
   ap.add_argument("--gammas", type=common.int_list, default=[1, 2, 3])
   ap.add_argument("--profile", default=PROFILE, help="hardware profile for adaptive's cost model")
   ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--acceptance-windows", type=int, default=2,
+                  help="held-out windows of --prompt tokens the acceptance vector is measured on (0: none)")
   ap.add_argument("--schedule", default=None,
                   help="force adaptive's thresholds: from_context:gamma,... (gamma 0: plain), e.g. 0:2,3000:3")
   args = common.parse(ap, argv, batch=2, prompt=64, new=96, segment=32, chunk_rounds=4, gammas=[1, 2],
-                      profile=None, schedule="0:2,100:0,130:1")
+                      profile=None, schedule="0:2,100:0,130:1", acceptance_windows=1)
   model, source = common.model(args.smoke)
   prompts, text = common.text_prompts(model, args.batch, args.prompt, model.config.vocab_size, seed=1,
                                       held_out=not args.smoke)
@@ -154,14 +163,28 @@ def main(argv=None):
   base = decode_settings(max_new_tokens=args.new, temperature=0.8, top_p=0.95, seed=args.seed, eos_token_id=-1)
   settings = {"plain": base}
   settings.update({f"gamma={g}": base.replace(draft=draft, gamma=g) for g in args.gammas})
+  acc = None
+  if args.acceptance_windows:
+    windows, _ = common.text_prompts(model, args.batch + args.acceptance_windows, args.prompt,
+                                     model.config.vocab_size, seed=2, held_out=not args.smoke)
+    t0 = time.perf_counter()
+    acc = acceptance.profile(model, draft, windows[args.batch:], sampling=base.sampler)     # not the prompts
+    doc["acceptance"] = dict(acc, seconds=time.perf_counter() - t0)
   forced = None if not args.schedule else [tuple(int(x) for x in p.split(":")) for p in args.schedule.split(",")]
-  settings["adaptive"] = base.replace(draft=draft, gamma="auto", hardware=args.profile, schedule=forced)
-  runs = {}
-  for name, st in settings.items():
-    runs[name] = run_setting(model, pre, st, args.chunk_rounds)
-    print(f"[long_output] {name}: {runs[name]['tokens_per_s']:.1f} tok/s ({runs[name]['decode_s']:.0f} s)",
-          flush=True)
-  doc["runs"] = runs
+  settings["adaptive"] = base.replace(draft=draft, gamma="auto", hardware=args.profile, schedule=forced,
+                                      acceptance=None if acc is None else acc["acceptance_vector"])
+  runs, live = {}, {name: run_setting(model, pre, st, args.chunk_rounds) for name, st in settings.items()}
+  while live:                      # one chunk of each setting in turn
+    for name in list(live):
+      try:
+        next(live[name])
+      except StopIteration as done:
+        runs[name] = done.value
+        del live[name]
+        print(f"[long_output] {name}: {runs[name]['tokens_per_s']:.1f} tok/s ({runs[name]['decode_s']:.0f} s)",
+              flush=True)
+  doc["runs"] = runs = {name: runs[name] for name in settings}
+  doc["interleaved"] = f"every setting advanced {args.chunk_rounds} rounds in turn"
   doc["segments"] = segments(runs, args.batch, args.new, args.segment)
   tps = {n: r["tokens_per_s"] for n, r in runs.items()}
   best = max((n for n in tps if n != "adaptive"), key=tps.get)

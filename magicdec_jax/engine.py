@@ -63,9 +63,10 @@ def stream_keys(seed: int, stream_ids: Sequence[int]) -> jax.Array:
   return jax.vmap(lambda s: jax.random.fold_in(base_key, s))(jnp.asarray(list(stream_ids), jnp.uint32))
 
 
-def row_stat(new_tokens: int, rounds: int, accepted: int, depth: int) -> dict[str, Any]:
-  """One row's figures: verify steps, accepted draft tokens, acceptance rate, mean accepted length."""
-  drafted = rounds * depth
+def row_stat(new_tokens: int, rounds: int, accepted: int, depth: int, drafted: int | None = None) -> dict[str, Any]:
+  """One row's figures: verify steps, accepted draft tokens, acceptance rate (over `drafted`, default
+  rounds x depth), mean accepted length."""
+  drafted = rounds * depth if drafted is None else drafted
   return {"new_tokens": new_tokens, "verify_steps": rounds, "accepted_tokens": accepted,
           "acceptance_rate": accepted / drafted if drafted else None,
           "mean_accepted_length": (accepted + rounds) / rounds if rounds else None}
@@ -140,15 +141,16 @@ class Engine:
     if self.spec is not None and ids:
       self.spec.check_prompts(ids)
 
-  def resolve_auto(self, batch: int, lo: int, hi: int, prompt_bucket: int) -> "Engine":
+  def resolve_auto(self, batch: int, lo: int, hi: int, prompt_bucket: int, fixed_batch: bool = False) -> "Engine":
     """gamma / tree = "auto" (or a forced `schedule`): adaptive speculation for contexts lo .. hi
     (schedule.py). The rounds switch between plain decoding (with auto_fallback, where the draft allows it)
     and chains of gamma 1..3 (tree="auto": the cost model's Sequoia tree for the middle context) at the
     contexts where the cost model's choice for this batch changes (`plan` holds its predictions). A round
     is priced at the KV its attention reads: the live range where the kernel walks only that (Pallas on
     GPU), else the whole cache (XLA's dense attention: prompt_bucket + room for the new tokens), which
-    makes the choice one setting per call. Where plain decoding is predicted best everywhere, the draft is
-    dropped."""
+    makes the choice one setting per call. fixed_batch: rows run together until the slowest is done
+    (generate), so a chain is priced with that tail over max_new_tokens (batch_tail); not for refilled
+    slots (stream, datagen). Where plain decoding is predicted best everywhere, the draft is dropped."""
     st = self.settings
     if st.schedule is not None:
       if self.spec is None:
@@ -169,7 +171,8 @@ class Engine:
     def priced(context, allow):
       return autotune.choose(self.cfg, self.spec, batch, context, want_tree=want_tree, hardware=st.hardware,
                              acceptance_vector=st.acceptance, allow_autoregressive=allow,
-                             max_gamma=max(schedule.AUTO_GAMMAS))
+                             max_gamma=max(schedule.AUTO_GAMMAS),
+                             new_tokens=st.max_new_tokens if fixed_batch else None)
 
     tree = priced((lo + hi) // 2, False)[0] if want_tree else None
     variants = schedule.variants_for(schedule.AUTO_GAMMAS, plain, tree)
@@ -307,11 +310,11 @@ class Engine:
   def result(self, fin: shrink.Finished, n: int, prefill_s: float, decode_s: float) -> GenerateResult:
     """The first n rows' tokens, texts, finish reasons and figures."""
     out, n_out = fin.out, fin.n_out
-    rounds, accepted, acc_at = fin.rounds[:n], fin.accepted[:n], fin.accepted_at[:n]
+    rounds, accepted, acc_at, drafted = fin.rounds[:n], fin.accepted[:n], fin.accepted_at[:n], fin.drafted[:n]
     toks = [out[i, :n_out[i]].tolist() for i in range(n)]
     reasons = ["eos" if t and t[-1] in self.eos else "length" for t in toks]
     depth = self.tree.max_depth
-    row_stats = [row_stat(len(toks[i]), int(rounds[i]), int(accepted[i]), depth) for i in range(n)]
+    row_stats = [row_stat(len(toks[i]), int(rounds[i]), int(accepted[i]), depth, int(drafted[i])) for i in range(n)]
     total_new = sum(len(t) for t in toks)
     total_rounds = int(rounds.sum())
     stats = {
@@ -321,7 +324,7 @@ class Engine:
         "batch_stages": [list(x) for x in fin.stages],   # [batch, rounds, seconds] per stage (shrink_batch)
         "shrink_gather_s": list(fin.gather_s),           # seconds of each copy into a smaller batch
         "draft": self.draft_name, "tree_nodes": self.tree.num_nodes,
-        "acceptance_rate": float(accepted.sum()) / (total_rounds * depth) if depth and total_rounds else None,
+        "acceptance_rate": float(accepted.sum()) / float(drafted.sum()) if drafted.sum() else None,
         "mean_accepted_length": float(accepted.sum() + total_rounds) / total_rounds if total_rounds else None,
         "per_position_acceptance": (acc_at.sum(0) / total_rounds).tolist() if total_rounds else [],
     }
@@ -393,7 +396,7 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
   eng.resolve_auto(n, min(len(p) for p in ids), max(len(p) for p in ids) + st.max_new_tokens,
-                   bucket(max(len(p) for p in ids)))
+                   bucket(max(len(p) for p in ids)), fixed_batch=True)
 
   b = eng.batch_rows(n)
   p_bucket = bucket(max(len(p) for p in ids))

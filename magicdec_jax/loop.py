@@ -48,6 +48,7 @@ class LoopState:
   ring: Any              # the draft's state (DraftSpec.empty_ring), None without a draft
   rounds: jax.Array      # [B] verify steps while active
   accepted: jax.Array    # [B] accepted draft tokens
+  drafted: jax.Array     # [B] draft tokens proposed on a path (a round's tree depth; 0 in plain rounds)
   accepted_at: jax.Array  # [B, D] accepted count per tree depth
   refill_at: jax.Array   # [] decode returns once this many rows are done (B: when all are; traced)
   sched: sched_lib.Sched  # adaptive speculation: thresholds (data), rounds per variant, switches
@@ -153,6 +154,7 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
       done=state.done | (active & (hit_eos | (n_out >= state.max_new))),
       step=state.step + 1, target=target, ring=ring,
       rounds=state.rounds + active, accepted=state.accepted + jnp.where(active, n, 0),
+      drafted=state.drafted + jnp.where(active, tree.max_depth, 0),
       accepted_at=state.accepted_at + jnp.pad(acc_at & active[:, None],
                                               ((0, 0), (0, state.accepted_at.shape[1] - acc_at.shape[1]))))
 
@@ -194,5 +196,6 @@ def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos
       last=tokens[rows, lengths - 1], prev=tokens[rows, jnp.maximum(lengths - 2, 0)],
       done=max_new <= 0, max_new=max_new, eos=eos, keys=keys, step=jnp.zeros((), jnp.int32),
       target=target, ring=ring, rounds=jnp.zeros((b,), jnp.int32), accepted=jnp.zeros((b,), jnp.int32),
+      drafted=jnp.zeros((b,), jnp.int32),
       accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32), refill_at=jnp.asarray(b, jnp.int32),
       sched=sched_lib.empty(num_variants))

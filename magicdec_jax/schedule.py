@@ -145,6 +145,14 @@ def thresholds(choices: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarr
   return at, var
 
 
+def pairs(variants: Sequence[Tree], at: np.ndarray, variant: np.ndarray) -> list[tuple[int, int]] | None:
+  """Thresholds back as a forced schedule [(from_context, gamma), ...] (None where a variant is a tree)."""
+  if any(t.num_nodes > 1 and not t.is_chain for t in variants):
+    return None
+  n = int((np.asarray(at) < NO_LIMIT).sum())
+  return [(0 if i == 0 else int(at[i - 1]), variants[int(variant[i])].max_depth) for i in range(n + 1)]
+
+
 def check_forced(schedule) -> list[tuple[int, int]]:
   """A forced schedule [(from_context, gamma), ...] validated (contexts ascending, gamma >= 0)."""
   try:
@@ -174,19 +182,29 @@ def grid(lo: int, hi: int, max_points: int = GRID_POINTS) -> list[int]:
 def from_cost_model(choose, variants: Sequence[Tree], lo: int, hi: int,
                     max_points: int = GRID_POINTS) -> tuple[tuple[np.ndarray, np.ndarray], list]:
   """Thresholds from `choose(context) -> (tree, info)` (autotune.choose bound to the batch, hardware and
-  acceptance) over contexts lo .. hi; the choice at each context is mapped to the nearest variant."""
-  choices, points = [], []
-  for c in grid(lo, hi, max_points):
+  acceptance) over contexts lo .. hi: asked on a grid, each change located exactly by bisection; the choice
+  at each context is mapped to its variant (a chain outside the set: the nearest chain)."""
+  def variant_at(c):
     tree, info = choose(c)
-    if tree.num_nodes == 1:
-      v = 0
-    elif tree in variants:
-      v = variants.index(tree)
-    else:       # a chain of a gamma outside the set: the nearest one (a tree run uses its own tree)
-      v = min(range(len(variants)), key=lambda i: (abs(variants[i].max_depth - tree.max_depth), -i)
-              if variants[i].num_nodes > 1 else (1 << 30, 0))
+    if tree.num_nodes == 1 or tree in variants:
+      v = 0 if tree.num_nodes == 1 else variants.index(tree)
+    else:
+      v = min((i for i in range(len(variants)) if variants[i].num_nodes > 1),
+              key=lambda i: abs(variants[i].max_depth - tree.max_depth))
+    return v, float(info.get("speedup", 1.0))
+
+  choices, points, prev = [], [], None
+  for c in grid(lo, hi, max_points):
+    v, speedup = variant_at(c)
+    if prev is not None and v != prev[1]:      # the first context in (prev, c] with the new choice
+      a, b = prev[0], c
+      while b - a > 1:
+        m = (a + b) // 2
+        a, b = (m, b) if variant_at(m)[0] == prev[1] else (a, m)
+      choices.append((b, variant_at(b)[0]))
     choices.append((c, v))
-    points.append({"context": c, "variant": v, "speedup": float(info.get("speedup", 1.0))})
+    points.append({"context": c, "variant": v, "speedup": speedup})
+    prev = (c, v)
   if choices:
     choices[0] = (0, choices[0][1])
   return thresholds(choices), points

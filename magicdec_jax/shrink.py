@@ -31,7 +31,7 @@ from magicdec_jax import compile as compiling
 from magicdec_jax.loop import LoopState
 
 SHARED_FIELDS = ("eos", "step", "refill_at", "sched")   # LoopState fields without a batch axis
-ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at")   # what Finished keeps per row
+ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at", "drafted")   # what Finished keeps per row
 
 
 @dataclasses.dataclass
@@ -42,6 +42,7 @@ class Finished:
   rounds: np.ndarray       # [B]
   accepted: np.ndarray     # [B]
   accepted_at: np.ndarray  # [B, D]
+  drafted: np.ndarray      # [B]
   step: int                # rounds run, summed over the stages
   stages: list             # [(batch, rounds run at that batch, seconds without compilation), ...]
   gather_s: list = dataclasses.field(default_factory=list)   # seconds of each shrinking copy
@@ -71,7 +72,8 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
     raise ValueError(f"min_batch must be an integer >= 1, got {min_batch!r}")
   b = int(state.lengths.shape[0])
   fin = Finished(np.zeros(state.out.shape, np.int32), np.zeros((b,), np.int32), np.zeros((b,), np.int32),
-                 np.zeros((b,), np.int32), np.zeros(state.accepted_at.shape, np.int32), 0, [])
+                 np.zeros((b,), np.int32), np.zeros(state.accepted_at.shape, np.int32), np.zeros((b,), np.int32),
+                 0, [])
   rows = np.arange(b)            # original row of each slot of the current batch
   while True:
     cur = rows.size

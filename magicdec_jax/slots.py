@@ -74,5 +74,5 @@ def insert(state: loop.LoopState, target: KVCache, ring: Any, tokens: jax.Array,
       done=_put(dst, state.done, max_new <= 0),
       max_new=_put(dst, state.max_new, max_new), keys=state.keys.at[dst].set(keys, mode="drop"),
       target=new_target, ring=new_ring, rounds=_put(dst, state.rounds, zeros),
-      accepted=_put(dst, state.accepted, zeros),
+      accepted=_put(dst, state.accepted, zeros), drafted=_put(dst, state.drafted, zeros),
       accepted_at=_put(dst, state.accepted_at, jnp.zeros((n, state.accepted_at.shape[1]), jnp.int32)))

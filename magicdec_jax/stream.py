@@ -244,8 +244,9 @@ class Generator:
       finished = [s for s in range(b) if occupant[s] is not None and done[s]]
       if not finished:
         continue
-      out, accepted = np.asarray(state.out), np.asarray(state.accepted)
-      results = [self._result(occupant[s], out[s, :n_out[s]].tolist(), int(rounds[s]), int(accepted[s]))
+      out, accepted, drafted = np.asarray(state.out), np.asarray(state.accepted), np.asarray(state.drafted)
+      results = [self._result(occupant[s], out[s, :n_out[s]].tolist(), int(rounds[s]), int(accepted[s]),
+                              int(drafted[s]))
                  for s in finished]
       for s in finished:
         occupant[s] = None
@@ -253,14 +254,14 @@ class Generator:
       yield from results
     self._update_stats([], t_start)
 
-  def _result(self, occ, toks: list[int], rounds: int, accepted: int) -> StreamResult:
+  def _result(self, occ, toks: list[int], rounds: int, accepted: int, drafted: int) -> StreamResult:
     job, sample = occ
     text = None
     if self.model.tokenizer is not None:
       text = self.model.tokenizer.decode(toks, skip_special_tokens=False)
     reason = "eos" if toks and toks[-1] in self.engine.eos else "length"
     return StreamResult(job.index, sample, job.stream_ids[sample], job.tag, toks, text, reason,
-                        engine.row_stat(len(toks), rounds, accepted, self.engine.tree.max_depth))
+                        engine.row_stat(len(toks), rounds, accepted, self.engine.tree.max_depth, drafted))
 
   def _update_stats(self, results, t_start):
     s = self.stats

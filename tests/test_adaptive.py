@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from magicdec_jax import schedule
+from magicdec_jax import engine, schedule
 from magicdec_jax.drafts import PromptLookupDraft, StreamingDraft
 from magicdec_jax.engine import generate
 from magicdec_jax.stream import generate_stream
@@ -98,22 +98,20 @@ def test_thresholds_are_data_and_long_outputs_reach_the_context_limit():
 
 
 def test_thresholds_follow_the_cost_models_choice():
-  """from_cost_model turns a per-context choice into thresholds; pick() returns that choice everywhere."""
+  """from_cost_model turns a per-context choice into thresholds at exactly the contexts where it changes
+  (a chain outside the set maps to the nearest chain)."""
   variants = schedule.variants_for((1, 2, 3), plain=True)
 
-  def choose(c):
-    return (Tree((-1,)) if c < 300 else Tree.chain(2) if c < 1000 else Tree.chain(5)), {"speedup": 1.0}
+  def want(c):
+    return 0 if c < 300 else 2 if c < 1000 else 3
 
-  (at, var), points = schedule.from_cost_model(choose, variants, 64, 4096)
+  def choose(c):
+    return (Tree((-1,)), Tree.chain(2), Tree.chain(5))[[0, 2, 3].index(want(c))], {"speedup": 1.0}
+
+  (at, var), _ = schedule.from_cost_model(choose, variants, 64, 4096)
   s = schedule.with_thresholds(schedule.empty(len(variants)), at, var)
-  for p in points:
-    assert int(schedule.pick(s, np.int32(p["context"]))) == p["variant"]
-  want = {c: (0 if c < 300 else 2 if c < 1000 else 3) for c in (64, 299, 300, 999, 1000, 4096)}
-  grid = np.asarray([p["context"] for p in points])
-  for c, v in want.items():        # at grid resolution
-    g = grid[grid <= c].max()
-    assert int(schedule.pick(s, np.int32(c))) == want[g if g in want else c] or \
-        int(schedule.pick(s, np.int32(c))) == (0 if g < 300 else 2 if g < 1000 else 3)
+  for c in (0, 64, 298, 299, 300, 301, 777, 999, 1000, 1001, 4096, 10**6):
+    assert int(schedule.pick(s, np.int32(c))) == want(c), c
 
 
 def test_bad_schedules_are_refused():
@@ -123,3 +121,29 @@ def test_bad_schedules_are_refused():
       generate(model, [[1, 2, 3]], max_new_tokens=4, draft=StreamingDraft(sink=1, window=2), schedule=bad)
   with pytest.raises(ValueError, match="draft"):
     generate(model, [[1, 2, 3]], max_new_tokens=4, schedule=[(0, 1)])
+
+
+@pytest.mark.parametrize("mode", ["gamma", "tree"])
+def test_cost_model_schedule_switches_inside_the_call(monkeypatch, mode):
+  """gamma / tree = "auto" with live-range pricing (as on GPU) and a cost model that prefers plain decoding
+  below context 30 and speculation above: thresholds from the engine's own pricing path, the switch inside
+  the call, plain decoding's tokens."""
+  small_tree = Tree.from_children_counts([2, 1, 1])
+
+  def choose(cfg, spec, batch, context, *, want_tree, allow_autoregressive, **kw):
+    if allow_autoregressive and context < 30:
+      return Tree((-1,)), {"speedup": 0.9, "hardware": "fake"}
+    return (small_tree if want_tree else Tree.chain(1 if context < 45 else 3)), {"speedup": 1.5, "hardware": "fake"}
+
+  monkeypatch.setattr(engine.autotune, "choose", choose)
+  monkeypatch.setattr(engine, "attention_reads_live_range", lambda impl: True)
+  model = target()
+  prompts = _prompts(model)
+  ref = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS)
+  got = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS, draft=StreamingDraft(sink=2, window=4),
+                 **({"gamma": "auto"} if mode == "gamma" else {"tree": "auto"}))
+  assert got.tokens == ref.tokens
+  sch = got.stats["schedule"]
+  assert sch["switches"][0]["setting"] == "plain" and sch["switches"][1]["context"] >= 30, sch
+  want = {"plain", "gamma=1", "gamma=3"} if mode == "gamma" else {"plain", f"tree{small_tree.num_nodes}"}
+  assert {k for k, v in sch["rounds"].items() if v} == want, sch
