@@ -185,7 +185,7 @@ class Engine:
     self.plan = {"speculate": used != [0] or not plain, "hardware": priced(hi, plain)[1].get("hardware"),
                  "settings": ", ".join(schedule.names([variants[v] for v in used])),
                  "contexts": f"{lo}..{hi}", "priced_at": "live range" if live else f"whole cache ({whole_cache})",
-                 "predicted_speedup": max(p["speedup"] for p in points)}
+                 "speedup": max(p["speedup"] for p in points)}     # the best predicted over the contexts
     if plain and used == [0]:     # predicted to lose everywhere: plain decoding (same distribution, no draft)
       self.draft = self.spec = self.draft_params = None
       self.tree, self.thresholds = AR_TREE, None

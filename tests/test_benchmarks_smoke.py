@@ -138,6 +138,11 @@ def _long_output(doc, out, mod, stdout):
   tps = doc["tokens_per_s"]
   assert abs(doc["adaptive_speedup"] - tps["adaptive"] / tps["plain"]) < 1e-9
   assert abs(doc["adaptive_vs_best_fixed"] - tps["adaptive"] / max(v for k, v in tps.items() if k != "adaptive")) < 1e-9
+  mw = doc["matched_window"]
+  k = mw["chunks"]
+  assert k == min(len(r["records"]) - 1 for r in doc["runs"].values())
+  for name, r in doc["runs"].items():
+    assert abs(mw["tokens_per_s"][name] - b * r["records"][k][1] / r["records"][k][0]) < 1e-6 * mw["tokens_per_s"][name]
   sw = doc["runs"]["adaptive"]["schedule"]["switches"]
   assert [x["setting"] for x in sw[:3]] == ["gamma=2", "plain", "gamma=1"]
   assert 100 <= sw[1]["context"] < 130 <= sw[2]["context"]
