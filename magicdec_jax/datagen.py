@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from magicdec_jax import engine, sampling
+from magicdec_jax import engine, sampling, schedule
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.model import Model
 from magicdec_jax.settings import DEFAULT_GAMMA, DecodeSettings, decode_settings
@@ -165,22 +165,29 @@ def _atomic_write(path: str, text: str):
 
 
 def settings_used(model: Model, st: DecodeSettings, items: list[Item], batch_size: int, mesh) -> DecodeSettings:
-  """`st` with gamma / tree = "auto" resolved as the stream will resolve it (over every input record, so a
-  resumed run picks the same): the draft it keeps (None: plain decoding) and the tree."""
+  """`st` with gamma / tree = "auto" resolved over every input record (so a resumed run picks the same): the
+  draft it keeps (None: plain decoding) and, for gamma="auto", the adaptive schedule's thresholds as a
+  forced `schedule` (tree="auto": the tree, fixed)."""
   if not items:
     return st
   eng = engine.Engine(model, st, mesh=mesh)
-  eng.resolve_auto(batch_size, max(len(it.ids) for it in items) + st.max_new_tokens // 2)
+  longest = max(len(it.ids) for it in items)
+  eng.resolve_auto(batch_size, min(len(it.ids) for it in items), longest + st.max_new_tokens,
+                   engine.bucket(longest))
   if eng.draft is None:
     return st.replace(draft=None, tree=None, gamma=DEFAULT_GAMMA)
-  return st.replace(tree=eng.tree, gamma=DEFAULT_GAMMA)
+  if eng.variants is not None and st.schedule is None:    # adaptive: its thresholds, as a forced schedule
+    forced = schedule.pairs(eng.variants, *eng.thresholds)
+    if forced is not None:
+      return st.replace(gamma="auto", tree=None, schedule=forced)
+  return st.replace(tree=eng.tree, gamma=DEFAULT_GAMMA, schedule=None)
 
 
 def fingerprint(model: Model, used: DecodeSettings, **job) -> dict:
   """What shapes a record's samples: the model, the sampler, the settings used (draft and tree as
   resolved, where they change the samples: rejection sampling), and the job's own options. Greedy and
   invariant sampling give plain decoding's tokens with any draft, so a run may resume with another."""
-  skip = AUTO_INPUTS + (() if used.draft_shapes_samples else ("draft", "tree"))
+  skip = AUTO_INPUTS + (() if used.draft_shapes_samples else ("draft", "tree", "schedule"))
   fp = {k: v for k, v in used.fingerprint().items() if k not in skip}
   return {"model": model.name, "sampler": sampling.SAMPLER[used.sampling], **fp, **job}
 

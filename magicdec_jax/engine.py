@@ -18,8 +18,9 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tqdm
 
-from magicdec_jax import loop, sharding, shrink, slots
+from magicdec_jax import loop, schedule, sharding, shrink, slots
 from magicdec_jax import compile as compiling
 from magicdec_jax.cache import MAX_CHUNK, aligned_slots
 from magicdec_jax.model import Model, full_forward
@@ -30,6 +31,8 @@ from magicdec_jax.trees import Tree
 from magicdec_jax.tuning import autotune
 
 AR_TREE = Tree((-1,))
+LONG_OUTPUT = 1024        # generate(progress=None) shows a progress bar from this many new tokens
+SEGMENT_ROUNDS = 128      # with a progress bar, the loop returns to the host every this many rounds
 
 
 @dataclasses.dataclass
@@ -59,9 +62,10 @@ def stream_keys(seed: int, stream_ids: Sequence[int]) -> jax.Array:
   return jax.vmap(lambda s: jax.random.fold_in(base_key, s))(jnp.asarray(list(stream_ids), jnp.uint32))
 
 
-def row_stat(new_tokens: int, rounds: int, accepted: int, depth: int) -> dict[str, Any]:
-  """One row's figures: verify steps, accepted draft tokens, acceptance rate, mean accepted length."""
-  drafted = rounds * depth
+def row_stat(new_tokens: int, rounds: int, accepted: int, depth: int, drafted: int | None = None) -> dict[str, Any]:
+  """One row's figures: verify steps, accepted draft tokens, acceptance rate (over `drafted`, default
+  rounds x depth), mean accepted length."""
+  drafted = rounds * depth if drafted is None else drafted
   return {"new_tokens": new_tokens, "verify_steps": rounds, "accepted_tokens": accepted,
           "acceptance_rate": accepted / drafted if drafted else None,
           "mean_accepted_length": (accepted + rounds) / rounds if rounds else None}
@@ -71,6 +75,12 @@ def cache_slots(prompt_bucket: int, max_new_tokens: int, tree_nodes: int) -> int
   """Target-cache slots for prompts of `prompt_bucket` tokens: the prompt, the new tokens' bucket, a
   round's tree and the pending token (rounded for the attention tile)."""
   return aligned_slots(prompt_bucket + bucket(max_new_tokens) + tree_nodes + 1)
+
+
+def attention_reads_live_range(impl: str) -> bool:
+  """Whether the target's attention reads only each row's live KV (the Pallas kernel on GPU) rather than
+  the whole cache (XLA's dense attention, CPU): what a round's cost grows with."""
+  return jax.default_backend() == "gpu" and impl in ("auto", "pallas_triton")
 
 
 def check_shrink_batch(shrink_batch, mesh=None) -> None:
@@ -98,6 +108,9 @@ class Engine:
     self.draft = settings.draft
     self.spec, self.draft_params, self.tree = None, None, AR_TREE
     self.plan: dict | None = None
+    self.variants: tuple[Tree, ...] | None = None     # adaptive speculation: the settings rounds switch between
+    self.thresholds = None                            # (at, variant) host arrays for LoopState.sched
+    self.progress = None                              # a tqdm bar: decode in segments of SEGMENT_ROUNDS
     if self.draft is not None:
       self.draft.check_compatible(model)
       self.spec = self.draft.spec
@@ -127,22 +140,74 @@ class Engine:
     if self.spec is not None and ids:
       self.spec.check_prompts(ids)
 
-  def resolve_auto(self, batch: int, context: int, fixed_batch: bool = False) -> "Engine":
-    """gamma / tree = "auto": the cost model's choice for this batch and context (`plan` says what it
-    predicted). fixed_batch: rows run together until the slowest is done (generate), so a chain is priced
-    with that tail over max_new_tokens (batch_tail); not for refilled slots (stream, datagen). Where every
-    setting is predicted slower than plain decoding (and auto_fallback), the draft is dropped."""
+  def resolve_auto(self, batch: int, lo: int, hi: int, prompt_bucket: int, fixed_batch: bool = False) -> "Engine":
+    """gamma / tree = "auto" (or a forced `schedule`): adaptive speculation for contexts lo .. hi
+    (schedule.py). The rounds switch between plain decoding (with auto_fallback, where the draft allows it)
+    and chains of gamma 1..3 (tree="auto": the cost model's Sequoia tree for the middle context) at the
+    contexts where the cost model's choice for this batch changes (`plan` holds its predictions). A round
+    is priced at the KV its attention reads: the live range where the kernel walks only that (Pallas on
+    GPU), else the whole cache (XLA's dense attention: prompt_bucket + room for the new tokens), which
+    makes the choice one setting per call. fixed_batch: rows run together until the slowest is done
+    (generate), so a chain is priced with that tail over max_new_tokens (batch_tail); not for refilled
+    slots (stream, datagen). Where plain decoding is predicted best everywhere, the draft is dropped."""
+    st = self.settings
+    if st.schedule is not None:
+      if self.spec is None:
+        raise ValueError("schedule needs a draft")
+      variants, self.thresholds = schedule.forced(st.schedule)
+      if variants[0].num_nodes == 1 and not self.spec.commits_plain_rounds:
+        raise ValueError(f"{self.draft_name} cannot keep its ring through plain rounds: schedule gamma 0 "
+                         f"is not available with it")
+      self._adapt(variants)
+      self.plan = {"speculate": True, "schedule": "forced"}
+      return self
     if not isinstance(self.tree, str):
       return self
-    st = self.settings
-    tree, self.plan = autotune.choose(self.cfg, self.spec, batch, context, want_tree=(self.tree == "auto"),
-                                      hardware=st.hardware, acceptance_vector=st.acceptance,
-                                      allow_autoregressive=st.auto_fallback,
-                                      new_tokens=st.max_new_tokens if fixed_batch else None)
-    self.tree = tree
-    if not self.plan["speculate"]:     # predicted to lose: plain decoding (same distribution, no draft)
+    want_tree = self.tree == "auto"
+    plain = st.auto_fallback and self.spec.commits_plain_rounds
+
+    @functools.lru_cache(maxsize=None)
+    def priced(context, allow):
+      return autotune.choose(self.cfg, self.spec, batch, context, want_tree=want_tree, hardware=st.hardware,
+                             acceptance_vector=st.acceptance, allow_autoregressive=allow,
+                             max_gamma=max(schedule.AUTO_GAMMAS),
+                             new_tokens=st.max_new_tokens if fixed_batch else None)
+
+    tree = priced((lo + hi) // 2, False)[0] if want_tree else None
+    variants = schedule.variants_for(schedule.AUTO_GAMMAS, plain, tree)
+    whole_cache = cache_slots(prompt_bucket, st.max_new_tokens, schedule.widest(variants).num_nodes)
+    live = attention_reads_live_range(self.impl)
+    self.thresholds, points = schedule.from_cost_model(lambda c: priced(c if live else whole_cache, plain),
+                                                       variants, lo, hi,
+                                                       max_points=32 if want_tree else schedule.GRID_POINTS)
+    used = sorted({p["variant"] for p in points})
+    self.plan = {"speculate": used != [0] or not plain, "hardware": priced(hi, plain)[1].get("hardware"),
+                 "settings": ", ".join(schedule.names([variants[v] for v in used])),
+                 "contexts": f"{lo}..{hi}", "priced_at": "live range" if live else f"whole cache ({whole_cache})",
+                 "speedup": max(p["speedup"] for p in points)}     # the best predicted over the contexts
+    if plain and used == [0]:     # predicted to lose everywhere: plain decoding (same distribution, no draft)
       self.draft = self.spec = self.draft_params = None
+      self.tree, self.thresholds = AR_TREE, None
+      return self
+    self._adapt(variants)
+    self.plan["schedule_points"] = points
     return self
+
+  def _adapt(self, variants: tuple[Tree, ...]) -> None:
+    for t in variants:
+      if t.num_nodes > 1:
+        self.spec.check_tree(t)
+    self.variants, self.tree = variants, schedule.widest(variants)
+
+  def with_schedule(self, state: loop.LoopState) -> loop.LoopState:
+    """The state with this engine's thresholds (adaptive speculation; fixed settings: as it is)."""
+    if self.thresholds is None:
+      return state
+    return state.replace(sched=schedule.with_thresholds(state.sched, *self.thresholds))
+
+  @property
+  def num_variants(self) -> int:
+    return 1 if self.variants is None else len(self.variants)
 
   def num_slots(self, prompt_bucket: int) -> int:
     return cache_slots(prompt_bucket, self.settings.max_new_tokens, self.tree.num_nodes)
@@ -194,19 +259,22 @@ class Engine:
     one small executable each per shape), the caches donated into it (not donated, XLA copies the whole
     target cache: 0.6 s at SmolLM2 8 x 2048 on CPU, ten AR steps); with a mesh, eager as placed."""
     args = (tokens, lengths, max_new, jnp.asarray(eos_array(self.eos)), keys, target, ring)
-    static = dict(out_len=self.out_len(), tree=self.tree)
+    static = dict(out_len=self.out_len(), tree=self.tree, num_variants=self.num_variants)
     if self.mesh is not None:
-      return loop.initial_state(*args, **static)
-    return compiling.jit_executable("initial_state", loop.initial_state, args, static, options=self.options,
-                                    donate_argnames=("target", "ring"))(*args)
+      return self.with_schedule(loop.initial_state(*args, **static))
+    return self.with_schedule(compiling.jit_executable(
+        "initial_state", loop.initial_state, args, static, options=self.options,
+        donate_argnames=("target", "ring"))(*args))
 
   def empty_state(self, batch: int, num_slots: int) -> loop.LoopState:
     """`batch` free slots for continuous batching (stream.py)."""
     args = (jnp.asarray(eos_array(self.eos)),)
-    static = self._static(batch=batch, num_slots=num_slots, out_len=self.out_len())
+    static = self._static(batch=batch, num_slots=num_slots, out_len=self.out_len(),
+                          num_variants=self.num_variants)
     if self.mesh is not None:
-      return sharding.empty_state(self.mesh, *args, options=self.options, **static)
-    return compiling.jit_executable("empty_state", slots.empty_state, args, static, options=self.options)(*args)
+      return self.with_schedule(sharding.empty_state(self.mesh, *args, options=self.options, **static))
+    return self.with_schedule(compiling.jit_executable("empty_state", slots.empty_state, args, static,
+                                                       options=self.options)(*args))
 
   def insert(self, state, prefilled, slot_ids, rows, stream_ids, max_new, seed) -> loop.LoopState:
     """Prefilled rows (target, ring, tokens, lengths) into free slots of the donated state (slots.insert)."""
@@ -218,9 +286,10 @@ class Engine:
 
   def decode_fn(self):
     """(target_params, draft_params, state, **static) -> state: the compiled loop on one device or the mesh."""
-    if self.mesh is not None:
-      return functools.partial(sharding.decode, self.mesh)
-    return _decode_loop
+    fn = functools.partial(sharding.decode, self.mesh) if self.mesh is not None else _decode_loop
+    if self.variants is not None:    # adaptive: each variant's executable in turn (schedule.run)
+      fn = functools.partial(schedule.run, fn, variants=self.variants)
+    return fn if self.progress is None else functools.partial(_segmented, fn, self.progress)
 
   def decode(self, state: loop.LoopState) -> loop.LoopState:
     """Rounds until `state.refill_at` rows are done (the state is donated)."""
@@ -240,11 +309,11 @@ class Engine:
   def result(self, fin: shrink.Finished, n: int, prefill_s: float, decode_s: float) -> GenerateResult:
     """The first n rows' tokens, texts, finish reasons and figures."""
     out, n_out = fin.out, fin.n_out
-    rounds, accepted, acc_at = fin.rounds[:n], fin.accepted[:n], fin.accepted_at[:n]
+    rounds, accepted, acc_at, drafted = fin.rounds[:n], fin.accepted[:n], fin.accepted_at[:n], fin.drafted[:n]
     toks = [out[i, :n_out[i]].tolist() for i in range(n)]
     reasons = ["eos" if t and t[-1] in self.eos else "length" for t in toks]
     depth = self.tree.max_depth
-    row_stats = [row_stat(len(toks[i]), int(rounds[i]), int(accepted[i]), depth) for i in range(n)]
+    row_stats = [row_stat(len(toks[i]), int(rounds[i]), int(accepted[i]), depth, int(drafted[i])) for i in range(n)]
     total_new = sum(len(t) for t in toks)
     total_rounds = int(rounds.sum())
     stats = {
@@ -254,17 +323,31 @@ class Engine:
         "batch_stages": [list(x) for x in fin.stages],   # [batch, rounds, seconds] per stage (shrink_batch)
         "shrink_gather_s": list(fin.gather_s),           # seconds of each copy into a smaller batch
         "draft": self.draft_name, "tree_nodes": self.tree.num_nodes,
-        "acceptance_rate": float(accepted.sum()) / (total_rounds * depth) if depth and total_rounds else None,
+        "acceptance_rate": float(accepted.sum()) / float(drafted.sum()) if drafted.sum() else None,
         "mean_accepted_length": float(accepted.sum() + total_rounds) / total_rounds if total_rounds else None,
         "per_position_acceptance": (acc_at.sum(0) / total_rounds).tolist() if total_rounds else [],
     }
     if self.plan is not None:
       stats["auto_plan"] = {k: v for k, v in self.plan.items() if isinstance(v, (int, float, str))}
       stats["tree_depth"] = self.tree.max_depth
+    if self.variants is not None and fin.sched is not None:
+      stats["schedule"] = schedule.report(self.variants, fin.sched)
     texts = None
     if self.model.tokenizer is not None:
       texts = [self.model.tokenizer.decode(t, skip_special_tokens=False) for t in toks]
     return GenerateResult(toks, texts, reasons, stats, row_stats)
+
+
+def _segmented(decode_fn, bar, target_params, draft_params, state, **static):
+  """decode_fn in segments of SEGMENT_ROUNDS rounds (the same executable: the limit is data), the bar
+  updated with the tokens written after each; returns when decode_fn would have."""
+  while True:
+    limit = int(state.step) + SEGMENT_ROUNDS
+    state = decode_fn(target_params, draft_params,
+                      state.replace(sched=state.sched.replace(limit=jnp.asarray(limit, jnp.int32))), **static)
+    bar.update(int(np.asarray(state.n_out).sum()) - bar.n)
+    if int(state.step) < limit:
+      return state.replace(sched=state.sched.replace(limit=jnp.asarray(schedule.NO_LIMIT, jnp.int32)))
 
 
 def _decode_loop(target_params, draft_params, state, *, options=None, **static):
@@ -276,24 +359,28 @@ def _decode_loop(target_params, draft_params, state, *, options=None, **static):
 
 def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, stream_ids: Sequence[int] | None = None,
              mesh=None, device_memory: int | None = None, lengths=None, attention_mask=None,
-             shrink_batch: bool = False, **kwargs) -> GenerateResult:
+             shrink_batch: bool = False, progress: bool | None = None, **kwargs) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 
   Decoding settings: a `DecodeSettings` (settings=) and/or its fields as keywords (max_new_tokens,
   temperature, top_k, top_p, seed, eos_token_id, draft, gamma, tree, attention_impl, hardware, acceptance,
   auto_fallback, xla_options; see settings.py). draft: None (autoregressive) or a drafts.Draft
   (StreamingDraft, SnapKVDraft, ModelDraft, FeatureDraft, PromptLookupDraft); gamma: chain length, or
-  "auto" (the cost model's choice for this batch and context, tuning/autotune.py; `hardware` names the
-  device or is a profile JSON from `run.py --mode=calibrate`, `acceptance` an acceptance vector or its
-  JSON path from `run.py --mode=profile_acceptance`; with auto_fallback, "auto" decodes autoregressively
-  where every chain / tree is predicted slower: stats["auto_plan"]["speculate"] says which); tree: a
-  trees.Tree to speculate instead of a chain, or "auto" for the hardware-aware Sequoia tree.
+  "auto": adaptive speculation (schedule.py): every round of the loop picks plain decoding (with
+  auto_fallback) or a chain of gamma 1..3 from the batch's current context, at thresholds the cost model
+  computes (tuning/autotune.py; `hardware` names the device or is a profile JSON from `run.py
+  --mode=calibrate`, `acceptance` an acceptance vector or its JSON path from `run.py
+  --mode=profile_acceptance`); stats["schedule"] says what ran at which context; `schedule` forces the
+  thresholds ([(from_context, gamma), ...], gamma 0: plain). tree: a trees.Tree to speculate instead of a
+  chain, or "auto" (adaptive between plain decoding and the cost model's Sequoia tree).
 
   stream_ids: per-prompt random-stream ids (default 0..n-1); a row's samples depend only on (seed, stream
   id), never on the rest of the batch. mesh: a sharding.make_mesh mesh (same tokens as one device; place
   the params once with sharding.shard_model). device_memory: bytes per device for the memory check;
   configurations that do not fit are refused before compiling. shrink_batch: once half the rows are done,
   go on with the rest in a batch half as large, and so on (shrink.py); same tokens; not with a mesh.
+  progress: a tqdm bar (tokens, tokens/s) while decoding, the loop returning to the host every
+  SEGMENT_ROUNDS rounds (same tokens); None: for max_new_tokens >= LONG_OUTPUT.
 
   prompts: a list of strings or of token-id lists (ragged is fine), or an integer array [B, T] (numpy or
   jax) with `lengths` [B] or an HF-style `attention_mask` [B, T] (prompts.py).
@@ -307,7 +394,8 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
-  eng.resolve_auto(n, max(len(p) for p in ids) + st.max_new_tokens // 2, fixed_batch=True)
+  eng.resolve_auto(n, min(len(p) for p in ids), max(len(p) for p in ids) + st.max_new_tokens,
+                   bucket(max(len(p) for p in ids)), fixed_batch=True)
 
   b = eng.batch_rows(n)
   p_bucket = bucket(max(len(p) for p in ids))
@@ -330,7 +418,13 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   t1 = time.perf_counter()
   c1 = compiling.compile_seconds()
   state = eng.initial_state(tokens_j, lengths_j, jnp.asarray(max_new), keys, target, ring)
-  fin = eng.run(state, shrink_batch)
+  if progress or (progress is None and st.max_new_tokens >= LONG_OUTPUT):
+    eng.progress = tqdm.tqdm(total=n * st.max_new_tokens, unit="tok", desc="generate", leave=False)
+  try:
+    fin = eng.run(state, shrink_batch)
+  finally:
+    if eng.progress is not None:
+      eng.progress.close()
   t2 = time.perf_counter()
   c2 = compiling.compile_seconds()
   # compilation (first call of a bucket) is reported apart from the prefill / decode times

@@ -4,6 +4,10 @@ One round: propose (a draft fills the tree; autoregressive = the root-only tree,
 verify (one target pass over the tree with a prefix + ancestor mask) -> accept (verify.py) -> commit
 (compact the accepted path into the target cache, refresh the draft ring, write tokens at per-row
 offsets) -> stop (per-row EOS / max_new_tokens). Every row advances on its own; finished rows freeze.
+With several `variants` (adaptive speculation, schedule.py) the loop of one variant returns before a round
+the schedule gives another, and the host re-enters that variant's executable (a `lax.switch` of whole
+rounds copied the caches every round); a plain-decoding round with a draft still commits its token to the
+draft's ring, so the ring holds the recent window when speculation switches on.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from magicdec_jax import schedule as sched_lib
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import DraftSpec, Prefill, Round
@@ -43,8 +48,10 @@ class LoopState:
   ring: Any              # the draft's state (DraftSpec.empty_ring), None without a draft
   rounds: jax.Array      # [B] verify steps while active
   accepted: jax.Array    # [B] accepted draft tokens
+  drafted: jax.Array     # [B] draft tokens proposed on a path (a round's tree depth; 0 in plain rounds)
   accepted_at: jax.Array  # [B, D] accepted count per tree depth
   refill_at: jax.Array   # [] decode returns once this many rows are done (B: when all are; traced)
+  sched: sched_lib.Sched  # adaptive speculation: thresholds (data), rounds per variant, switches
 
 
 def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, lengths: jax.Array | None = None,
@@ -102,7 +109,7 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
                            cfg.vocab_size)
   r = Round(tree, sampling, target_params, cfg, draft_params, state.last, state.prev, state.lengths, draft_keys,
             noise=noise)
-  if spec is None:
+  if spec is None or tree.num_nodes == 1:    # plain decoding (with a draft: a plain round of a schedule)
     node_tokens = state.last[:, None]
   else:
     node_tokens, draft_dist, ring = spec.propose(ring, r)
@@ -151,27 +158,41 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
       done=state.done | (active & (hit_eos | (n_out >= state.max_new))),
       step=state.step + 1, target=target, ring=ring,
       rounds=state.rounds + active, accepted=state.accepted + jnp.where(active, n, 0),
-      accepted_at=state.accepted_at + (acc_at & active[:, None]))
+      drafted=state.drafted + jnp.where(active, tree.max_depth, 0),
+      accepted_at=state.accepted_at + jnp.pad(acc_at & active[:, None],
+                                              ((0, 0), (0, state.accepted_at.shape[1] - acc_at.shape[1]))))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "sampling", "impl"),
+@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "sampling", "impl", "variants", "variant"),
                    donate_argnames=("state",))
 def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, spec, tree: Tree,
-           sampling: Sampling, impl: str = "xla") -> LoopState:
-  """Run rounds until `state.refill_at` rows are done (all of them: refill_at = B): one `lax.while_loop`,
-  no host round trip. Every active row emits >= 1 token a round, so no row runs more than M rounds."""
+           sampling: Sampling, impl: str = "xla", variants: tuple[Tree, ...] | None = None,
+           variant: int = 0) -> LoopState:
+  """Run rounds until `state.refill_at` rows are done (all of them: refill_at = B) or `state.step` reaches
+  `state.sched.limit`: one `lax.while_loop`, no host round trip. Every active row emits >= 1 token a
+  round, so no row runs more than M rounds. variants: the settings of an adaptive schedule (the state
+  sized for `tree`, the widest): this executable runs `variants[variant]` and also returns before a round
+  for which the schedule picks another (schedule.run re-enters that one's executable); None: `tree`."""
   max_rounds = state.out.shape[1]
+  variants = (tree,) if variants is None else tuple(variants)
 
   def cond(s):
-    return (s.done.sum() < s.refill_at) & (s.rounds.max() < max_rounds)
+    go = (s.done.sum() < s.refill_at) & (s.rounds.max() < max_rounds) & (s.step < s.sched.limit)
+    if len(variants) > 1:
+      go &= sched_lib.pick(s.sched, sched_lib.context(s.lengths, s.done)) == variant
+    return go
 
-  return jax.lax.while_loop(
-      cond, lambda s: _round(s, target_params, draft_params, cfg, spec, tree, sampling, impl), state)
+  def body(s):
+    v = jnp.asarray(variant, jnp.int32)
+    s = s.replace(sched=sched_lib.record(s.sched, v, sched_lib.context(s.lengths, s.done), s.step))
+    return _round(s, target_params, draft_params, cfg, spec, variants[variant], sampling, impl)
+
+  return jax.lax.while_loop(cond, body, state)
 
 
 def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos: jax.Array,
                   keys: jax.Array, target: KVCache, ring: Any, out_len: int,
-                  tree: Tree) -> LoopState:
+                  tree: Tree, num_variants: int = 1) -> LoopState:
   b = tokens.shape[0]
   rows = jnp.arange(b)
   return LoopState(
@@ -179,4 +200,6 @@ def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos
       last=tokens[rows, lengths - 1], prev=tokens[rows, jnp.maximum(lengths - 2, 0)],
       done=max_new <= 0, max_new=max_new, eos=eos, keys=keys, step=jnp.zeros((), jnp.int32),
       target=target, ring=ring, rounds=jnp.zeros((b,), jnp.int32), accepted=jnp.zeros((b,), jnp.int32),
-      accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32), refill_at=jnp.asarray(b, jnp.int32))
+      drafted=jnp.zeros((b,), jnp.int32),
+      accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32), refill_at=jnp.asarray(b, jnp.int32),
+      sched=sched_lib.empty(num_variants))

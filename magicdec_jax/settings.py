@@ -18,6 +18,7 @@ import numpy as np
 from magicdec_jax.drafts import Draft, REGISTRY
 from magicdec_jax.pallas import IMPLS
 from magicdec_jax.sampling import MODES as SAMPLING_MODES, Sampling
+from magicdec_jax.schedule import check_forced
 from magicdec_jax.trees import Tree
 
 DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
@@ -31,7 +32,8 @@ class DecodeSettings:
   sampling: "rejection" (speculative rejection sampling: the highest acceptance; the samples depend on the
   draft) or "invariant" (drafter-invariant: a token is the argmax of the filtered logits plus noise owned
   by its (seed, stream, position), so the samples are plain decoding's whatever the draft, gamma, tree or
-  batch). xla_options: XLA compiler options for this call's executables only."""
+  batch). xla_options: XLA compiler options for this call's executables only. schedule: force adaptive
+  speculation's thresholds, [(from_context, gamma), ...] with gamma 0 for plain decoding (schedule.py)."""
   max_new_tokens: int
   temperature: float = 0.0
   top_k: int = 0
@@ -47,6 +49,7 @@ class DecodeSettings:
   auto_fallback: bool = True
   sampling: str = "rejection"
   xla_options: Mapping[str, Any] | None = None
+  schedule: Any = None                   # forced adaptive thresholds [(from_context, gamma), ...] (schedule.py)
 
   def __post_init__(self):
     if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
@@ -69,6 +72,10 @@ class DecodeSettings:
       raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}")
     if not isinstance(self.auto_fallback, bool):
       raise ValueError(f"auto_fallback must be True or False, got {self.auto_fallback!r}")
+    if self.schedule is not None:
+      check_forced(self.schedule)
+      if self.draft is None or self.tree is not None:
+        raise ValueError("schedule needs a draft and a chain (gamma), not a tree")
     if self.xla_options is not None and not isinstance(self.xla_options, Mapping):
       raise ValueError(f"xla_options must be a dict of XLA option name -> value, got {self.xla_options!r:.80}")
 

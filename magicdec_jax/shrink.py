@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +30,8 @@ import numpy as np
 from magicdec_jax import compile as compiling
 from magicdec_jax.loop import LoopState
 
-SHARED_FIELDS = ("eos", "step", "refill_at")   # LoopState fields without a batch axis
-ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at")   # what Finished keeps per row
+SHARED_FIELDS = ("eos", "step", "refill_at", "sched")   # LoopState fields without a batch axis
+ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at", "drafted")   # what Finished keeps per row
 
 
 @dataclasses.dataclass
@@ -41,9 +42,11 @@ class Finished:
   rounds: np.ndarray       # [B]
   accepted: np.ndarray     # [B]
   accepted_at: np.ndarray  # [B, D]
+  drafted: np.ndarray      # [B]
   step: int                # rounds run, summed over the stages
   stages: list             # [(batch, rounds run at that batch, seconds without compilation), ...]
   gather_s: list = dataclasses.field(default_factory=list)   # seconds of each shrinking copy
+  sched: Any = None        # the final LoopState.sched (rounds per setting, switches)
 
 
 def take_rows(state: LoopState, rows: jax.Array) -> LoopState:
@@ -69,7 +72,8 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
     raise ValueError(f"min_batch must be an integer >= 1, got {min_batch!r}")
   b = int(state.lengths.shape[0])
   fin = Finished(np.zeros(state.out.shape, np.int32), np.zeros((b,), np.int32), np.zeros((b,), np.int32),
-                 np.zeros((b,), np.int32), np.zeros(state.accepted_at.shape, np.int32), 0, [])
+                 np.zeros((b,), np.int32), np.zeros(state.accepted_at.shape, np.int32), np.zeros((b,), np.int32),
+                 0, [])
   rows = np.arange(b)            # original row of each slot of the current batch
   while True:
     cur = rows.size
@@ -83,7 +87,7 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
       getattr(fin, name)[rows] = np.asarray(getattr(state, name))
     done = np.asarray(state.done)
     if done.all() or not can_shrink:
-      fin.step = int(state.step)
+      fin.step, fin.sched = int(state.step), jax.device_get(state.sched)
       return fin
     active = np.flatnonzero(~done)
     nb = _next_batch(active.size, min_batch)
@@ -103,4 +107,4 @@ def finished(state: LoopState) -> Finished:
   """The per-row results of a state every row of which ran in one stage (no shrinking)."""
   b = int(state.lengths.shape[0])
   return Finished(**{name: np.asarray(getattr(state, name)) for name in ROW_RESULTS}, step=int(state.step),
-                  stages=[(b, int(state.step), None)])
+                  stages=[(b, int(state.step), None)], sched=jax.device_get(state.sched))

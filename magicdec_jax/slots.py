@@ -24,14 +24,14 @@ from magicdec_jax.trees import Tree
 
 
 def empty_state(eos: jax.Array, *, cfg: ModelConfig, spec: DraftSpec | None, tree: Tree, batch: int,
-                num_slots: int, out_len: int) -> loop.LoopState:
+                num_slots: int, out_len: int, num_variants: int = 1) -> loop.LoopState:
   """A LoopState of `batch` free slots (every row done, zero caches), ready for `insert`."""
   target = KVCache.zeros(cfg, batch, num_slots, ring_margin(tree.num_nodes))
   ring = None if spec is None else spec.empty_ring(cfg, batch, tree, num_slots)
   tokens = jnp.zeros((batch, 1), jnp.int32)
   keys = jax.random.split(jax.random.key(0), batch)
   return loop.initial_state(tokens, jnp.ones((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32), eos, keys,
-                            target, ring, out_len, tree)
+                            target, ring, out_len, tree, num_variants)
 
 
 def _put(dst: jax.Array, x: jax.Array, values: jax.Array) -> jax.Array:
@@ -75,5 +75,5 @@ def insert(state: loop.LoopState, target: KVCache, ring: Any, tokens: jax.Array,
       done=_put(dst, state.done, max_new <= 0),
       max_new=_put(dst, state.max_new, max_new), keys=state.keys.at[dst].set(keys, mode="drop"),
       target=new_target, ring=new_ring, rounds=_put(dst, state.rounds, zeros),
-      accepted=_put(dst, state.accepted, zeros),
+      accepted=_put(dst, state.accepted, zeros), drafted=_put(dst, state.drafted, zeros),
       accepted_at=_put(dst, state.accepted_at, jnp.zeros((n, state.accepted_at.shape[1]), jnp.int32)))

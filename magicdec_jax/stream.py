@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from magicdec_jax import compile as compiling
-from magicdec_jax import engine, sharding
+from magicdec_jax import engine, schedule, sharding
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.model import Model
 from magicdec_jax.prompts import tokenize_prompts
@@ -80,7 +80,8 @@ class Generator:
     self.engine = engine.Engine(model, st, mesh=mesh, device_memory=device_memory)
     if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)) and max_prompt_tokens is None:
       max_prompt_tokens = max((len(self._ids(model, r, i)) for i, r in enumerate(requests)), default=1)
-    self.engine.resolve_auto(batch_size, (max_prompt_tokens or 0) + st.max_new_tokens // 2)
+    longest = max_prompt_tokens or model.config.max_position_embeddings - st.max_new_tokens
+    self.engine.resolve_auto(batch_size, 1, longest + st.max_new_tokens, engine.bucket(longest))
     self.settings, self.plan = st, self.engine.plan
     self.model, self.seed = model, int(st.seed)
     self.batch = sharding.pad_batch(batch_size, mesh)     # whole rows on every data shard
@@ -230,6 +231,8 @@ class Generator:
       state = state.replace(refill_at=jnp.asarray(n_free + min(self.refill_at, b - n_free), jnp.int32))
       step0 = int(state.step)
       state = self._decode(state)
+      if self.engine.variants is not None:
+        self.stats["schedule"] = schedule.report(self.engine.variants, jax.device_get(state.sched))
       done, n_out = np.asarray(state.done), np.asarray(state.n_out)
       rounds = np.asarray(state.rounds)
       self.stats["decode_calls"] += 1
@@ -241,8 +244,9 @@ class Generator:
       finished = [s for s in range(b) if occupant[s] is not None and done[s]]
       if not finished:
         continue
-      out, accepted = np.asarray(state.out), np.asarray(state.accepted)
-      results = [self._result(occupant[s], out[s, :n_out[s]].tolist(), int(rounds[s]), int(accepted[s]))
+      out, accepted, drafted = np.asarray(state.out), np.asarray(state.accepted), np.asarray(state.drafted)
+      results = [self._result(occupant[s], out[s, :n_out[s]].tolist(), int(rounds[s]), int(accepted[s]),
+                              int(drafted[s]))
                  for s in finished]
       for s in finished:
         occupant[s] = None
@@ -250,14 +254,14 @@ class Generator:
       yield from results
     self._update_stats([], t_start)
 
-  def _result(self, occ, toks: list[int], rounds: int, accepted: int) -> StreamResult:
+  def _result(self, occ, toks: list[int], rounds: int, accepted: int, drafted: int) -> StreamResult:
     job, sample = occ
     text = None
     if self.model.tokenizer is not None:
       text = self.model.tokenizer.decode(toks, skip_special_tokens=False)
     reason = "eos" if toks and toks[-1] in self.engine.eos else "length"
     return StreamResult(job.index, sample, job.stream_ids[sample], job.tag, toks, text, reason,
-                        engine.row_stat(len(toks), rounds, accepted, self.engine.tree.max_depth))
+                        engine.row_stat(len(toks), rounds, accepted, self.engine.tree.max_depth, drafted))
 
   def _update_stats(self, results, t_start):
     s = self.stats

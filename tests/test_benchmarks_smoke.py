@@ -121,6 +121,35 @@ def _context_sweep(doc, out, mod, stdout):
   assert both.read_bytes()[:4] == b"\x89PNG"
 
 
+@case("long_output")
+def _long_output(doc, out, mod, stdout):
+  """Every setting ran all rows to the end; the figures recomputed from the recorded (time, tokens) series
+  with numpy's interpolation; the forced schedule's switches (2 -> plain -> 1) at their contexts."""
+  _env_ok(doc)
+  b, new, seg = doc["batch"], doc["new"], doc["segment"]
+  for name, r in doc["runs"].items():
+    assert r["new_tokens"] == b * new
+    assert abs(r["tokens_per_s"] - b * new / r["decode_s"]) < 1e-6 * r["tokens_per_s"]
+    t, n = np.array([x[0] for x in r["records"]]), np.array([x[1] for x in r["records"]])
+    for s in doc["segments"]:
+      lo, hi = s["tokens"]
+      want = b * (hi - lo) / (np.interp(hi, n, t) - np.interp(lo, n, t))
+      assert abs(s["tokens_per_s"][name] - want) < 1e-6 * want
+  tps = doc["tokens_per_s"]
+  assert abs(doc["adaptive_speedup"] - tps["adaptive"] / tps["plain"]) < 1e-9
+  assert abs(doc["adaptive_vs_best_fixed"] - tps["adaptive"] / max(v for k, v in tps.items() if k != "adaptive")) < 1e-9
+  mw = doc["matched_window"]
+  k = mw["chunks"]
+  assert k == min(len(r["records"]) - 1 for r in doc["runs"].values())
+  for name, r in doc["runs"].items():
+    assert abs(mw["tokens_per_s"][name] - b * r["records"][k][1] / r["records"][k][0]) < 1e-6 * mw["tokens_per_s"][name]
+  sw = doc["runs"]["adaptive"]["schedule"]["switches"]
+  assert [x["setting"] for x in sw[:3]] == ["gamma=2", "plain", "gamma=1"]
+  assert 100 <= sw[1]["context"] < 130 <= sw[2]["context"]
+  assert {s["adaptive_setting"] for s in doc["segments"]} <= {"gamma=2", "plain", "gamma=1"}
+  assert pathlib.Path(doc["png"]).exists()
+
+
 @case("lookup_draft", slow=False)
 def _lookup_draft(doc, out, mod, stdout):
   """Greedy: the self-draft and every lookup chain decode AR's tokens; speedups are of summed times."""

@@ -1,7 +1,8 @@
 """The compiled decode loop reads weights and KV caches where they lie.
 
 From the optimized HLO of `loop.decode` (CPU), for autoregressive, chain (StreamingDraft), tree
-(SnapKVDraft) and model-draft decoding of a small model with distinctive dimensions: no op inside the
+(SnapKVDraft), model-draft and adaptive decoding (a schedule's plain round with a draft and its chain-1
+variant, each loop returning where the schedule picks another: schedule.py) of a small model with distinctive dimensions: no op inside the
 while-loop body produces a buffer shaped like a weight matrix or a layer's KV cache except the in-place
 cache writes (magicdec_jax/tuning/hlo.py). A control with the old layout (a scan over stacked weights and a
 stacked cache) must be flagged, so the check is known to see copies when they are there.
@@ -39,7 +40,11 @@ CASES = {
     "chain": (drafts.StreamingDraft(sink=2, window=8), Tree.chain(3)),
     "tree": (drafts.SnapKVDraft(budget=8, window=8, observation_window=4), Tree((-1, 0, 0, 1))),
     "model_draft": ("model", Tree.chain(2)),
+    "adaptive_plain": (drafts.StreamingDraft(sink=2, window=8), Tree.chain(3)),
+    "adaptive_chain1": (drafts.StreamingDraft(sink=2, window=8), Tree.chain(3)),
 }
+ADAPTIVE = (Tree((-1,)), Tree.chain(1), Tree.chain(3))        # the variants (the state sized for the last)
+VARIANT = {"adaptive_plain": 0, "adaptive_chain1": 1}
 
 
 @pytest.mark.parametrize("case,batch", [pytest.param(c, B, marks=pytest.mark.slow) if c == "ar" else (c, B)
@@ -60,9 +65,11 @@ def test_decode_loop_copies_no_weight_or_cache(case, batch):
   target, ring = loop.prefill(params, dparams, tokens, lengths, cfg=CFG, spec=spec, tree=tree,
                               num_slots=num_slots, chunk=16)
   state = loop.initial_state(tokens, lengths, jnp.full((B,), NEW, jnp.int32), jnp.array([-1], jnp.int32),
-                             jax.random.split(jax.random.key(0), B), target, ring, NEW + tree.num_nodes, tree)
-  text = loop.decode.lower(params, dparams, state, cfg=CFG, spec=spec, tree=tree,
-                           sampling=Sampling()).compile().as_text()
+                             jax.random.split(jax.random.key(0), B), target, ring, NEW + tree.num_nodes, tree,
+                             len(ADAPTIVE) if case in VARIANT else 1)
+  adaptive = dict(variants=ADAPTIVE, variant=VARIANT[case]) if case in VARIANT else {}
+  text = loop.decode.lower(params, dparams, state, cfg=CFG, spec=spec, tree=tree, sampling=Sampling(),
+                           **adaptive).compile().as_text()
   _, bodies = hlo.while_body_computations(text)
   assert bodies, "no while loop found in the compiled decode"
   shapes = big_shapes(params, target, ring) | (big_shapes(dparams) if dparams is not None else set())

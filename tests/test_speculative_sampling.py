@@ -130,6 +130,10 @@ CASES = {
     "tree-feature-t1": dict(draft="feature", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "chain2-feature-vocab5-t1": dict(draft="feature-vocab", gamma=2, temperature=1.0),
     "chain2-lookup-t1": dict(draft=PromptLookupDraft(2), gamma=2, temperature=1.0),
+    # adaptive speculation: chain 1 at the prompt's context (6), plain from 7, chain 2 from 8 (the batch's
+    # mean context: rows at 7 and 8 after the first round), switches inside the three sampled tokens
+    "schedule-streaming-t0.8-topp0.9": dict(draft=StreamingDraft(sink=1, window=2), gamma="auto",
+                                            schedule=[(0, 1), (7, 0), (8, 2)], temperature=0.8, top_p=0.9),
     "autoregressive-invariant-t0.8-topp0.9": dict(draft=None, temperature=0.8, top_p=0.9, sampling="invariant"),
     "chain2-model-invariant-t1": dict(draft="other", gamma=2, temperature=1.0, sampling="invariant"),
 }

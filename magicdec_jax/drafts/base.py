@@ -141,6 +141,9 @@ class DraftSpec:
   needs_prev_token: ClassVar[bool] = False      # re-encodes the token at L-2 every round
   proposes_trees: ClassVar[bool] = True         # False: chains only (gamma, not tree)
   feature_layers: tuple[int, ...] = ()          # target layers whose features the verify pass returns
+  # `commit` with a plain-decoding round (path = the pending token alone, its K/V in the target cache)
+  # keeps the ring current, so an adaptive schedule may switch speculation off and on (schedule.py)
+  commits_plain_rounds: ClassVar[bool] = True
 
   def check_prompts(self, ids: Sequence[Sequence[int]]) -> None:
     """ValueError naming the value where a prompt is too short for this draft."""

@@ -62,6 +62,7 @@ class FeatureSpec(DraftSpec):
   vocab: tuple[int, ...] | None = None      # the head's draft vocabulary (target ids); None = the target's
 
   positions = "absolute"
+  commits_plain_rounds = False   # not verified with plain rounds: adaptive schedules switch chains only
 
   feature_layers = property(lambda self: self.layers)
   num_static = property(lambda self: self.sink)

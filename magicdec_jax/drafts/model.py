@@ -27,6 +27,7 @@ class ModelSpec(RingDraft):
   positions: str = "absolute"
 
   needs_prev_token = True
+  commits_plain_rounds = False   # its ring takes its own scratch K/V, which a plain round never computes
 
   num_static = property(lambda self: self.sink)
 

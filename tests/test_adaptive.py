@@ -1,0 +1,149 @@
+"""Adaptive speculation (schedule.py) is lossless under any schedule, and its thresholds are data.
+
+Reference: plain decoding, `generate(..., draft=None)` (itself checked against a full-forward argmax loop
+in test_generate.py). Schedules are forced ([(from_context, gamma), ...], gamma 0 = plain) so the rounds
+switch between plain decoding and chains at chosen contexts inside the generated span, with ragged rows
+(the context is the batch's mean) and a stop token some rows emit mid-run. The rejection-sampling
+distribution with a switch inside the sampled span is in test_speculative_sampling.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from magicdec_jax import engine, schedule
+from magicdec_jax.drafts import PromptLookupDraft, StreamingDraft
+from magicdec_jax.engine import generate
+from magicdec_jax.stream import generate_stream
+from magicdec_jax.trees import Tree
+
+from conftest import random_prompts, tiny_model
+
+NEW = 48
+LENGTHS = (9, 16, 12, 14, 10)
+EOS = 7
+# switches at contexts inside the run (prompts 9..16, +48 new): chain 2, plain, chain 3, chain 1, plain, chain 2
+SCHEDULE = [(0, 2), (20, 0), (30, 3), (40, 1), (50, 0), (56, 2)]
+
+
+def target():
+  return tiny_model(0, attn_scale=10.0)
+
+
+def _prompts(model):
+  ps = random_prompts(LENGTHS, model.config.vocab_size, seed=0)
+  ps[1] = (ps[1][:5] * 4)[:16]         # a repetitive prompt: prompt lookup finds matches
+  return ps
+
+
+DRAFTS = {"streaming": lambda: StreamingDraft(sink=2, window=4), "lookup": lambda: PromptLookupDraft(2)}
+
+
+@pytest.mark.parametrize("draft", list(DRAFTS))
+def test_greedy_equals_plain_across_switches(draft):
+  model = target()
+  prompts = _prompts(model)
+  ref = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS)
+  got = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS, draft=DRAFTS[draft](), gamma="auto",
+                 schedule=SCHEDULE)
+  assert got.tokens == ref.tokens
+  sch = got.stats["schedule"]
+  assert all(sch["rounds"][s] > 0 for s in ("plain", "gamma=1", "gamma=2", "gamma=3")), sch
+  assert len(sch["switches"]) >= 5
+  assert sch["switches"][0]["setting"] == "gamma=2"
+  first = sch["first_context"]
+  assert 20 <= first["plain"] < 30 and 30 <= first["gamma=3"] < 40 and 40 <= first["gamma=1"] < 50, first
+
+
+def test_stream_refills_equal_plain_across_switches():
+  """Continuous batching: 5 prompts through 2 slots, refilled as rows finish; rows at different lengths
+  share the batch-wide setting."""
+  model = target()
+  prompts = _prompts(model)
+  ref = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS)
+  gen = generate_stream(model, prompts, batch_size=2, refill_at=1, max_new_tokens=NEW, eos_token_id=EOS,
+                        draft=StreamingDraft(sink=2, window=4), gamma="auto", schedule=SCHEDULE)
+  got = {r.index: r.tokens for r in gen}
+  assert [got[i] for i in range(len(prompts))] == ref.tokens
+  assert sum(v > 0 for v in gen.stats["schedule"]["rounds"].values()) >= 3
+
+
+def test_invariant_sampling_equals_plain_under_a_schedule():
+  model = target()
+  prompts = _prompts(model)
+  kw = dict(max_new_tokens=NEW, eos_token_id=EOS, temperature=0.8, top_p=0.95, seed=3, sampling="invariant")
+  ref = generate(model, prompts, **kw)
+  got = generate(model, prompts, draft=StreamingDraft(sink=2, window=4), gamma="auto", schedule=SCHEDULE, **kw)
+  assert got.tokens == ref.tokens
+  assert got.stats["schedule"]["rounds"]["plain"] > 0
+
+
+def test_thresholds_are_data_and_long_outputs_reach_the_context_limit():
+  """Another schedule over the same settings reuses the executable; max_new_tokens up to the model's
+  context (512 positions) with the progress bar's segments gives plain decoding's tokens."""
+  model = target()
+  prompts = _prompts(model)[:2]
+  new = model.config.max_position_embeddings - max(len(p) for p in prompts)
+  ref = generate(model, prompts, max_new_tokens=new, eos_token_id=-1)
+  kw = dict(max_new_tokens=new, eos_token_id=-1, draft=StreamingDraft(sink=2, window=4), gamma="auto")
+  a = generate(model, prompts, schedule=[(0, 0), (100, 1), (300, 3)], progress=True, **kw)
+  b = generate(model, prompts, schedule=[(0, 3), (200, 0), (400, 1)], progress=True, **kw)
+  assert a.tokens == ref.tokens and b.tokens == ref.tokens
+  assert all(len(t) == new for t in a.tokens)
+  assert b.stats["decode_compile_s"] < 0.2 * max(a.stats["decode_compile_s"], 1e-9) or \
+      b.stats["decode_compile_s"] < 0.05, (a.stats["decode_compile_s"], b.stats["decode_compile_s"])
+  # (then back and forth near the end: a finished row leaves the mean, the context, of the active rows)
+  assert [s["setting"] for s in b.stats["schedule"]["switches"]][:3] == ["gamma=3", "plain", "gamma=1"]
+  assert b.stats["schedule"]["switches"][1]["context"] >= 200
+
+
+def test_thresholds_follow_the_cost_models_choice():
+  """from_cost_model turns a per-context choice into thresholds at exactly the contexts where it changes
+  (a chain outside the set maps to the nearest chain)."""
+  variants = schedule.variants_for((1, 2, 3), plain=True)
+
+  def want(c):
+    return 0 if c < 300 else 2 if c < 1000 else 3
+
+  def choose(c):
+    return (Tree((-1,)), Tree.chain(2), Tree.chain(5))[[0, 2, 3].index(want(c))], {"speedup": 1.0}
+
+  (at, var), _ = schedule.from_cost_model(choose, variants, 64, 4096)
+  s = schedule.with_thresholds(schedule.empty(len(variants)), at, var)
+  for c in (0, 64, 298, 299, 300, 301, 777, 999, 1000, 1001, 4096, 10**6):
+    assert int(schedule.pick(s, np.int32(c))) == want(c), c
+
+
+def test_bad_schedules_are_refused():
+  model = target()
+  for bad in ([(10, 1), (5, 2)], [(0, -1)], "x", []):
+    with pytest.raises(ValueError):
+      generate(model, [[1, 2, 3]], max_new_tokens=4, draft=StreamingDraft(sink=1, window=2), schedule=bad)
+  with pytest.raises(ValueError, match="draft"):
+    generate(model, [[1, 2, 3]], max_new_tokens=4, schedule=[(0, 1)])
+
+
+@pytest.mark.parametrize("mode", ["gamma", "tree"])
+def test_cost_model_schedule_switches_inside_the_call(monkeypatch, mode):
+  """gamma / tree = "auto" with live-range pricing (as on GPU) and a cost model that prefers plain decoding
+  below context 30 and speculation above: thresholds from the engine's own pricing path, the switch inside
+  the call, plain decoding's tokens."""
+  small_tree = Tree.from_children_counts([2, 1, 1])
+
+  def choose(cfg, spec, batch, context, *, want_tree, allow_autoregressive, **kw):
+    if allow_autoregressive and context < 30:
+      return Tree((-1,)), {"speedup": 0.9, "hardware": "fake"}
+    return (small_tree if want_tree else Tree.chain(1 if context < 45 else 3)), {"speedup": 1.5, "hardware": "fake"}
+
+  monkeypatch.setattr(engine.autotune, "choose", choose)
+  monkeypatch.setattr(engine, "attention_reads_live_range", lambda impl: True)
+  model = target()
+  prompts = _prompts(model)
+  ref = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS)
+  got = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS, draft=StreamingDraft(sink=2, window=4),
+                 **({"gamma": "auto"} if mode == "gamma" else {"tree": "auto"}))
+  assert got.tokens == ref.tokens
+  sch = got.stats["schedule"]
+  assert sch["switches"][0]["setting"] == "plain" and sch["switches"][1]["context"] >= 30, sch
+  want = {"plain", "gamma=1", "gamma=3"} if mode == "gamma" else {"plain", f"tree{small_tree.num_nodes}"}
+  assert {k for k, v in sch["rounds"].items() if v} == want, sch
