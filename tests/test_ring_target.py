@@ -151,3 +151,16 @@ def test_planner_and_cost_model_count_windows():
   kv = 2 * 62 * cfg.num_kv_heads * cfg.head_dim * 2
   assert costmodel.step_bytes(full, 4, 32768, 1) - costmodel.step_bytes(cfg, 4, 32768, 1) == \
       4 * kv * (32768 - (52 * 1024 + 10 * 32768) / 62)
+
+
+def test_adaptive_schedule_over_rings_equals_hf(root):
+  """Adaptive speculation (issue 36) on the ring target: a forced schedule switching chain 2 -> plain ->
+  chain 3 -> chain 1 inside the generated span (the batch's mean context runs 168 -> 208) gives HF
+  `generate`'s tokens; plain rounds keep the self-draft's ring current while the target's rings wrap."""
+  hf, model = family("gemma3-untied", root)
+  res = generate(model, PROMPTS, max_new_tokens=NEW, temperature=0.0, eos_token_id=[],
+                 draft=drafts.StreamingDraft(2, 8), gamma="auto",
+                 schedule=[(0, 2), (178, 0), (188, 3), (198, 1)])
+  assert res.tokens == hf_tokens("gemma3-untied", root)
+  rounds = res.stats["schedule"]["rounds"]
+  assert all(rounds[s] > 0 for s in ("plain", "gamma=1", "gamma=2", "gamma=3")), rounds
