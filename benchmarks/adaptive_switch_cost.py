@@ -3,7 +3,7 @@ per variant (loop.decode(variant=i), what schedule.run re-enters). Seconds per r
 SmolLM2-135M, batch 8, prompt 1024, StreamingDraft(4, 256), greedy, the schedule at gamma 2 for every round
 (both loops sized for variants plain / 1 / 2 / 3), min of 3 timed runs after one compiling run.
 
-  python -m benchmarks.adaptive_switch_cost     # ~8 min on the 2-core CPU; prints the figures
+  python -m benchmarks.adaptive_switch_cost     # ~8 min on the 2-core CPU; JSON under benchmarks/results/
 """
 from __future__ import annotations
 
@@ -56,14 +56,28 @@ def fresh():
 runs = {"switch": lambda st: switch_decode(params, st, variants),
         "reentry": lambda st: loop.decode(params, None, st, cfg=cfg, spec=spec, tree=wide, sampling=Sampling(),
                                           variants=variants, variant=2)}
-out = {}
-for name, fn in runs.items():
-  jax.block_until_ready(fn(fresh()).out)     # compile
-  ts = []
-  for _ in range(3):
-    st = fresh(); jax.block_until_ready(st)
-    t0 = time.perf_counter(); r = fn(st); jax.block_until_ready(r.out); ts.append(time.perf_counter() - t0)
-  out[name] = {"decode_s": ts, "rounds": int(r.step), "s_per_round": min(ts) / int(r.step),
-               "tokens": np.asarray(r.out)[:, :8].tolist()[0]}
-  print(name, out[name], flush=True)
-print(json.dumps({k: {"s_per_round": v["s_per_round"], "rounds": v["rounds"]} for k, v in out.items()}))
+
+
+def main(argv=None) -> None:
+  args = common.parse(common.parser(__doc__, smoke=None), argv)
+  doc = {"benchmark": "adaptive_switch_cost", "env": common.env_info(), "command": common.command(),
+         "model": "gguf:smollm2-135m", "batch": B, "prompt": P, "new": NEW,
+         "draft": {"kind": "StreamingDraft", "sink": 4, "window": 256}, "greedy": True,
+         "variants": ["plain", "gamma=1", "gamma=2", "gamma=3"], "schedule": "gamma=2 every round"}
+  outs = {}
+  for name, fn in runs.items():
+    jax.block_until_ready(fn(fresh()).out)     # compile
+    ts = []
+    for _ in range(3):
+      st = fresh(); jax.block_until_ready(st)
+      t0 = time.perf_counter(); r = fn(st); jax.block_until_ready(r.out); ts.append(time.perf_counter() - t0)
+    outs[name] = np.asarray(r.out)
+    doc[name] = {"decode_s": ts, "rounds": int(r.step), "s_per_round": min(ts) / int(r.step)}
+    print(name, doc[name], flush=True)
+  doc["identical_tokens"] = bool((outs["switch"] == outs["reentry"]).all())
+  doc["switch_over_reentry_per_round"] = doc["switch"]["s_per_round"] / doc["reentry"]["s_per_round"]
+  common.finish(doc, args.output, f"adaptive_switch_cost_{common.device_tag()}.json")
+
+
+if __name__ == "__main__":
+  main()
