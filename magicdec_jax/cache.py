@@ -114,15 +114,12 @@ class KVCache:
   def gather(self, slots: jax.Array) -> tuple[Layers, Layers]:
     """Per-row gather of virtual slots [B, M] from every layer -> L x [B, K, M, D] each (clipped to range)."""
     safe = jnp.clip(slots, 0, self.num_slots - 1)
-    ks, vs = zip(*(gather_slots((k,), (v,), self.layer_slots(i, safe))
-                   for i, (k, v) in enumerate(zip(self.k, self.v))))
-    return tuple(k[0] for k in ks), tuple(v[0] for v in vs)
+    return gather_slots(self.k, self.v, tuple(self.layer_slots(i, safe) for i in range(len(self.k))))
 
   def put(self, slots: jax.Array, k: Layers, v: Layers) -> "KVCache":
     """Per-row write of L x [B, K, M, D] at virtual slots [B, M] (out-of-range slots are dropped)."""
-    per = [self.layer_slots(i, slots) for i in range(len(self.k))]
-    return self.replace(k=tuple(write_rows(c, s, jnp.swapaxes(x, 1, 2)) for c, s, x in zip(self.k, per, k)),
-                        v=tuple(write_rows(c, s, jnp.swapaxes(x, 1, 2)) for c, s, x in zip(self.v, per, v)))
+    per = tuple(self.layer_slots(i, slots) for i in range(len(self.k)))
+    return self.replace(k=put_slots(self.k, per, k), v=put_slots(self.v, per, v))
 
 
 @flax.struct.dataclass
@@ -184,13 +181,22 @@ class RingCache:
     return self.replace(k=put_slots(self.k, slots, k), v=put_slots(self.v, slots, v), pos=new_pos)
 
 
-def gather_slots(cache_k: Layers, cache_v: Layers, slots: jax.Array) -> tuple[Layers, Layers]:
-  """Per-row gather of slots [B, M] from per-layer [B, K, S, D] buffers -> L x [B, K, M, D] each."""
-  safe = jnp.clip(slots, 0, cache_k[0].shape[2] - 1)[:, None, :, None]
-  take = lambda c: jnp.take_along_axis(c, safe, axis=2)
-  return tuple(map(take, cache_k)), tuple(map(take, cache_v))
+def _per_layer(slots, num_layers: int) -> tuple:
+  """One slots array for every layer, or already a tuple of one per layer."""
+  return tuple(slots) if isinstance(slots, (tuple, list)) else (slots,) * num_layers
 
 
-def put_slots(cache: Layers, slots: jax.Array, values: Layers) -> Layers:
-  """Per-row write of L x [B, K, M, D] values at slots [B, M] (out-of-range slots are dropped)."""
-  return tuple(write_rows(c, slots, jnp.swapaxes(x, 1, 2)) for c, x in zip(cache, values))
+def gather_slots(cache_k: Layers, cache_v: Layers, slots) -> tuple[Layers, Layers]:
+  """Per-row gather of slots [B, M] (or one [B, M] per layer) from per-layer [B, K, S, D] buffers
+  -> L x [B, K, M, D] each; slots are clipped to each buffer's range."""
+  def take(c, s):
+    return jnp.take_along_axis(c, jnp.clip(s, 0, c.shape[2] - 1)[:, None, :, None], axis=2)
+  per = _per_layer(slots, len(cache_k))
+  return tuple(map(take, cache_k, per)), tuple(map(take, cache_v, per))
+
+
+def put_slots(cache: Layers, slots, values: Layers) -> Layers:
+  """Per-row write of L x [B, K, M, D] values at slots [B, M] (or one [B, M] per layer; out-of-range
+  slots are dropped)."""
+  return tuple(write_rows(c, s, jnp.swapaxes(x, 1, 2))
+               for c, s, x in zip(cache, _per_layer(slots, len(cache)), values))
