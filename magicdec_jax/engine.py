@@ -27,10 +27,9 @@ from magicdec_jax.model import Model, full_forward
 from magicdec_jax.prompts import prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
 from magicdec_jax.sharding import planner
-from magicdec_jax.trees import Tree
+from magicdec_jax.trees import AR_TREE, Tree
 from magicdec_jax.tuning import autotune
 
-AR_TREE = Tree((-1,))
 LONG_OUTPUT = 1024        # generate(progress=None) shows a progress bar from this many new tokens
 SEGMENT_ROUNDS = 128      # with a progress bar, the loop returns to the host every this many rounds
 

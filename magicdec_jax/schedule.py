@@ -27,9 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax.trees import Tree
+from magicdec_jax.trees import AR_TREE, Tree
 
-AR_TREE = Tree((-1,))
 AUTO_GAMMAS = (1, 2, 3)     # the chains "auto" switches between (with plain decoding)
 MAX_THRESHOLDS = 16         # thresholds a schedule holds (fixed: one executable for any schedule)
 LOG_SIZE = 32               # switches recorded per call (round, context, variant)
@@ -88,12 +87,8 @@ def record(s: Sched, v: jax.Array, ctx: jax.Array, step: jax.Array) -> Sched:
 # ------------------------------------------------------------------------------------------------- host
 
 def host_pick(state) -> int:
-  """The variant the loop would pick for `state`'s next round (the same integer arithmetic, on the host)."""
-  lengths, done = np.asarray(state.lengths), np.asarray(state.done)
-  n = int((~done).sum())
-  ctx = int(np.where(done, 0, lengths).sum()) // max(n, 1)
-  at, var = np.asarray(state.sched.at), np.asarray(state.sched.variant)
-  return int(var[int((at <= ctx).sum())])
+  """The variant the loop would pick for `state`'s next round (the loop's own `context` and `pick`)."""
+  return int(pick(state.sched, context(state.lengths, state.done)))
 
 
 def run(decode_fn, target_params, draft_params, state, *, variants: tuple[Tree, ...], **static):

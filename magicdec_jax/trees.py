@@ -202,6 +202,9 @@ class Tree:
     return f"Tree(num_nodes={self.num_nodes}, max_depth={self.max_depth}, parents={self.parents})"
 
 
+AR_TREE = Tree((-1,))   # the root-only tree: a round of plain autoregressive decoding
+
+
 # ---- Sequoia dynamic program --------------------------------------------------------------------------------
 
 _EPS = 1e-12

@@ -66,7 +66,6 @@ def cost_draft(draft) -> costmodel.Draft:
   return draft.spec.cost()
 
 
-AR_TREE = trees.Tree((-1,))
 # "auto" hedges against the cost model's error (a fitted CPU profile's held-out step-time error is ~9%,
 # and in-loop rounds cost up to 10% more than their isolated steps): it speculates only where the predicted
 # speedup is at least 1 + AUTO_MARGIN, and takes the shortest chain predicted within AUTO_TIE of the best
@@ -96,7 +95,7 @@ def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool,
     vec = calibrate.load_profile(str(hardware))[1].get("acceptance_vector")
   tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens)
   if allow_autoregressive and (info["speedup"] < 1 + AUTO_MARGIN or tree.max_depth == 0):   # (depth 0: no speculation)
-    return AR_TREE, dict(info, speculate=False)
+    return trees.AR_TREE, dict(info, speculate=False)
   return tree, dict(info, speculate=True)
 
 
