@@ -61,10 +61,9 @@ def stream_keys(seed: int, stream_ids: Sequence[int]) -> jax.Array:
   return jax.vmap(lambda s: jax.random.fold_in(base_key, s))(jnp.asarray(list(stream_ids), jnp.uint32))
 
 
-def row_stat(new_tokens: int, rounds: int, accepted: int, depth: int, drafted: int | None = None) -> dict[str, Any]:
-  """One row's figures: verify steps, accepted draft tokens, acceptance rate (over `drafted`, default
-  rounds x depth), mean accepted length."""
-  drafted = rounds * depth if drafted is None else drafted
+def row_stat(new_tokens: int, rounds: int, accepted: int, drafted: int) -> dict[str, Any]:
+  """One row's figures: verify steps, accepted draft tokens, acceptance rate (over the draft tokens
+  proposed on its rounds' paths: plain rounds of a schedule propose none), mean accepted length."""
   return {"new_tokens": new_tokens, "verify_steps": rounds, "accepted_tokens": accepted,
           "acceptance_rate": accepted / drafted if drafted else None,
           "mean_accepted_length": (accepted + rounds) / rounds if rounds else None}
@@ -311,8 +310,7 @@ class Engine:
     rounds, accepted, acc_at, drafted = fin.rounds[:n], fin.accepted[:n], fin.accepted_at[:n], fin.drafted[:n]
     toks = [out[i, :n_out[i]].tolist() for i in range(n)]
     reasons = ["eos" if t and t[-1] in self.eos else "length" for t in toks]
-    depth = self.tree.max_depth
-    row_stats = [row_stat(len(toks[i]), int(rounds[i]), int(accepted[i]), depth, int(drafted[i])) for i in range(n)]
+    row_stats = [row_stat(len(toks[i]), int(rounds[i]), int(accepted[i]), int(drafted[i])) for i in range(n)]
     total_new = sum(len(t) for t in toks)
     total_rounds = int(rounds.sum())
     stats = {

@@ -261,7 +261,7 @@ class Generator:
       text = self.model.tokenizer.decode(toks, skip_special_tokens=False)
     reason = "eos" if toks and toks[-1] in self.engine.eos else "length"
     return StreamResult(job.index, sample, job.stream_ids[sample], job.tag, toks, text, reason,
-                        engine.row_stat(len(toks), rounds, accepted, self.engine.tree.max_depth, drafted))
+                        engine.row_stat(len(toks), rounds, accepted, drafted))
 
   def _update_stats(self, results, t_start):
     s = self.stats
