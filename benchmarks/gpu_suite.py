@@ -38,7 +38,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from magicdec_jax import drafts, engine, feature_head, loop, trees, verify  # noqa: E402
-from magicdec_jax.tuning import calibrate, costmodel, shapes, stepfit
+from magicdec_jax.tuning import autotune, calibrate, costmodel, shapes, stepfit  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax.cache import KVCache  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
@@ -243,6 +243,37 @@ def greedy_agreement(model: Model, draft, gamma: int, batch: int, prompt_len: in
 
 # ---- main -----------------------------------------------------------------------------------------------
 
+class Budget:
+  """The run's wall-clock deadline and its partial saves: every record is written to `path` as soon as it
+  exists, so a run stopped by its time limit still leaves what it measured; an item that would start with
+  less than its expected seconds left is skipped and says so."""
+
+  def __init__(self, deadline_s: float | None, path: str | None):
+    self.t0, self.deadline_s, self.path = time.perf_counter(), deadline_s, path
+
+  def left(self) -> float:
+    return float("inf") if self.deadline_s is None else self.deadline_s - (time.perf_counter() - self.t0)
+
+  def allows(self, need_s: float) -> bool:
+    return self.left() >= need_s
+
+  def save(self, doc: dict) -> None:
+    doc["elapsed_s"] = time.perf_counter() - self.t0
+    if self.path:
+      common.write_json(doc, self.path, stamp=False)
+
+
+def guarded(errors: list, what: str, fn, *a, **kw):
+  """fn(*a, **kw), or None with the exception recorded in `errors` (one failed item never ends the run)."""
+  try:
+    return fn(*a, **kw)
+  except Exception as e:  # noqa: BLE001 - recorded in the output, and the run goes on to its next item
+    errors.append({"item": what, "error": f"{type(e).__name__}: {str(e)[:600]}"})
+    print(f"[suite] FAILED {what}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr, flush=True)
+    gc.collect()
+    return None
+
+
 def tiny_cfgs() -> tuple[ModelConfig, ModelConfig]:
   t = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=16, max_position_embeddings=4096, dtype="float32")
@@ -287,6 +318,144 @@ def fit_from_steps(name: str, rows, hw_bytes: float) -> tuple[stepfit.FittedHard
   return hw, rep
 
 
+def _step_record(args, model, small, dobj, head, cfg, dcfg, b, ctx, bw, rows, budget, errors, doc, full):
+  """AR step vs its floor at (b, ctx); with `full` also verify(gamma + 1), tree verify sizes, each draft's
+  step and the GEMM choice, each item only while the deadline allows. Appended to doc["steps"] at once."""
+  steps = doc["steps"]
+  if not budget.allows(args.step_need_s):
+    steps.append({"batch": b, "context": ctx, "skipped": "deadline"})
+    return
+  ar = guarded(errors, f"AR b{b} ctx{ctx}", time_step, model.params, cfg, b, ctx, 1, "linear", args.repeats)
+  if ar is None:
+    return
+  t_ar = ar["median_s"]
+  floor = costmodel.step_bytes(cfg, b, ctx, 1, cfg.dtype) / bw
+  rec = {"batch": b, "context": ctx, "ar_step_s": t_ar, "ar_floor_s": floor, "ar_over_floor": t_ar / floor,
+         "floor_share": floor / t_ar, "ar_compile_s": ar["compile_s"]}
+  steps.append(rec)
+  rows.append(_step_row(cfg, b, ctx, 1, t_ar, "ar"))
+  budget.save(doc)
+  print(f"[suite] b{b} ctx{ctx}: AR {t_ar * 1e3:.2f} ms (floor {floor * 1e3:.2f}, share {floor / t_ar:.2f}, "
+        f"compile {ar['compile_s']:.1f}s) at {budget.left():.0f}s left", file=sys.stderr, flush=True)
+  if not full:
+    return
+  items = [(f"verify_g{g}_over_ar", g + 1) for g in args.gammas]
+  items += [(f"verify_n{n}_over_ar", n) for n in args.verify_nodes]
+  for key, tok in items:
+    if not budget.allows(args.step_need_s):
+      rec.setdefault("skipped_for_deadline", []).append(key)
+      continue
+    r = guarded(errors, f"{key} b{b} ctx{ctx}", time_step, model.params, cfg, b, ctx, tok, "linear", args.repeats)
+    if r is not None:
+      rec[key] = r["median_s"] / t_ar
+      rec[key.replace("_over_ar", "_compile_s")] = r["compile_s"]
+      rows.append(_step_row(cfg, b, ctx, tok, r["median_s"], "verify"))
+      budget.save(doc)
+  for name, (d, _, cd) in dobj.items():
+    dc = dcfg if name == "model" else cfg
+    dp = small.params if name == "model" else model.params
+    for w in args.draft_tokens:
+      key = f"draft_{name}{'' if w == 1 else f'_w{w}'}_over_ar"
+      if not budget.allows(args.step_need_s):
+        rec.setdefault("skipped_for_deadline", []).append(key)
+        continue
+      r = guarded(errors, f"{key} b{b} ctx{ctx}", time_step, dp, dc, b, cd.kv_tokens(ctx), w, "ring", args.repeats)
+      if r is not None:
+        rec[key] = r["median_s"] / t_ar
+        rows.append(_step_row(dc, b, cd.kv_tokens(ctx), w, r["median_s"], f"draft_{name}"))
+        budget.save(doc)
+  if head is not None:
+    for w in args.draft_tokens:     # the feature head (FeatureDraft): fc + one layer + the target's head
+      if budget.allows(args.step_need_s):
+        tf = guarded(errors, f"feature w{w}", calibrate.time_feature_step, head, model.params, b,
+                     args.sink + args.window, w, args.repeats)
+        if tf is not None:
+          rec[f"draft_feature{'' if w == 1 else f'_w{w}'}_over_ar"] = tf["median_s"] / t_ar
+        gc.collect()
+  if args.gemm == "both" and jax.default_backend() == "gpu":   # GPU option names: GPU only
+    for choice, opts in GEMM_CHOICES.items():
+      for tok in (1, max(args.gammas) + 1):
+        if budget.allows(args.step_need_s):
+          r = guarded(errors, f"gemm {choice} t{tok}", time_step, model.params, cfg, b, ctx, tok, "linear",
+                      args.repeats, options=opts)
+          if r is not None:
+            rec[f"gemm_{choice}_t{tok}_s"] = r["median_s"]
+  budget.save(doc)
+
+
+def _e2e_records(args, model, dobj, vectors, hw, cfg, dcfg, b, ctx, hw_bytes, budget, errors, doc):
+  """End to end at (b, ctx): AR, then each draft's chains (args.e2e_gammas, else the fitted model's gamma)
+  and Sequoia trees, speedups over AR measured in this run. Appended to doc["end_to_end"] record by record."""
+  e2e = doc["end_to_end"]
+  if not fits(cfg, dcfg, b, ctx, hw_bytes, extra_slots=2 * args.max_new + max(args.e2e_trees or [0]) + 2):
+    e2e.append({"batch": b, "context": ctx, "skipped": "does not fit in device memory"})
+    return
+  if not budget.allows(args.e2e_need_s):
+    e2e.append({"batch": b, "context": ctx, "skipped": "deadline"})
+    return
+  ar = guarded(errors, f"e2e AR b{b} ctx{ctx}", decode_tokens_per_s, model, None, None, b, ctx, args.max_new,
+               None, args.repeats)
+  jax.clear_caches()
+  if ar is None:
+    return
+  print(f"[suite] e2e b{b} ctx{ctx} AR {ar['tokens_per_s']:.1f} tok/s (compile {ar['compile_s']:.1f}s) at "
+        f"{budget.left():.0f}s left", file=sys.stderr, flush=True)
+  for name, (d, alpha, cd) in dobj.items():
+    vec = vectors[name]
+    picks = {}                             # who chose each gamma: the fitted model, the built-in roofline
+    if hw is not None:
+      picks["fitted_model"] = int(costmodel.choose_gamma(cfg, hw, cd, b, ctx, alpha, max(args.gammas), cfg.dtype)[0])
+    picks["roofline"] = int(costmodel.choose_gamma(cfg, autotune.detect_hardware(), cd, b, ctx, alpha,
+                                                   max(args.gammas), cfg.dtype)[0])
+    gammas = []
+    for g in (args.e2e_gammas or ["auto"]):
+      g = picks.get("fitted_model", 3) if g == "auto" else picks["roofline"] if g == "roofline" else int(g)
+      if g not in gammas:
+        gammas.append(g)
+    doc.setdefault("gamma_choices", []).append({"batch": b, "context": ctx, "draft": name, "alpha": alpha, **picks})
+    configs = [(f"chain{g}", Tree.chain(g), (alpha,)) for g in gammas]
+    if name in args.tree_drafts:
+      configs += [(f"sequoia{n}", trees.sequoia_tree(vec, n, args.tree_max_depth), vec) for n in args.e2e_trees]
+    best = {}
+    for label, tree, v in configs:
+      if not budget.allows(args.e2e_need_s):
+        e2e.append({"batch": b, "context": ctx, "draft": name, "config": label, "skipped": "deadline"})
+        continue
+      sp = guarded(errors, f"e2e {name} {label} b{b} ctx{ctx}", decode_tokens_per_s, model, d, tree, b, ctx,
+                   args.max_new, v, args.repeats)
+      jax.clear_caches()                    # one compiled decode loop alive at a time
+      gc.collect()
+      if sp is None:
+        continue
+      pred = None
+      if hw is not None:
+        pred = costmodel.predicted_speedup(cfg, hw, cd, b, ctx, gamma=tree.max_depth, alpha=alpha,
+                                           dtype=cfg.dtype) if tree.is_chain and label.startswith("chain") \
+            else costmodel.predicted_speedup(cfg, hw, cd, b, ctx, tree=tree, acceptance_vector=v, dtype=cfg.dtype)
+      rec = {"device": doc["env"]["device"], "jax_version": jax.__version__, "date": doc["env"]["date"],
+             "model_shape": doc["model_shape"], "batch": b, "context": ctx, "draft": name, "config": label,
+             "gamma": tree.max_depth if label.startswith("chain") else None, "tree_nodes": tree.num_nodes,
+             "tree_depth": tree.max_depth, "alpha": alpha,
+             "acceptance_vector": list(v) if not label.startswith("chain") else None,
+             "ar_tokens_per_s": ar["tokens_per_s"], "spec_tokens_per_s": sp["tokens_per_s"],
+             "speedup": sp["tokens_per_s"] / ar["tokens_per_s"], "predicted_speedup": pred,
+             "predicted_by": "the model fitted to this run's steps" if pred is not None else None,
+             "compile_s": sp["compile_s"], "ar_compile_s": ar["compile_s"],
+             "measured_conditional_acceptance": sp.get("conditional_acceptance"),
+             "mean_accepted_length": sp.get("mean_accepted_length"), "ar": ar, "spec": sp}
+      e2e.append(rec)
+      budget.save(doc)
+      print(f"[suite] e2e b{b} ctx{ctx} {name} {label}: {rec['speedup']:.2f}x (compile {sp['compile_s']:.1f}s) "
+            f"at {budget.left():.0f}s left", file=sys.stderr, flush=True)
+      kind = "chain" if label.startswith("chain") else "tree"
+      if kind not in best or rec["speedup"] > best[kind]["speedup"]:
+        best[kind] = rec
+    if "chain" in best:
+      best["chain"]["best_gamma_for_draft"] = True
+    if "tree" in best:
+      best["tree"]["best_tree_for_draft"] = True
+
+
 def run(args) -> dict:
   if args.smoke:
     cfg, dcfg = tiny_cfgs()
@@ -299,7 +468,10 @@ def run(args) -> dict:
                        "benchmarks/gpu_suite.py:bernoulli_accept",
          "kv_contents": "zeros (prefill skipped)",
          "xla_mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
-         "args": {k: v for k, v in vars(args).items() if k != "output"}}
+         "args": {k: v for k, v in vars(args).items() if k != "output"},
+         "errors": [], "steps": [], "end_to_end": []}
+  budget = Budget(args.deadline_s, args.output)
+  errors = doc["errors"]
   dev = jax.devices()[0]
   hw_bytes = (dev.memory_stats() or {}).get("bytes_limit", 16 * 2**30) if dev.platform != "cpu" else 8 * 2**30
   doc["device_bytes_limit"] = hw_bytes
@@ -307,58 +479,27 @@ def run(args) -> dict:
              "model": tuple(args.tree_vector) if args.tree_vector else default_vector(args.alpha_model)}
   vectors["snapkv"] = vectors["self"]
   doc["simulated_acceptance_vectors"] = vectors
-  checks = [bernoulli_check(a) for a in sorted({args.alpha_self, args.alpha_model})]
-  t16 = trees.sequoia_tree(vectors["self"], 16, args.tree_max_depth)
-  checks.append(bernoulli_check(args.alpha_self, tree=t16, vector=vectors["self"]))
-  doc["bernoulli_check"] = checks
+  if args.checks:
+    checks = [bernoulli_check(a) for a in sorted({args.alpha_self, args.alpha_model})]
+    t16 = trees.sequoia_tree(vectors["self"], 16, args.tree_max_depth)
+    checks.append(bernoulli_check(args.alpha_self, tree=t16, vector=vectors["self"]))
+    doc["bernoulli_check"] = checks
   doc["bandwidth"] = copy_bandwidth(args.copy_bytes, args.repeats)
   bw = doc["bandwidth"]["bytes_per_s"]
+  budget.save(doc)
   print(f"[suite] copy bandwidth {bw / 1e9:.1f} GB/s", file=sys.stderr, flush=True)
 
   model = Model(cfg, init_params(cfg, jax.random.key(0)), name=doc["model_shape"])
   small = Model(dcfg, init_params(dcfg, jax.random.key(1)), name=doc["draft_shape"])
-  dobj = draft_objects(args, model, small)
-  head = feature_head.init_head(model)      # random weights: only its step time is measured
-  steps, rows = [], []
-  for ctx in args.contexts:
-    for b in args.batches:
-      if not fits(cfg, dcfg, b, ctx, hw_bytes):
-        steps.append({"batch": b, "context": ctx, "skipped": "does not fit in device memory"})
-        continue
-      ar = time_step(model.params, cfg, b, ctx, 1, "linear", args.repeats)
-      t_ar = ar["median_s"]
-      floor = costmodel.step_bytes(cfg, b, ctx, 1, cfg.dtype) / bw
-      rec = {"batch": b, "context": ctx, "ar_step_s": t_ar, "ar_floor_s": floor, "ar_over_floor": t_ar / floor,
-             "ar_compile_s": ar["compile_s"]}
-      rows.append(_step_row(cfg, b, ctx, 1, t_ar, "ar"))
-      for g in args.gammas:
-        tv = time_step(model.params, cfg, b, ctx, g + 1, "linear", args.repeats)["median_s"]
-        rec[f"verify_g{g}_over_ar"] = tv / t_ar
-        rows.append(_step_row(cfg, b, ctx, g + 1, tv, "verify"))
-      for n in args.verify_nodes:
-        tv = time_step(model.params, cfg, b, ctx, n, "linear", args.repeats)["median_s"]
-        rec[f"verify_n{n}_over_ar"] = tv / t_ar
-        rows.append(_step_row(cfg, b, ctx, n, tv, "verify"))
-      for name, (d, _, cd) in dobj.items():
-        dc = dcfg if name == "model" else cfg
-        dp = small.params if name == "model" else model.params
-        for w in args.draft_tokens:
-          td = time_step(dp, dc, b, cd.kv_tokens(ctx), w, "ring", args.repeats)["median_s"]
-          rec[f"draft_{name}{'' if w == 1 else f'_w{w}'}_over_ar"] = td / t_ar
-          rows.append(_step_row(dc, b, cd.kv_tokens(ctx), w, td, f"draft_{name}"))
-      for w in args.draft_tokens:     # the feature head (FeatureDraft): fc + one layer + the target's head
-        tf = calibrate.time_feature_step(head, model.params, b, args.sink + args.window, w, args.repeats)
-        rec[f"draft_feature{'' if w == 1 else f'_w{w}'}_over_ar"] = tf["median_s"] / t_ar
-        gc.collect()
-      if args.gemm == "both" and jax.default_backend() == "gpu":   # GPU option names: GPU only
-        for choice, opts in GEMM_CHOICES.items():
-          for tok in (1, max(args.gammas) + 1):
-            tc = time_step(model.params, cfg, b, ctx, tok, "linear", args.repeats, options=opts)["median_s"]
-            rec[f"gemm_{choice}_t{tok}_s"] = tc
-      steps.append(rec)
-      print(f"[suite] b{b} ctx{ctx}: AR {t_ar * 1e3:.2f} ms (floor {floor * 1e3:.2f}, compile "
-            f"{ar['compile_s']:.1f}s)", file=sys.stderr, flush=True)
-  doc["steps"] = steps
+  dobj = {k: v for k, v in draft_objects(args, model, small).items() if k in args.drafts}
+  head = feature_head.init_head(model) if "feature" in args.drafts else None   # random: step time only
+  rows = []
+  step_shapes = args.steps or [(b, c) for c in args.contexts for b in args.batches]
+  for b, ctx in step_shapes:
+    if not fits(cfg, dcfg, b, ctx, hw_bytes):
+      doc["steps"].append({"batch": b, "context": ctx, "skipped": "does not fit in device memory"})
+      continue
+    _step_record(args, model, small, dobj, head, cfg, dcfg, b, ctx, bw, rows, budget, errors, doc, full=True)
   hw, doc["fitted_model"] = fit_from_steps(f"{dev.platform}:{dev.device_kind} (fitted)", rows, hw_bytes)
   if hw is not None:
     prof = {"format": calibrate.PROFILE_FORMAT, "device": doc["env"]["device"], "jax_version": jax.__version__,
@@ -368,68 +509,45 @@ def run(args) -> dict:
                               "config": json.loads(r.cfg.to_json())} for r in rows],
             "fit": dict(hw.to_dict(), feature_doc=dict(stepfit.FEATURE_DOC))}
     doc["hardware_profile"] = prof
-  e2e = []
+  budget.save(doc)
   for b, ctx in args.e2e:
-    if not fits(cfg, dcfg, b, ctx, hw_bytes, extra_slots=2 * args.max_new + max(args.e2e_trees or [0]) + 2):
-      e2e.append({"batch": b, "context": ctx, "skipped": "does not fit in device memory"})
-      continue
-    ar = decode_tokens_per_s(model, None, None, b, ctx, args.max_new, None, args.repeats)
-    for name, (d, alpha, cd) in dobj.items():
-      vec = vectors[name]
-      gammas = args.e2e_gammas or ([costmodel.choose_gamma(cfg, hw, cd, b, ctx, alpha, max(args.gammas),
-                                                            cfg.dtype)[0]] if hw is not None else [3])
-      configs = [(f"chain{g}", Tree.chain(g), (alpha,)) for g in gammas]
-      if name in args.tree_drafts:
-        configs += [(f"sequoia{n}", trees.sequoia_tree(vec, n, args.tree_max_depth), vec) for n in args.e2e_trees]
-      best = {}
-      for label, tree, v in configs:
-        sp = decode_tokens_per_s(model, d, tree, b, ctx, args.max_new, v, args.repeats)
-        pred = None
-        if hw is not None:
-          pred = costmodel.predicted_speedup(cfg, hw, cd, b, ctx, gamma=tree.max_depth, alpha=alpha,
-                                             dtype=cfg.dtype) if tree.is_chain and label.startswith("chain") \
-              else costmodel.predicted_speedup(cfg, hw, cd, b, ctx, tree=tree, acceptance_vector=v, dtype=cfg.dtype)
-        rec = {"device": doc["env"]["device"], "jax_version": jax.__version__, "date": doc["env"]["date"],
-               "model_shape": doc["model_shape"], "batch": b, "context": ctx, "draft": name, "config": label,
-               "gamma": tree.max_depth if label.startswith("chain") else None, "tree_nodes": tree.num_nodes,
-               "tree_depth": tree.max_depth, "alpha": alpha,
-               "acceptance_vector": list(v) if not label.startswith("chain") else None,
-               "ar_tokens_per_s": ar["tokens_per_s"], "spec_tokens_per_s": sp["tokens_per_s"],
-               "speedup": sp["tokens_per_s"] / ar["tokens_per_s"], "predicted_speedup": pred,
-               "compile_s": sp["compile_s"], "ar_compile_s": ar["compile_s"],
-               "measured_conditional_acceptance": sp.get("conditional_acceptance"),
-               "mean_accepted_length": sp.get("mean_accepted_length"), "ar": ar, "spec": sp}
-        e2e.append(rec)
-        kind = "chain" if label.startswith("chain") else "tree"
-        if kind not in best or rec["speedup"] > best[kind]["speedup"]:
-          best[kind] = rec
-        jax.clear_caches()                    # one compiled decode loop alive at a time
-        gc.collect()
-      best["chain"]["best_gamma_for_draft"] = True
-      if "tree" in best:
-        best["tree"]["best_tree_for_draft"] = True
-      print(f"[suite] e2e b{b} ctx{ctx} {name}: " + ", ".join(
-          f"best {k} {r['config']} {r['speedup']:.2f}x (pred {r['predicted_speedup']})" for k, r in best.items()),
-          file=sys.stderr, flush=True)
+    _e2e_records(args, model, dobj, vectors, hw, cfg, dcfg, b, ctx, hw_bytes, budget, errors, doc)
   install_bernoulli(None)
-  doc["end_to_end"] = e2e
-  if args.agreement_batch:
+  for b, ctx in args.late_steps:           # AR step vs floor only, after the end-to-end runs
+    if fits(cfg, dcfg, b, ctx, hw_bytes):
+      _step_record(args, model, small, dobj, head, cfg, dcfg, b, ctx, bw, rows, budget, errors, doc, full=False)
+  if args.agreement_batch and budget.allows(args.e2e_need_s):
     g = args.agreement_gamma
-    doc["greedy_agreement"] = greedy_agreement(model, dobj["self"][0], g, args.agreement_batch,
-                                               args.agreement_prompt, args.agreement_new, args.agreement_head_scale)
-    print(f"[suite] greedy agreement: {doc['greedy_agreement']['share_equal']:.3f} of tokens equal, "
-          f"{doc['greedy_agreement']['rows_identical']}/{args.agreement_batch} rows identical",
-          file=sys.stderr, flush=True)
+    doc["greedy_agreement"] = guarded(errors, "greedy agreement", greedy_agreement, model, dobj["self"][0], g,
+                                      args.agreement_batch, args.agreement_prompt, args.agreement_new,
+                                      args.agreement_head_scale)
+    if doc["greedy_agreement"]:
+      print(f"[suite] greedy agreement: {doc['greedy_agreement']['share_equal']:.3f} of tokens equal, "
+            f"{doc['greedy_agreement']['rows_identical']}/{args.agreement_batch} rows identical",
+            file=sys.stderr, flush=True)
   doc["compile_s_total"] = _COMPILE["s"]
+  budget.save(doc)
   return doc
 
 
 def summary(doc: dict) -> str:
-  lines = [f"{'batch':>5} {'ctx':>6} {'draft':>7} {'config':>10} {'alpha':>5} {'AR tok/s':>10} {'spec tok/s':>10} "
-           f"{'speedup':>8} {'predicted':>9} {'compile s':>9}"]
+  lines = [f"copy bandwidth {doc['bandwidth']['bytes_per_s'] / 1e9:.0f} GB/s (read + write)"]
+  for r in doc["steps"]:
+    if "skipped" in r:
+      lines.append(f"step b{r['batch']} ctx{r['context']}: skipped ({r['skipped']})")
+      continue
+    ratios = " ".join(f"{k[:-8]} {v:.2f}" for k, v in r.items() if k.endswith("_over_ar"))
+    lines.append(f"step b{r['batch']} ctx{r['context']}: AR {r['ar_step_s'] * 1e3:.2f} ms, floor "
+                 f"{r['ar_floor_s'] * 1e3:.2f} ms, share {r['floor_share']:.2f}, compile {r['ar_compile_s']:.0f}s; "
+                 + ratios)
+  for e in doc.get("errors", []):
+    lines.append(f"error: {e['item']}: {e['error'][:200]}")
+  lines.append(f"{'batch':>5} {'ctx':>6} {'draft':>7} {'config':>10} {'alpha':>5} {'AR tok/s':>10} {'spec tok/s':>10} "
+               f"{'speedup':>8} {'predicted':>9} {'compile s':>9}")
   for r in doc["end_to_end"]:
     if "skipped" in r:
-      lines.append(f"{r['batch']:>5} {r['context']:>6} skipped: {r['skipped']}")
+      lines.append(f"{r['batch']:>5} {r['context']:>6} {r.get('draft', ''):>7} {r.get('config', ''):>10} "
+                   f"skipped: {r['skipped']}")
       continue
     pred = f"{r['predicted_speedup']:.2f}" if r["predicted_speedup"] is not None else "-"
     lines.append(f"{r['batch']:>5} {r['context']:>6} {r['draft']:>7} {r['config']:>10} {r['alpha']:>5.2f} "
@@ -446,7 +564,9 @@ def main(argv=None):
   ap.add_argument("--batches", type=common.int_list, default=[1, 8, 32])
   ap.add_argument("--gammas", type=common.int_list, default=[1, 2, 3, 4])
   ap.add_argument("--e2e", type=common.shape_list, default=[(8, 32768), (32, 8192), (8, 16384)], help="BxCONTEXT end-to-end shapes")
-  ap.add_argument("--e2e-gammas", type=common.int_list, default=[], help="default: the fitted cost model's best gamma")
+  ap.add_argument("--e2e-gammas", type=lambda t: [x for x in t.split(",") if x], default=[],
+                  help="gammas run end to end: integers, 'auto' (the fitted model's pick) and 'roofline' (the "
+                       "built-in hardware model's pick, what gamma=auto uses without a profile); default: auto")
   ap.add_argument("--e2e-trees", type=common.int_list, default=[16, 32, 64], help="Sequoia tree sizes run end to end")
   ap.add_argument("--tree-drafts", type=lambda t: [x for x in t.split(",") if x], default=["self", "model"],
                   help="drafts that also run the Sequoia trees")
@@ -469,11 +589,22 @@ def main(argv=None):
   ap.add_argument("--max-new", type=int, default=64)
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--copy-bytes", type=int, default=2 * 2**30)
+  ap.add_argument("--steps", type=common.shape_list, default=[],
+                  help="BxCONTEXT step shapes (default: every --contexts x --batches)")
+  ap.add_argument("--late-steps", type=common.shape_list, default=[],
+                  help="BxCONTEXT shapes whose AR step alone is timed after the end-to-end runs")
+  ap.add_argument("--drafts", type=lambda t: [x for x in t.split(",") if x],
+                  default=["self", "model", "snapkv", "feature"], help="drafts timed and run end to end")
+  ap.add_argument("--deadline-s", type=float, default=None,
+                  help="stop starting items after this many seconds (what was measured is saved as it comes)")
+  ap.add_argument("--step-need-s", type=float, default=45.0, help="seconds a step item needs to start")
+  ap.add_argument("--e2e-need-s", type=float, default=120.0, help="seconds an end-to-end item needs to start")
+  ap.add_argument("--no-checks", dest="checks", action="store_false", help="skip the Bernoulli switch checks")
   ap.add_argument("--gemm", choices=("engine", "both"), default="engine",
                   help="both: also time AR and verify(max gamma + 1) steps with cuBLAS and with Triton GEMMs "
                        "(GPU only; the engine's own choice is compile.GPU_DECODE_OPTIONS)")
   args = common.parse(ap, argv, contexts=[64], batches=[1, 2], gammas=[2], verify_nodes=[8], draft_tokens=[1, 2],
-                      e2e=[(2, 64)], e2e_gammas=[2], max_new=48, repeats=2, e2e_trees=[8], tree_drafts=["self"],
+                      e2e=[(2, 64)], e2e_gammas=["2"], max_new=48, repeats=2, e2e_trees=[8], tree_drafts=["self"],
                       tree_max_depth=4, agreement_batch=2, agreement_prompt=64, agreement_new=16, sink=4,
                       window=16, budget=16, snap_window=8, copy_bytes=2**24)
   doc = run(args)
