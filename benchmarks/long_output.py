@@ -67,6 +67,8 @@ def run_setting(model, pre, st, chunk_rounds: int):
   if eng.variants is not None:
     out["schedule"] = schedule.report(eng.variants, jax.device_get(state.sched))
     out["settings"] = schedule.names(eng.variants)
+    if eng.learning is not None:
+      out["schedule"]["learning"] = eng.learning.report(eng.variants)
   if eng.plan is not None:
     out["plan"] = {k: v for k, v in eng.plan.items() if k != "schedule_points"}
   return out
@@ -91,9 +93,9 @@ def segments(runs: dict, batch: int, new: int, seg: int) -> list[dict]:
       row["tokens_per_s"][name] = batch * (hi - lo) / max(tb - ta, 1e-9)
       if "settings" in r:     # adaptive: rounds per setting over the records spanning the segment
         d = np.asarray(r["records"][ib][2]) - np.asarray(r["records"][max(ia - 1, 0)][2])
-        row["adaptive_rounds"] = {s: int(x) for s, x in zip(r["settings"], d) if x}
-        row["adaptive_setting"] = r["settings"][int(np.argmax(d))]
-    fixed = {n: v for n, v in row["tokens_per_s"].items() if n != "adaptive"}
+        row.setdefault("adaptive_rounds", {})[name] = {s: int(x) for s, x in zip(r["settings"], d) if x}
+        row.setdefault("adaptive_setting", {})[name] = r["settings"][int(np.argmax(d))]
+    fixed = {n: v for n, v in row["tokens_per_s"].items() if not n.startswith("adaptive")}
     row["best"] = max(fixed, key=fixed.get)
     row["adaptive_vs_best"] = row["tokens_per_s"]["adaptive"] / fixed[row["best"]]
     out.append(row)
@@ -106,7 +108,7 @@ def matched_window(runs: dict, batch: int) -> dict:
   that need more rounds are still running)."""
   k = min(len(r["records"]) - 1 for r in runs.values())
   tps = {n: batch * r["records"][k][1] / r["records"][k][0] for n, r in runs.items()}
-  best = max((n for n in tps if n != "adaptive"), key=tps.get)
+  best = max((n for n in tps if not n.startswith("adaptive")), key=tps.get)
   return {"chunks": k, "tokens_per_row": {n: r["records"][k][1] for n, r in runs.items()}, "tokens_per_s": tps,
           "best_fixed": best, "adaptive_speedup": tps["adaptive"] / tps["plain"],
           "adaptive_vs_best_fixed": tps["adaptive"] / tps[best]}
@@ -133,7 +135,7 @@ def plot(doc: dict, path: str) -> str:
     ax.plot(x, [s["tokens_per_s"][name] for s in segs], marker="o", lw=2.5 if name == "adaptive" else 1.2,
             label=name)
   for s in segs:
-    ax.annotate(s.get("adaptive_setting", ""), (s["tokens"][1], s["tokens_per_s"]["adaptive"]), fontsize=7,
+    ax.annotate(s.get("adaptive_setting", {}).get("adaptive", ""), (s["tokens"][1], s["tokens_per_s"]["adaptive"]), fontsize=7,
                 textcoords="offset points", xytext=(0, 6), ha="center")
   ax.set_xlabel("tokens generated per row (end of segment)")
   ax.set_ylabel("decode tokens/s (batch)")
@@ -155,6 +157,8 @@ def main(argv=None):
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--acceptance-windows", type=int, default=2,
                   help="held-out windows of --prompt tokens the acceptance vector is measured on (0: none)")
+  ap.add_argument("--no-profiled", dest="profiled_too", action="store_false",
+                  help="skip the adaptive run without acceptance learning (priced with the profile's acceptance)")
   ap.add_argument("--schedule", default=None,
                   help="force adaptive's thresholds: from_context:gamma,... (gamma 0: plain), e.g. 0:2,3000:3")
   args = common.parse(ap, argv, batch=2, prompt=64, new=96, segment=32, chunk_rounds=4, gammas=[1, 2],
@@ -185,6 +189,8 @@ def main(argv=None):
   forced = None if not args.schedule else [tuple(int(x) for x in p.split(":")) for p in args.schedule.split(",")]
   settings["adaptive"] = base.replace(draft=draft, gamma="auto", hardware=args.profile, schedule=forced,
                                       acceptance=None if acc is None else acc["acceptance_vector"])
+  if args.profiled_too and forced is None:   # the same without learning: priced with the profile's acceptance
+    settings["adaptive_profiled"] = settings["adaptive"].replace(learn_acceptance=False)
   runs, live = {}, {name: run_setting(model, pre, st, args.chunk_rounds) for name, st in settings.items()}
   while live:                      # one chunk of each setting in turn
     for name in list(live):
@@ -199,11 +205,13 @@ def main(argv=None):
   doc["interleaved"] = f"every setting advanced {args.chunk_rounds} rounds in turn"
   doc["segments"] = segments(runs, args.batch, args.new, args.segment)
   tps = {n: r["tokens_per_s"] for n, r in runs.items()}
-  best = max((n for n in tps if n != "adaptive"), key=tps.get)
+  best = max((n for n in tps if not n.startswith("adaptive")), key=tps.get)
   doc["tokens_per_s"] = tps
   doc["best_fixed"] = best
   doc["adaptive_speedup"] = tps["adaptive"] / tps["plain"]
   doc["adaptive_vs_best_fixed"] = tps["adaptive"] / tps[best]
+  if "adaptive_profiled" in tps:
+    doc["adaptive_profiled_vs_best_fixed"] = tps["adaptive_profiled"] / tps[best]
   doc["matched_window"] = matched_window(runs, args.batch)
   doc["goals"] = {"adaptive_speedup>=1.10": doc["adaptive_speedup"] >= 1.10,
                   "adaptive_vs_best_fixed>=0.97": doc["adaptive_vs_best_fixed"] >= 0.97,

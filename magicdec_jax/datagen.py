@@ -25,7 +25,7 @@ from magicdec_jax.settings import DEFAULT_GAMMA, DecodeSettings, decode_settings
 from magicdec_jax.stream import Request, generate_stream
 
 # settings that only steer gamma / tree = "auto": the fingerprint holds the draft and tree auto chose instead
-AUTO_INPUTS = ("gamma", "hardware", "acceptance", "auto_fallback")
+AUTO_INPUTS = ("gamma", "hardware", "acceptance", "auto_fallback", "learn_acceptance")
 
 
 class DatagenError(ValueError):

@@ -108,6 +108,7 @@ class Engine:
     self.plan: dict | None = None
     self.variants: tuple[Tree, ...] | None = None     # adaptive speculation: the settings rounds switch between
     self.thresholds = None                            # (at, variant) host arrays for LoopState.sched
+    self.learning: schedule.Learning | None = None    # adaptive chains: acceptance and speed learned so far
     self.progress = None                              # a tqdm bar: decode in segments of SEGMENT_ROUNDS
     if self.draft is not None:
       self.draft.check_compatible(model)
@@ -165,9 +166,9 @@ class Engine:
     plain = st.auto_fallback and self.spec.commits_plain_rounds
 
     @functools.lru_cache(maxsize=None)
-    def priced(context, allow):
+    def priced(context, allow, alpha=None):
       return autotune.choose(self.cfg, self.spec, batch, context, want_tree=want_tree, hardware=st.hardware,
-                             acceptance_vector=st.acceptance, allow_autoregressive=allow,
+                             alpha=alpha, acceptance_vector=st.acceptance, allow_autoregressive=allow,
                              max_gamma=max(schedule.AUTO_GAMMAS),
                              new_tokens=st.max_new_tokens if fixed_batch else None)
 
@@ -189,6 +190,23 @@ class Engine:
       return self
     self._adapt(variants)
     self.plan["schedule_points"] = points
+    if st.learn_acceptance and not want_tree:      # re-plan the call with the acceptance and speed it has
+      depth = [t.max_depth for t in variants]
+
+      def replan(alpha, ctx):
+        alpha = round(alpha, 3)
+        self.thresholds = schedule.from_cost_model(     # also what a state built later starts from
+            lambda c: priced(c if live else whole_cache, plain, alpha), variants, lo,
+            max(hi, ctx + 1))[0]       # every context of the call: refilled rows bring the mean back down
+        if live:                       # the choice moves with the context: the cost model's thresholds
+          return self.thresholds, []
+        band = autotune.chain_band(self.cfg, self.spec, batch, whole_cache, depth[1 if plain else 0:],
+                                   hardware=st.hardware, alpha=alpha, allow_autoregressive=plain,
+                                   new_tokens=st.max_new_tokens if fixed_batch else None)
+        return self.thresholds, [depth.index(g) for g in band]
+
+      self.learning = schedule.Learning(autotune.chain_alpha(st.hardware, st.acceptance), replan,
+                                        clock=lambda: time.perf_counter() - compiling.compile_seconds())
     return self
 
   def _adapt(self, variants: tuple[Tree, ...]) -> None:
@@ -286,7 +304,7 @@ class Engine:
     """(target_params, draft_params, state, **static) -> state: the compiled loop on one device or the mesh."""
     fn = functools.partial(sharding.decode, self.mesh) if self.mesh is not None else _decode_loop
     if self.variants is not None:    # adaptive: each variant's executable in turn (schedule.run)
-      fn = functools.partial(schedule.run, fn, variants=self.variants)
+      fn = functools.partial(schedule.run, fn, variants=self.variants, learning=self.learning)
     return fn if self.progress is None else functools.partial(_segmented, fn, self.progress)
 
   def decode(self, state: loop.LoopState) -> loop.LoopState:
@@ -329,6 +347,8 @@ class Engine:
       stats["tree_depth"] = self.tree.max_depth
     if self.variants is not None and fin.sched is not None:
       stats["schedule"] = schedule.report(self.variants, fin.sched)
+      if self.learning is not None:
+        stats["schedule"]["learning"] = self.learning.report(self.variants)
     texts = None
     if self.model.tokenizer is not None:
       texts = [self.model.tokenizer.decode(t, skip_special_tokens=False) for t in toks]

@@ -14,6 +14,16 @@ so a switch costs one host round trip and no round is wasted. (A `lax.switch` be
 one while_loop was built first: XLA's copy insertion then copied the target cache and the draft ring in
 every round, an extra pass over the whole KV per round; see tests/test_hlo_no_copies.py.)
 
+While a call runs the host learns what the cost model guessed (`Learning`): the acceptance of chain rounds,
+counted from the loop's own counters between executable calls, and each setting's measured tokens/s. At
+rounds 32, 64, 128, ... of the call (each re-plan on twice the evidence of the last) it re-prices the
+thresholds with the learned acceptance; where the model cannot separate settings (predicted within its
+tie of each other: whole-cache pricing, where one setting serves the whole call), it runs each for one
+interval and keeps the one measured fastest. A profile measured on held-out text (teacher-forced)
+underestimates the acceptance of the model's own sampled continuation: SmolLM2 with its bf16 self-draft at
+T 0.8 / top-p 0.95 accepted 0.92 per position in the loop against 0.85 profiled, and the profile's pricing
+kept gamma 2 where gamma 3 ran 5% faster (benchmarks/long_output.py).
+
 `DecodeSettings.schedule` forces thresholds instead: [(from_context, gamma), ...] with gamma 0 for plain
 decoding (tests force switches at chosen contexts this way; the output is the same distribution, and
 greedy / invariant sampling give plain decoding's tokens, under any schedule).
@@ -30,6 +40,8 @@ import numpy as np
 from magicdec_jax.trees import AR_TREE, Tree
 
 AUTO_GAMMAS = (1, 2, 3)     # the chains "auto" switches between (with plain decoding)
+PRIOR_TRIALS = 64           # the prior acceptance (profile or default) counts as this many draft positions
+FIRST_CHECK = 32            # rounds before the first re-plan with learned acceptance; the interval then doubles
 MAX_THRESHOLDS = 16         # thresholds a schedule holds (fixed: one executable for any schedule)
 LOG_SIZE = 32               # switches recorded per call (round, context, variant)
 GRID_POINTS = 256           # contexts the cost model is asked about per call
@@ -91,20 +103,148 @@ def host_pick(state) -> int:
   return int(pick(state.sched, context(state.lengths, state.done)))
 
 
-def run(decode_fn, target_params, draft_params, state, *, variants: tuple[Tree, ...], **static):
+class ChainEvidence:
+  """Draft positions tried and accepted in chain rounds. Position d of a chain round is tried iff positions
+  < d were accepted, so with positions accepted independently at rate alpha, accepted / tried is alpha's
+  maximum-likelihood estimate; the prior (the profile's or the default alpha) counts as `prior_trials`."""
+
+  def __init__(self, prior_alpha: float, prior_trials: float = PRIOR_TRIALS):
+    self.prior_alpha, self.prior_trials = float(prior_alpha), float(prior_trials)
+    self.tried = self.accepted = 0.0
+
+  @property
+  def alpha(self) -> float:
+    return (self.prior_alpha * self.prior_trials + self.accepted) / (self.prior_trials + self.tried)
+
+  def observe(self, tree: Tree, before, after) -> None:
+    """Count the positions of the chain rounds run between two `counters` readings (other variants:
+    nothing; a row whose counters went down was replaced, and is skipped)."""
+    if tree.num_nodes == 1 or not tree.is_chain:
+      return
+    g = tree.max_depth
+    (r0, a0), (r1, a1) = before, after
+    dr, da = r1 - r0, (a1 - a0)[:, :g]
+    ok = (dr >= 0) & (da >= 0).all(1)
+    tried = np.concatenate([dr[:, None], da[:, :g - 1]], 1)     # position d tried iff d - 1 accepted
+    self.tried += float(tried[ok].sum())
+    self.accepted += float(da[ok].sum())
+
+
+def counters(state) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(rounds [B], accepted_at [B, D], n_out [B]) on the host: what the learning differences."""
+  return np.asarray(state.rounds), np.asarray(state.accepted_at), np.asarray(state.n_out)
+
+
+class Learning:
+  """What adaptive speculation learns while a call runs, and the re-plans it makes from it.
+
+  * The acceptance of chain rounds (`ChainEvidence`).
+  * Each variant's measured tokens/s: tokens written over the seconds of its executable calls, on a clock
+    that leaves compilation out.
+
+  At re-plan rounds (`first_check`, then at doubling intervals) `replan(alpha, context) -> (thresholds,
+  band)` re-prices the call with the learned alpha. `band` lists the variants the cost model cannot
+  separate at this context (predicted within its tie of the best; empty: trust the thresholds). Where the
+  band holds more than one, each member is run for one interval in turn, then the one measured fastest is
+  kept until the next re-plan."""
+
+  def __init__(self, prior_alpha: float, replan, clock, prior_trials: float = PRIOR_TRIALS,
+               first_check: int = FIRST_CHECK):
+    self.evidence = ChainEvidence(prior_alpha, prior_trials)
+    self.replan, self.clock = replan, clock
+    self.seconds: dict[int, float] = {}
+    self.tokens: dict[int, float] = {}
+    self.interval, self.next_check, self.last_step = first_check, None, 0
+    self.updates: list[dict] = []
+
+  @property
+  def alpha(self) -> float:
+    return self.evidence.alpha
+
+  def rate(self, v: int) -> float:
+    return self.tokens.get(v, 0.0) / self.seconds[v] if self.seconds.get(v) else 0.0
+
+  def limit(self, step: int, outer: int) -> int:
+    """Where the next executable call must return: the caller's limit or the next re-plan (counted from
+    here on a new state, whose rounds start again)."""
+    if self.next_check is None or step < self.last_step:
+      self.next_check = step + self.interval
+    self.last_step = step
+    return min(outer, self.next_check)
+
+  def observe(self, v: int, tree: Tree, before, after, seconds: float) -> None:
+    (r0, a0, n0), (r1, a1, n1) = before, after
+    self.evidence.observe(tree, (r0, a0), (r1, a1))
+    dn = n1 - n0
+    if int(r1.max(initial=0)) > int(r0.max(initial=0)) or dn.any():
+      self.seconds[v] = self.seconds.get(v, 0.0) + seconds
+      self.tokens[v] = self.tokens.get(v, 0.0) + float(dn[dn >= 0].sum())
+
+  def maybe_replan(self, state, variants: Sequence[Tree]):
+    """At a re-plan round: the thresholds for the call from here (None otherwise)."""
+    step = self.last_step = int(state.step)
+    if self.next_check is None or step < self.next_check:
+      return None
+    self.interval *= 2
+    self.next_check = step + self.interval
+    ctx = int(context(state.lengths, state.done))
+    th, band = self.replan(self.alpha, ctx)
+    rec = {"round": step, "context": ctx, "alpha": round(self.alpha, 4), "tried": int(self.evidence.tried)}
+    if len(band) > 1:
+      untried = [v for v in band if not self.seconds.get(v)]
+      pick = untried[0] if untried else max(band, key=self.rate)
+      rec.update(band=names([variants[v] for v in band]), why="explore" if untried else "measured fastest",
+                 measured_tokens_per_s={names([variants[v]])[0]: round(self.rate(v), 2) for v in band
+                                        if self.seconds.get(v)})
+      th = thresholds([(0, pick)])
+    if th is not None:
+      at, var = th
+      rec["setting_from_here"] = names([variants[int(var[int((np.asarray(at) <= ctx).sum())])]])[0]
+    self.updates.append(rec)
+    return th
+
+  def report(self, variants: Sequence[Tree]) -> dict:
+    nm = names(variants)
+    ev = self.evidence
+    return {"prior_alpha": ev.prior_alpha, "prior_trials": ev.prior_trials, "tried": int(ev.tried),
+            "accepted": int(ev.accepted), "alpha": round(ev.alpha, 4),
+            "measured_tokens_per_s": {nm[v]: round(self.rate(v), 2) for v in sorted(self.seconds)},
+            "replans": self.updates}
+
+
+def run(decode_fn, target_params, draft_params, state, *, variants: tuple[Tree, ...],
+        learning: Learning | None = None, **static):
   """decode_fn (loop.decode's signature) through the variants' executables until it would have returned
-  for the caller (rows done for refill_at, the segment limit, the round cap)."""
+  for the caller (rows done for refill_at, the caller's segment limit, the round cap). With `learning`,
+  each call is measured and the thresholds re-planned at its re-plan rounds."""
   max_rounds = state.out.shape[1]
+  outer = int(state.sched.limit)
   while True:
     v = host_pick(state)
     step0 = int(state.step)
+    if learning is not None:
+      before = counters(state)
+      state = _with_limit(state, learning.limit(step0, outer))
+      t0 = learning.clock()
     state = decode_fn(target_params, draft_params, state, variants=variants, variant=v, **static)
+    if learning is not None:
+      after = counters(state)                       # (waits for the call)
+      learning.observe(v, variants[v], before, after, learning.clock() - t0)
+      new = learning.maybe_replan(state, variants)
+      state = _with_limit(state, outer)
+      if new is not None:
+        state = state.replace(sched=with_thresholds(state.sched, *new))
     done, step = np.asarray(state.done), int(state.step)
     if (done.sum() >= int(state.refill_at) or int(np.asarray(state.rounds).max()) >= max_rounds
-        or step >= int(state.sched.limit)):
+        or step >= outer):
       return state
     if step == step0 and host_pick(state) == v:
       raise RuntimeError("adaptive decode made no progress (host and device disagree on the variant)")
+
+
+def _with_limit(state, limit: int):
+  return state.replace(sched=state.sched.replace(limit=jnp.asarray(limit, jnp.int32)))
+
 
 def variants_for(gammas: Sequence[int], plain: bool, tree: Tree | None = None) -> tuple[Tree, ...]:
   """The static variant set, narrowest first: plain (if allowed), the chains, or plain and a tree."""

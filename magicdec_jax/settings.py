@@ -33,7 +33,10 @@ class DecodeSettings:
   draft) or "invariant" (drafter-invariant: a token is the argmax of the filtered logits plus noise owned
   by its (seed, stream, position), so the samples are plain decoding's whatever the draft, gamma, tree or
   batch). xla_options: XLA compiler options for this call's executables only. schedule: force adaptive
-  speculation's thresholds, [(from_context, gamma), ...] with gamma 0 for plain decoding (schedule.py)."""
+  speculation's thresholds, [(from_context, gamma), ...] with gamma 0 for plain decoding (schedule.py).
+  learn_acceptance: gamma="auto" re-plans a call from the acceptance its chain rounds have had and the
+  measured speed of settings the cost model cannot separate (schedule.Learning; not with a forced
+  schedule or tree="auto")."""
   max_new_tokens: int
   temperature: float = 0.0
   top_k: int = 0
@@ -50,6 +53,7 @@ class DecodeSettings:
   sampling: str = "rejection"
   xla_options: Mapping[str, Any] | None = None
   schedule: Any = None                   # forced adaptive thresholds [(from_context, gamma), ...] (schedule.py)
+  learn_acceptance: bool = True          # gamma="auto": re-plan a call from its own acceptance and speed
 
   def __post_init__(self):
     if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
@@ -72,6 +76,8 @@ class DecodeSettings:
       raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}")
     if not isinstance(self.auto_fallback, bool):
       raise ValueError(f"auto_fallback must be True or False, got {self.auto_fallback!r}")
+    if not isinstance(self.learn_acceptance, bool):
+      raise ValueError(f"learn_acceptance must be True or False, got {self.learn_acceptance!r}")
     if self.schedule is not None:
       check_forced(self.schedule)
       if self.draft is None or self.tree is not None:

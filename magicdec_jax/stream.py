@@ -233,6 +233,8 @@ class Generator:
       state = self._decode(state)
       if self.engine.variants is not None:
         self.stats["schedule"] = schedule.report(self.engine.variants, jax.device_get(state.sched))
+        if self.engine.learning is not None:
+          self.stats["schedule"]["learning"] = self.engine.learning.report(self.engine.variants)
       done, n_out = np.asarray(state.done), np.asarray(state.n_out)
       rounds = np.asarray(state.rounds)
       self.stats["decode_calls"] += 1

@@ -147,3 +147,119 @@ def test_cost_model_schedule_switches_inside_the_call(monkeypatch, mode):
   assert sch["switches"][0]["setting"] == "plain" and sch["switches"][1]["context"] >= 30, sch
   want = {"plain", "gamma=1", "gamma=3"} if mode == "gamma" else {"plain", f"tree{small_tree.num_nodes}"}
   assert {k for k, v in sch["rounds"].items() if v} == want, sch
+
+
+def test_chain_evidence_counts_the_maximum_likelihood_trials():
+  """ChainEvidence, fed the loop's per-depth counters between calls, counts what a round-by-round count
+  gives: a chain round of gamma that accepted a leading draft tokens tried a + (a < gamma) positions and
+  accepted a (the truncated-geometric likelihood of i.i.d. positions). Simulated rounds of known alpha, mixed
+  gammas, plain calls (no evidence) and a row replaced between readings (skipped)."""
+  rng = np.random.default_rng(0)
+  alpha, b, d = 0.83, 6, 3
+  ev = schedule.ChainEvidence(0.5, prior_trials=0)
+  rounds, acc_at = np.zeros(b, np.int64), np.zeros((b, d), np.int64)
+  want_tried = want_acc = 0
+  for call in range(60):
+    g = [0, 1, 2, 3][call % 4]
+    before = (rounds.copy(), acc_at.copy())
+    for _ in range(int(rng.integers(1, 9))):
+      for row in range(b):
+        rounds[row] += 1
+        if g == 0:
+          continue
+        a = 0
+        while a < g and rng.random() < alpha:
+          a += 1
+        acc_at[row, :a] += 1
+        want_tried += a + (a < g)
+        want_acc += a
+    ev.observe(Tree((-1,)) if g == 0 else Tree.chain(g), before, (rounds.copy(), acc_at.copy()))
+  assert (ev.tried, ev.accepted) == (want_tried, want_acc)
+  assert abs(ev.alpha - alpha) < 4 * np.sqrt(alpha * (1 - alpha) / want_tried)
+  replaced = (rounds.copy(), acc_at.copy())
+  rounds[0], acc_at[0] = 3, 0                                  # row 0 refilled: its counters restart
+  ev.observe(Tree.chain(3), replaced, (rounds.copy(), acc_at.copy()))
+  assert (ev.tried, ev.accepted) == (want_tried, want_acc)
+  prior = schedule.ChainEvidence(0.4, prior_trials=64)
+  assert prior.alpha == 0.4
+
+
+@pytest.mark.parametrize("learn", [True, False])
+def test_learned_acceptance_reprices_the_rest_of_the_call(monkeypatch, learn):
+  """gamma="auto" priced with a low prior acceptance (0.3: gamma 1) while the draft accepts nearly every
+  token (its window holds the whole context): after 32 rounds the learned acceptance re-prices the call
+  and the rounds go on with gamma 3; without learning they stay at gamma 1. Plain decoding's tokens."""
+  def choose(cfg, spec, batch, context, *, want_tree, allow_autoregressive, alpha=None, acceptance_vector=None,
+             **kw):
+    a = acceptance_vector[0] if alpha is None else alpha
+    return Tree.chain(1 if a < 0.6 else 3), {"speedup": 1.5, "hardware": "fake", "alpha": a}
+
+  monkeypatch.setattr(engine.autotune, "choose", choose)
+  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, gammas, *, alpha, **kw:
+                      [1 if alpha < 0.6 else 3])               # the cost model separates the settings
+  model = target()
+  prompts = _prompts(model)
+  new = 160
+  ref = generate(model, prompts, max_new_tokens=new, eos_token_id=-1)
+  got = generate(model, prompts, max_new_tokens=new, eos_token_id=-1, draft=StreamingDraft(sink=2, window=256),
+                 gamma="auto", acceptance=[0.3], learn_acceptance=learn)
+  assert got.tokens == ref.tokens
+  sch = got.stats["schedule"]
+  if not learn:
+    assert {k for k, v in sch["rounds"].items() if v} == {"gamma=1"} and "learning" not in sch
+    return
+  learned = sch["learning"]
+  first = learned["replans"][0]
+  assert first["round"] == schedule.FIRST_CHECK and first["alpha"] > 0.6, learned
+  assert first["setting_from_here"] == "gamma=3" and "band" not in first
+  assert learned["tried"] > 0 and learned["accepted"] / learned["tried"] > 0.9, learned
+  assert sch["rounds"]["gamma=1"] == schedule.FIRST_CHECK and sch["rounds"]["gamma=3"] > 0, sch
+  assert [s["setting"] for s in sch["switches"]] == ["gamma=1", "gamma=3"], sch
+
+
+def test_learned_acceptance_through_continuous_batching(monkeypatch):
+  """generate_stream (2 slots refilled from 5 prompts): the evidence carries across refills and decode
+  calls, the re-plan switches to gamma 3, and every row is plain decoding's."""
+  def choose(cfg, spec, batch, context, *, want_tree, allow_autoregressive, alpha=None, acceptance_vector=None,
+             **kw):
+    a = acceptance_vector[0] if alpha is None else alpha
+    return Tree.chain(1 if a < 0.6 else 3), {"speedup": 1.5, "hardware": "fake"}
+
+  monkeypatch.setattr(engine.autotune, "choose", choose)
+  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, gammas, *, alpha, **kw:
+                      [1 if alpha < 0.6 else 3])
+  model = target()
+  prompts = _prompts(model)
+  ref = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS)
+  gen = generate_stream(model, prompts, batch_size=2, refill_at=1, max_new_tokens=NEW, eos_token_id=EOS,
+                        draft=StreamingDraft(sink=2, window=256), gamma="auto", acceptance=[0.3])
+  got = {r.index: r.tokens for r in gen}
+  assert [got[i] for i in range(len(prompts))] == ref.tokens
+  learned = gen.stats["schedule"]["learning"]
+  assert learned["replans"] and learned["replans"][0]["setting_from_here"] == "gamma=3", learned
+  assert gen.stats["schedule"]["rounds"]["gamma=3"] > 0
+
+
+def test_settings_the_cost_model_cannot_separate_are_measured(monkeypatch):
+  """Where the cost model's band holds two settings (gamma 1 chosen, gamma 3 within its tie), the learning
+  runs the other for one interval (rounds 32..96), then keeps the one measured fastest: the re-plan
+  records say so, the rounds follow them, and the tokens are plain decoding's."""
+  monkeypatch.setattr(engine.autotune, "choose", lambda cfg, spec, batch, context, **kw: (
+      Tree.chain(1), {"speedup": 1.5, "hardware": "fake"}))
+  monkeypatch.setattr(engine.autotune, "chain_band", lambda *a, **kw: [1, 3])
+  model = target()
+  prompts = _prompts(model)
+  new = 300                          # rounds past 96 whatever the acceptance (at most 32 * 2 + 64 * 4 tokens)
+  ref = generate(model, prompts, max_new_tokens=new, eos_token_id=-1)
+  got = generate(model, prompts, max_new_tokens=new, eos_token_id=-1, draft=StreamingDraft(sink=2, window=8),
+                 gamma="auto")
+  assert got.tokens == ref.tokens
+  sch = got.stats["schedule"]
+  first, second = sch["learning"]["replans"][:2]
+  assert (first["round"], first["why"], first["setting_from_here"]) == (32, "explore", "gamma=3"), first
+  rates = second["measured_tokens_per_s"]
+  assert second["round"] == 96 and second["why"] == "measured fastest" and set(rates) == {"gamma=1", "gamma=3"}
+  assert second["setting_from_here"] == max(rates, key=rates.get), second
+  assert sch["switches"][:2] == [{"round": 0, "context": sch["switches"][0]["context"], "setting": "gamma=1"},
+                                 {"round": 32, "context": sch["switches"][1]["context"], "setting": "gamma=3"}]
+  assert sch["rounds"]["gamma=1"] >= 32 and sch["rounds"]["gamma=3"] >= 64, sch

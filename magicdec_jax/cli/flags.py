@@ -54,6 +54,9 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_string("gamma", str(settings.DEFAULT_GAMMA), "Speculated tokens per round (chain length, "
                       "1..64), or 'auto': the cost model's choice for the batch and context (--hardware, "
                       "--acceptance_file).", **d)
+  flags.DEFINE_boolean("learn_acceptance", True, "--gamma=auto: re-plan a call at rounds 32, 64, 128, ... from "
+                       "the acceptance its own chain rounds have had, measuring the settings the cost model "
+                       "cannot separate (off: the profiled or default acceptance and the model's choice).", **d)
   flags.register_validator("gamma", _gamma_ok, "is not an integer in the range [1, 64] or 'auto'", flag_values=fv)
   flags.DEFINE_string("tree", None, "Speculate a tree instead of a chain: 'auto' (cost model), a shipped "
                       f"tree name ({', '.join(trees.DEFAULT_TREE_NAMES)}) or a tree JSON file.", **d)
@@ -419,7 +422,7 @@ def decode_settings(fv, target) -> settings.DecodeSettings:
         max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p,
         seed=fv.seed, draft=build_draft(fv, target), gamma=parse_gamma(fv.gamma), sampling=fv.sampling,
         tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl,
-        hardware=fv.hardware or None,
+        hardware=fv.hardware or None, learn_acceptance=fv.learn_acceptance,
         acceptance=load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file else None)
   except ValueError as e:
     raise app.UsageError(str(e)) from None

@@ -90,13 +90,41 @@ def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool,
   many tokens each, waiting for its slowest row (batch_tail); None prices a steady state (refilled slots).
   """
   hw = detect_hardware(hardware)
-  vec = load_acceptance(acceptance_vector)
-  if vec is None and calibrate.is_profile_path(hardware):
-    vec = calibrate.load_profile(str(hardware))[1].get("acceptance_vector")
+  vec = _vector(hardware, acceptance_vector)
   tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens)
   if allow_autoregressive and (info["speedup"] < 1 + AUTO_MARGIN or tree.max_depth == 0):   # (depth 0: no speculation)
     return trees.AR_TREE, dict(info, speculate=False)
   return tree, dict(info, speculate=True)
+
+
+def chain_band(cfg: ModelConfig, spec, batch: int, context: int, gammas, *, hardware=None, alpha: float,
+               allow_autoregressive: bool = False, new_tokens: int | None = None) -> list[int]:
+  """The settings the cost model cannot tell apart from its choice at this context, best predicted first:
+  the chains of `gammas` predicted within AUTO_TIE of the best one, and plain decoding (0) where
+  allow_autoregressive and no chain is predicted AUTO_MARGIN faster than it (choose's own rules)."""
+  hw, draft = detect_hardware(hardware), cost_draft(spec)
+  pred = {int(g): costmodel.predicted_speedup(cfg, hw, draft, batch, context, gamma=int(g), alpha=alpha,
+                                              dtype=cfg.dtype, new_tokens=new_tokens) for g in gammas}
+  best = max(pred.values())
+  band = [g for g in sorted(pred, key=pred.get, reverse=True) if pred[g] >= best * (1 - AUTO_TIE)]
+  if allow_autoregressive and best < 1 + AUTO_MARGIN:
+    band.append(0)
+  return band
+
+
+def _vector(hardware, acceptance_vector):
+  """The acceptance vector `choose` prices with: the given one, else a hardware profile's stored one."""
+  vec = load_acceptance(acceptance_vector)
+  if vec is None and calibrate.is_profile_path(hardware):
+    vec = calibrate.load_profile(str(hardware))[1].get("acceptance_vector")
+  return vec
+
+
+def chain_alpha(hardware=None, acceptance_vector=None) -> float:
+  """The per-position acceptance `choose` prices a chain with when given no alpha: the first entry of
+  the acceptance vector it would use, else DEFAULT_ALPHA."""
+  vec = _vector(hardware, acceptance_vector)
+  return float(vec[0]) if vec else DEFAULT_ALPHA
 
 
 def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens):
