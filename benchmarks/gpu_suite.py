@@ -40,7 +40,8 @@ import numpy as np  # noqa: E402
 from magicdec_jax import drafts, engine, feature_head, loop, trees, verify  # noqa: E402
 from magicdec_jax.tuning import autotune, calibrate, costmodel, shapes, stepfit  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
-from magicdec_jax.cache import KVCache  # noqa: E402
+from magicdec_jax.cache import KVCache, ring_margin, ring_sizes  # noqa: E402
+from magicdec_jax.sharding import planner  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
 from magicdec_jax.model import Model, init_params  # noqa: E402
 from magicdec_jax.sampling import Sampling  # noqa: E402
@@ -281,10 +282,12 @@ def tiny_cfgs() -> tuple[ModelConfig, ModelConfig]:
 
 
 def fits(cfg, dcfg, batch, context, hw_bytes, extra_slots: int = 160) -> bool:
-  """Target + draft params once each, one target KV cache of context + extra_slots slots (+10%), within 95%
-  of what XLA may allocate (hw_bytes: the device's limit under XLA_PYTHON_CLIENT_MEM_FRACTION)."""
+  """Target + draft params once each, one target KV cache of context + extra_slots slots whose windowed
+  layers are rings as the engine builds them (+10%), within 95% of what XLA may allocate (hw_bytes: the
+  device's limit under XLA_PYTHON_CLIENT_MEM_FRACTION)."""
   need = costmodel.param_bytes(cfg, cfg.dtype) + costmodel.param_bytes(dcfg, dcfg.dtype)
-  need += batch * (context + extra_slots) * costmodel.kv_bytes_per_token(cfg, cfg.dtype) * 1.1
+  slots = ring_sizes(cfg, context + extra_slots, ring_margin(extra_slots))
+  need += planner.cache_bytes(cfg, None, batch, slots) * 1.1
   return need < 0.95 * hw_bytes
 
 
