@@ -297,7 +297,6 @@ def _generate_jobs(model, jobs, out_f, gen, progress, already) -> dict:
   requests = (Request(it.ids, stream_ids=[stream_id(it.id, s) for s in samples], tag=(it, samples))
               for it, samples in jobs)
   stream = generate_stream(model, requests, **gen)
-  depth = stream.engine.tree.max_depth
   tot = dict(records=0, tokens=0, steps=0, accepted=0, drafted=0)
   bar = tqdm(total=sum(len(j[1]) for j in jobs) + already, initial=already, unit="rec", disable=not progress,
              dynamic_ncols=True)
@@ -310,7 +309,7 @@ def _generate_jobs(model, jobs, out_f, gen, progress, already) -> dict:
     tot["tokens"] += len(res.tokens)
     tot["steps"] += res.stats["verify_steps"]
     tot["accepted"] += res.stats["accepted_tokens"]
-    tot["drafted"] += res.stats["verify_steps"] * depth
+    tot["drafted"] += res.stats["drafted_tokens"]     # the row's own (a schedule's plain rounds draft none)
     st = stream.stats
     bar.update(1)
     bar.set_postfix(tok_s=f"{st['tokens_per_s'] or 0:.1f}", util=f"{st['slot_utilization'] or 0:.2f}",

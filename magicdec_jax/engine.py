@@ -64,7 +64,7 @@ def stream_keys(seed: int, stream_ids: Sequence[int]) -> jax.Array:
 def row_stat(new_tokens: int, rounds: int, accepted: int, drafted: int) -> dict[str, Any]:
   """One row's figures: verify steps, accepted draft tokens, acceptance rate (over the draft tokens
   proposed on its rounds' paths: plain rounds of a schedule propose none), mean accepted length."""
-  return {"new_tokens": new_tokens, "verify_steps": rounds, "accepted_tokens": accepted,
+  return {"new_tokens": new_tokens, "verify_steps": rounds, "accepted_tokens": accepted, "drafted_tokens": drafted,
           "acceptance_rate": accepted / drafted if drafted else None,
           "mean_accepted_length": (accepted + rounds) / rounds if rounds else None}
 

@@ -63,9 +63,16 @@ def test_stream_refills_equal_plain_across_switches():
   ref = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS)
   gen = generate_stream(model, prompts, batch_size=2, refill_at=1, max_new_tokens=NEW, eos_token_id=EOS,
                         draft=StreamingDraft(sink=2, window=4), gamma="auto", schedule=SCHEDULE)
-  got = {r.index: r.tokens for r in gen}
+  results = list(gen)
+  got = {r.index: r.tokens for r in results}
   assert [got[i] for i in range(len(prompts))] == ref.tokens
   assert sum(v > 0 for v in gen.stats["schedule"]["rounds"].values()) >= 3
+  # a row's drafted tokens count its chain rounds' depths only (plain rounds draft none; datagen sums them)
+  assert all(r.stats["drafted_tokens"] <= 3 * r.stats["verify_steps"] for r in results)
+  assert any(r.stats["drafted_tokens"] < 2 * r.stats["verify_steps"] for r in results)
+  fixed = list(generate_stream(model, prompts, batch_size=2, refill_at=1, max_new_tokens=NEW, eos_token_id=EOS,
+                               draft=StreamingDraft(sink=2, window=4), gamma=2))
+  assert all(r.stats["drafted_tokens"] == 2 * r.stats["verify_steps"] for r in fixed)
 
 
 def test_invariant_sampling_equals_plain_under_a_schedule():
