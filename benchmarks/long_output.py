@@ -51,7 +51,7 @@ def run_setting(model, pre, st, chunk_rounds: int):
   fn, static = eng.decode_fn(), eng._decode_static()
   t, compile_s, records = 0.0, 0.0, [(0.0, 0.0, [0] * eng.num_variants)]
   while not bool(np.asarray(state.done).all()):
-    state = state.replace(sched=state.sched.replace(limit=jnp.asarray(int(state.step) + chunk_rounds, jnp.int32)))
+    state = schedule.with_limit(state, int(state.step) + chunk_rounds)
     c0, t0 = compiling.compile_seconds(), time.perf_counter()
     state = fn(model.params, eng.draft_params, state, **static)
     jax.block_until_ready(state.out)

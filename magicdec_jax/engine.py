@@ -360,11 +360,10 @@ def _segmented(decode_fn, bar, target_params, draft_params, state, **static):
   updated with the tokens written after each; returns when decode_fn would have."""
   while True:
     limit = int(state.step) + SEGMENT_ROUNDS
-    state = decode_fn(target_params, draft_params,
-                      state.replace(sched=state.sched.replace(limit=jnp.asarray(limit, jnp.int32))), **static)
+    state = decode_fn(target_params, draft_params, schedule.with_limit(state, limit), **static)
     bar.update(int(np.asarray(state.n_out).sum()) - bar.n)
     if int(state.step) < limit:
-      return state.replace(sched=state.sched.replace(limit=jnp.asarray(schedule.NO_LIMIT, jnp.int32)))
+      return schedule.with_limit(state, schedule.NO_LIMIT)
 
 
 def _decode_loop(target_params, draft_params, state, *, options=None, **static):

@@ -82,8 +82,13 @@ def context(lengths: jax.Array, done: jax.Array) -> jax.Array:
   return (jnp.where(active, lengths, 0).sum() // jnp.maximum(n, 1)).astype(jnp.int32)
 
 
+def variant_at(at, variant, ctx):
+  """The variant thresholds (at, variant) give context ctx (jax or numpy arrays alike)."""
+  return variant[(at <= ctx).sum()]
+
+
 def pick(s: Sched, ctx: jax.Array) -> jax.Array:
-  return s.variant[(s.at <= ctx).sum()]
+  return variant_at(s.at, s.variant, ctx)
 
 
 def record(s: Sched, v: jax.Array, ctx: jax.Array, step: jax.Array) -> Sched:
@@ -199,7 +204,7 @@ class Learning:
       th = thresholds([(0, pick)])
     if th is not None:
       at, var = th
-      rec["setting_from_here"] = names([variants[int(var[int((np.asarray(at) <= ctx).sum())])]])[0]
+      rec["setting_from_here"] = names([variants[int(variant_at(np.asarray(at), np.asarray(var), ctx))]])[0]
     self.updates.append(rec)
     return th
 
@@ -224,14 +229,14 @@ def run(decode_fn, target_params, draft_params, state, *, variants: tuple[Tree, 
     step0 = int(state.step)
     if learning is not None:
       before = counters(state)
-      state = _with_limit(state, learning.limit(step0, outer))
+      state = with_limit(state, learning.limit(step0, outer))
       t0 = learning.clock()
     state = decode_fn(target_params, draft_params, state, variants=variants, variant=v, **static)
     if learning is not None:
       after = counters(state)                       # (waits for the call)
       learning.observe(v, variants[v], before, after, learning.clock() - t0)
       new = learning.maybe_replan(state, variants)
-      state = _with_limit(state, outer)
+      state = with_limit(state, outer)
       if new is not None:
         state = state.replace(sched=with_thresholds(state.sched, *new))
     done, step = np.asarray(state.done), int(state.step)
@@ -242,7 +247,8 @@ def run(decode_fn, target_params, draft_params, state, *, variants: tuple[Tree, 
       raise RuntimeError("adaptive decode made no progress (host and device disagree on the variant)")
 
 
-def _with_limit(state, limit: int):
+def with_limit(state, limit: int):
+  """The state with its segment limit replaced: the loop returns once `step` reaches it (data)."""
   return state.replace(sched=state.sched.replace(limit=jnp.asarray(limit, jnp.int32)))
 
 
