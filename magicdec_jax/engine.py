@@ -176,9 +176,12 @@ class Engine:
     variants = schedule.variants_for(schedule.AUTO_GAMMAS, plain, tree)
     whole_cache = cache_slots(prompt_bucket, st.max_new_tokens, schedule.widest(variants).num_nodes)
     live = attention_reads_live_range(self.impl)
-    self.thresholds, points = schedule.from_cost_model(lambda c: priced(c if live else whole_cache, plain),
-                                                       variants, lo, hi,
-                                                       max_points=32 if want_tree else schedule.GRID_POINTS)
+
+    def from_cost_model(alpha=None, top=hi):       # thresholds over lo .. top (alpha None: the profiled one)
+      return schedule.from_cost_model(lambda c: priced(c if live else whole_cache, plain, alpha), variants, lo,
+                                      top, max_points=32 if want_tree else schedule.GRID_POINTS)
+
+    self.thresholds, points = from_cost_model()
     used = sorted({p["variant"] for p in points})
     self.plan = {"speculate": used != [0] or not plain, "hardware": priced(hi, plain)[1].get("hardware"),
                  "settings": ", ".join(schedule.names([variants[v] for v in used])),
@@ -195,13 +198,12 @@ class Engine:
 
       def replan(alpha, ctx):
         alpha = round(alpha, 3)
-        self.thresholds = schedule.from_cost_model(     # also what a state built later starts from
-            lambda c: priced(c if live else whole_cache, plain, alpha), variants, lo,
-            max(hi, ctx + 1))[0]       # every context of the call: refilled rows bring the mean back down
+        # every context of the call (refilled rows bring the mean back down); also what a later state starts from
+        self.thresholds = from_cost_model(alpha, max(hi, ctx + 1))[0]
         if live:                       # the choice moves with the context: the cost model's thresholds
           return self.thresholds, []
-        band = autotune.chain_band(self.cfg, self.spec, batch, whole_cache, depth[1 if plain else 0:],
-                                   hardware=st.hardware, alpha=alpha, allow_autoregressive=plain,
+        band = autotune.chain_band(self.cfg, self.spec, batch, whole_cache, hardware=st.hardware, alpha=alpha,
+                                   max_gamma=max(schedule.AUTO_GAMMAS), allow_autoregressive=plain,
                                    new_tokens=st.max_new_tokens if fixed_batch else None)
         return self.thresholds, [depth.index(g) for g in band]
 

@@ -202,7 +202,7 @@ def test_learned_acceptance_reprices_the_rest_of_the_call(monkeypatch, learn):
     return Tree.chain(1 if a < 0.6 else 3), {"speedup": 1.5, "hardware": "fake", "alpha": a}
 
   monkeypatch.setattr(engine.autotune, "choose", choose)
-  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, gammas, *, alpha, **kw:
+  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, *, alpha, **kw:
                       [1 if alpha < 0.6 else 3])               # the cost model separates the settings
   model = target()
   prompts = _prompts(model)
@@ -233,7 +233,7 @@ def test_learned_acceptance_through_continuous_batching(monkeypatch):
     return Tree.chain(1 if a < 0.6 else 3), {"speedup": 1.5, "hardware": "fake"}
 
   monkeypatch.setattr(engine.autotune, "choose", choose)
-  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, gammas, *, alpha, **kw:
+  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, *, alpha, **kw:
                       [1 if alpha < 0.6 else 3])
   model = target()
   prompts = _prompts(model)

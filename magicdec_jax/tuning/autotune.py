@@ -92,22 +92,26 @@ def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool,
   hw = detect_hardware(hardware)
   vec = _vector(hardware, acceptance_vector)
   tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens)
-  if allow_autoregressive and (info["speedup"] < 1 + AUTO_MARGIN or tree.max_depth == 0):   # (depth 0: no speculation)
+  if allow_autoregressive and (not _pays(info["speedup"]) or tree.max_depth == 0):   # (depth 0: no speculation)
     return trees.AR_TREE, dict(info, speculate=False)
   return tree, dict(info, speculate=True)
 
 
-def chain_band(cfg: ModelConfig, spec, batch: int, context: int, gammas, *, hardware=None, alpha: float,
-               allow_autoregressive: bool = False, new_tokens: int | None = None) -> list[int]:
-  """The settings the cost model cannot tell apart from its choice at this context, best predicted first:
-  the chains of `gammas` predicted within AUTO_TIE of the best one, and plain decoding (0) where
-  allow_autoregressive and no chain is predicted AUTO_MARGIN faster than it (choose's own rules)."""
-  hw, draft = detect_hardware(hardware), cost_draft(spec)
-  pred = {int(g): costmodel.predicted_speedup(cfg, hw, draft, batch, context, gamma=int(g), alpha=alpha,
-                                              dtype=cfg.dtype, new_tokens=new_tokens) for g in gammas}
-  best = max(pred.values())
-  band = [g for g in sorted(pred, key=pred.get, reverse=True) if pred[g] >= best * (1 - AUTO_TIE)]
-  if allow_autoregressive and best < 1 + AUTO_MARGIN:
+def _pays(speedup: float) -> bool:
+  """Whether "auto" speculates at this predicted speedup (rather than decode autoregressively)."""
+  return speedup >= 1 + AUTO_MARGIN
+
+
+def chain_band(cfg: ModelConfig, spec, batch: int, context: int, *, hardware=None, alpha: float,
+               max_gamma: int, allow_autoregressive: bool = False, new_tokens: int | None = None) -> list[int]:
+  """The settings the cost model cannot tell apart from choose's chain at this context, best predicted
+  first: the chains of gamma 1..max_gamma predicted within AUTO_TIE of the best one, and plain decoding
+  (0) where allow_autoregressive and choose would not speculate (choose's own table and rules)."""
+  close = costmodel.within_tie(costmodel.gamma_speedups(cfg, detect_hardware(hardware), cost_draft(spec), batch,
+                                                        context, alpha, max_gamma, cfg.dtype,
+                                                        new_tokens=new_tokens), AUTO_TIE)
+  band = [g for g, _ in sorted(close, key=lambda e: -e[1])]
+  if allow_autoregressive and not _pays(close[0][1]):
     band.append(0)
   return band
 

@@ -271,6 +271,18 @@ def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, 
   return e * t_ar(cfg, hw, batch, context, dtype) / t
 
 
+def gamma_speedups(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, alpha: float | None,
+                   max_gamma: int = 8, dtype: str = "bfloat16", acceptance_vector: Sequence[float] | None = None,
+                   new_tokens: int | None = None) -> list[tuple[int, float]]:
+  """[(gamma, predicted speedup)] for gamma 1..max_gamma (gamma_table on this model's step times)."""
+  return gamma_table(
+      t_ar(cfg, hw, batch, context, dtype),
+      lambda w: draft.step_time(cfg, hw, batch, context, w, dtype),
+      lambda n: t_verify(cfg, hw, batch, context, n, dtype),
+      alpha=alpha if acceptance_vector is None else None, acceptance_vector=acceptance_vector,
+      max_gamma=max_gamma, batch=batch, new_tokens=new_tokens)
+
+
 def choose_gamma(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, alpha: float,
                  max_gamma: int = 8, dtype: str = "bfloat16",
                  acceptance_vector: Sequence[float] | None = None, tie: float = 0.0,
@@ -279,31 +291,40 @@ def choose_gamma(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, conte
   vector the chain's expected tokens come from it (a chain node's one child is rank 0: p[0] per position).
   tie: the smallest gamma predicted within this fraction of the best counts as the best. new_tokens: price
   a fixed batch's tail (predicted_speedup)."""
-  return choose_gamma_table(
-      t_ar(cfg, hw, batch, context, dtype),
-      lambda w: draft.step_time(cfg, hw, batch, context, w, dtype),
-      lambda n: t_verify(cfg, hw, batch, context, n, dtype),
-      alpha=alpha if acceptance_vector is None else None, acceptance_vector=acceptance_vector,
-      max_gamma=max_gamma, tie=tie, batch=batch, new_tokens=new_tokens)
+  return within_tie(gamma_speedups(cfg, hw, draft, batch, context, alpha, max_gamma, dtype, acceptance_vector,
+                                   new_tokens), tie)[0]
+
+
+def gamma_table(t_ar_s: float, t_draft, t_verify_fn, *, alpha: float | None = None,
+                acceptance_vector: Sequence[float] | None = None, max_gamma: int = 8, batch: int = 1,
+                new_tokens: int | None = None) -> list[tuple[int, float]]:
+  """[(gamma, predicted speedup)] for gamma 1..max_gamma on any step-time table: t_draft(width) /
+  t_verify_fn(tokens) seconds (callables). speedup(gamma) = E[tokens | gamma] * t_ar / (gamma * t_draft(1) +
+  t_verify(gamma + 1)); new_tokens: E[tokens | gamma] is that of a fixed batch of `batch` rows generating
+  new_tokens each (batch_tail: its slowest row sets the pace)."""
+  if (alpha is None) == (acceptance_vector is None):
+    raise ValueError("give alpha or acceptance_vector")
+  a = alpha if acceptance_vector is None else acceptance_vector[0]
+  return [(g, chain_tokens_per_round(a, g, batch, new_tokens) * t_ar_s / (g * t_draft(1) + t_verify_fn(g + 1)))
+          for g in range(1, max_gamma + 1)]
+
+
+def within_tie(table: Sequence[tuple[int, float]], tie: float) -> list[tuple[int, float]]:
+  """The entries of a (gamma ascending) speedup table predicted within `tie` (a fraction) of the best, in
+  table order: the first is the chooser's pick (the smallest gamma that close to the best)."""
+  if not 0 <= tie < 1:
+    raise ValueError(f"tie must be in [0, 1), got {tie}")
+  best = max(s for _, s in table)
+  return [(g, s) for g, s in table if s >= best * (1 - tie) - 1e-12 * abs(best)]
 
 
 def choose_gamma_table(t_ar_s: float, t_draft, t_verify_fn, *, alpha: float | None = None,
                        acceptance_vector: Sequence[float] | None = None, max_gamma: int = 8,
                        tie: float = 0.0, batch: int = 1, new_tokens: int | None = None) -> tuple[int, float]:
-  """The chain chooser on any step-time table: t_draft(width) / t_verify_fn(tokens) seconds (callables).
-  speedup(gamma) = E[tokens | gamma] * t_ar / (gamma * t_draft(1) + t_verify(gamma + 1)); the smallest gamma
-  within `tie` (a fraction) of the best predicted speedup is chosen. new_tokens: E[tokens | gamma] is that
-  of a fixed batch of `batch` rows generating new_tokens each (batch_tail: its slowest row sets the pace)."""
-  if (alpha is None) == (acceptance_vector is None):
-    raise ValueError("give alpha or acceptance_vector")
-  if not 0 <= tie < 1:
-    raise ValueError(f"tie must be in [0, 1), got {tie}")
-  table = []
-  for g in range(1, max_gamma + 1):
-    e = chain_tokens_per_round(alpha if acceptance_vector is None else acceptance_vector[0], g, batch, new_tokens)
-    table.append((g, e * t_ar_s / (g * t_draft(1) + t_verify_fn(g + 1))))
-  best = max(s for _, s in table)
-  return next((g, s) for g, s in table if s >= best * (1 - tie) - 1e-12 * abs(best))
+  """The chain chooser on any step-time table (gamma_table): the smallest gamma predicted within `tie` (a
+  fraction) of the best predicted speedup, and its speedup."""
+  return within_tie(gamma_table(t_ar_s, t_draft, t_verify_fn, alpha=alpha, acceptance_vector=acceptance_vector,
+                                max_gamma=max_gamma, batch=batch, new_tokens=new_tokens), tie)[0]
 
 
 def choose_speculation(t_ar_s: float, t_draft, t_verify_fn, acceptance_vector: Sequence[float], *,
