@@ -268,13 +268,18 @@ def _step_record(args, model, small, dobj, head, cfg, dcfg, b, ctx, bw, rows, bu
         f"compile {ar['compile_s']:.1f}s) at {budget.left():.0f}s left", file=sys.stderr, flush=True)
   if not full:
     return
+
+  def measure(key, fn, *a, **kw):
+    """fn's timing for `key` while the deadline allows (else the key is listed as skipped), or None."""
+    if not budget.allows(args.step_need_s):
+      rec.setdefault("skipped_for_deadline", []).append(key)
+      return None
+    return guarded(errors, f"{key} b{b} ctx{ctx}", fn, *a, **kw)
+
   items = [(f"verify_g{g}_over_ar", g + 1) for g in args.gammas]
   items += [(f"verify_n{n}_over_ar", n) for n in args.verify_nodes]
   for key, tok in items:
-    if not budget.allows(args.step_need_s):
-      rec.setdefault("skipped_for_deadline", []).append(key)
-      continue
-    r = guarded(errors, f"{key} b{b} ctx{ctx}", time_step, model.params, cfg, b, ctx, tok, "linear", args.repeats)
+    r = measure(key, time_step, model.params, cfg, b, ctx, tok, "linear", args.repeats)
     if r is not None:
       rec[key] = r["median_s"] / t_ar
       rec[key.replace("_over_ar", "_compile_s")] = r["compile_s"]
@@ -285,30 +290,26 @@ def _step_record(args, model, small, dobj, head, cfg, dcfg, b, ctx, bw, rows, bu
     dp = small.params if name == "model" else model.params
     for w in args.draft_tokens:
       key = f"draft_{name}{'' if w == 1 else f'_w{w}'}_over_ar"
-      if not budget.allows(args.step_need_s):
-        rec.setdefault("skipped_for_deadline", []).append(key)
-        continue
-      r = guarded(errors, f"{key} b{b} ctx{ctx}", time_step, dp, dc, b, cd.kv_tokens(ctx), w, "ring", args.repeats)
+      r = measure(key, time_step, dp, dc, b, cd.kv_tokens(ctx), w, "ring", args.repeats)
       if r is not None:
         rec[key] = r["median_s"] / t_ar
         rows.append(_step_row(dc, b, cd.kv_tokens(ctx), w, r["median_s"], f"draft_{name}"))
         budget.save(doc)
   if head is not None:
     for w in args.draft_tokens:     # the feature head (FeatureDraft): fc + one layer + the target's head
-      if budget.allows(args.step_need_s):
-        tf = guarded(errors, f"feature w{w}", calibrate.time_feature_step, head, model.params, b,
-                     args.sink + args.window, w, args.repeats)
-        if tf is not None:
-          rec[f"draft_feature{'' if w == 1 else f'_w{w}'}_over_ar"] = tf["median_s"] / t_ar
-        gc.collect()
+      key = f"draft_feature{'' if w == 1 else f'_w{w}'}_over_ar"
+      r = measure(key, calibrate.time_feature_step, head, model.params, b, args.sink + args.window, w,
+                  args.repeats)
+      if r is not None:
+        rec[key] = r["median_s"] / t_ar
+      gc.collect()
   if args.gemm == "both" and jax.default_backend() == "gpu":   # GPU option names: GPU only
     for choice, opts in GEMM_CHOICES.items():
       for tok in (1, max(args.gammas) + 1):
-        if budget.allows(args.step_need_s):
-          r = guarded(errors, f"gemm {choice} t{tok}", time_step, model.params, cfg, b, ctx, tok, "linear",
-                      args.repeats, options=opts)
-          if r is not None:
-            rec[f"gemm_{choice}_t{tok}_s"] = r["median_s"]
+        key = f"gemm_{choice}_t{tok}_s"
+        r = measure(key, time_step, model.params, cfg, b, ctx, tok, "linear", args.repeats, options=opts)
+        if r is not None:
+          rec[key] = r["median_s"]
   budget.save(doc)
 
 
