@@ -156,6 +156,19 @@ def test_cost_model_schedule_switches_inside_the_call(monkeypatch, mode):
   assert {k for k, v in sch["rounds"].items() if v} == want, sch
 
 
+def _price_by_alpha(monkeypatch):
+  """A cost model whose choice is gamma 1 below an acceptance of 0.6 and gamma 3 above, and which always
+  separates the settings (a band of one)."""
+  def choose(cfg, spec, batch, context, *, want_tree, allow_autoregressive, alpha=None, acceptance_vector=None,
+             **kw):
+    a = acceptance_vector[0] if alpha is None else alpha
+    return Tree.chain(1 if a < 0.6 else 3), {"speedup": 1.5, "hardware": "fake", "alpha": a}
+
+  monkeypatch.setattr(engine.autotune, "choose", choose)
+  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, *, alpha, **kw:
+                      [1 if alpha < 0.6 else 3])
+
+
 def test_chain_evidence_counts_the_maximum_likelihood_trials():
   """ChainEvidence, fed the loop's per-depth counters between calls, counts what a round-by-round count
   gives: a chain round of gamma that accepted a leading draft tokens tried a + (a < gamma) positions and
@@ -196,14 +209,7 @@ def test_learned_acceptance_reprices_the_rest_of_the_call(monkeypatch, learn):
   """gamma="auto" priced with a low prior acceptance (0.3: gamma 1) while the draft accepts nearly every
   token (its window holds the whole context): after 32 rounds the learned acceptance re-prices the call
   and the rounds go on with gamma 3; without learning they stay at gamma 1. Plain decoding's tokens."""
-  def choose(cfg, spec, batch, context, *, want_tree, allow_autoregressive, alpha=None, acceptance_vector=None,
-             **kw):
-    a = acceptance_vector[0] if alpha is None else alpha
-    return Tree.chain(1 if a < 0.6 else 3), {"speedup": 1.5, "hardware": "fake", "alpha": a}
-
-  monkeypatch.setattr(engine.autotune, "choose", choose)
-  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, *, alpha, **kw:
-                      [1 if alpha < 0.6 else 3])               # the cost model separates the settings
+  _price_by_alpha(monkeypatch)
   model = target()
   prompts = _prompts(model)
   new = 160
@@ -227,14 +233,7 @@ def test_learned_acceptance_reprices_the_rest_of_the_call(monkeypatch, learn):
 def test_learned_acceptance_through_continuous_batching(monkeypatch):
   """generate_stream (2 slots refilled from 5 prompts): the evidence carries across refills and decode
   calls, the re-plan switches to gamma 3, and every row is plain decoding's."""
-  def choose(cfg, spec, batch, context, *, want_tree, allow_autoregressive, alpha=None, acceptance_vector=None,
-             **kw):
-    a = acceptance_vector[0] if alpha is None else alpha
-    return Tree.chain(1 if a < 0.6 else 3), {"speedup": 1.5, "hardware": "fake"}
-
-  monkeypatch.setattr(engine.autotune, "choose", choose)
-  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, *, alpha, **kw:
-                      [1 if alpha < 0.6 else 3])
+  _price_by_alpha(monkeypatch)
   model = target()
   prompts = _prompts(model)
   ref = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS)
