@@ -13,6 +13,7 @@ import json
 import jax.numpy as jnp
 
 ACTIVATIONS = ("silu", "gelu_tanh")
+NUMERICS = ("fast", "invariant")   # ModelConfig.numerics (layers/invariant.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"  # params and caches: "float32" or "bfloat16"
+  numerics: str = "fast"  # "invariant": every dot of one fixed shape (layers/invariant.py); set by the engine
   # ---- family features (docs/families.md) ----
   qkv_bias: bool = False                # biases on the q, k, v projections (Qwen2; attention_bias)
   o_bias: bool = False                  # a bias on the o projection (attention_bias of LLaMA, Qwen3, Gemma)
@@ -69,6 +71,8 @@ class ModelConfig:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
     if self.dtype not in ("float32", "bfloat16"):
       raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
+    if self.numerics not in NUMERICS:
+      raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
     if self.activation not in ACTIVATIONS:
       raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
     if self.layer_windows and len(self.layer_windows) != self.num_layers:
@@ -91,6 +95,12 @@ class ModelConfig:
   def attn_scale(self) -> float:
     """What q.k is multiplied by before the softmax."""
     return float((self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar) ** -0.5)
+
+  @property
+  def invariant(self) -> bool:
+    """Whether this model computes with fixed-shape numerics (bitwise the same logits for a row and
+    position whatever is computed with it)."""
+    return self.numerics == "invariant"
 
   def layer_window(self, layer: int) -> int | None:
     """Layer `layer`'s sliding window w (a query at p sees keys at positions in (p - w, p]); None: global."""

@@ -173,7 +173,7 @@ def settings_used(model: Model, st: DecodeSettings, items: list[Item], batch_siz
   eng = engine.Engine(model, st, mesh=mesh)
   longest = max(len(it.ids) for it in items)
   eng.resolve_auto(batch_size, min(len(it.ids) for it in items), longest + st.max_new_tokens,
-                   engine.bucket(longest))
+                   eng.prompt_bucket(longest))
   if eng.draft is None:
     return st.replace(draft=None, tree=None, gamma=DEFAULT_GAMMA)
   if eng.variants is not None and st.schedule is None:    # adaptive: its thresholds, as a forced schedule
@@ -185,8 +185,9 @@ def settings_used(model: Model, st: DecodeSettings, items: list[Item], batch_siz
 
 def fingerprint(model: Model, used: DecodeSettings, **job) -> dict:
   """What shapes a record's samples: the model, the sampler, the settings used (draft and tree as
-  resolved, where they change the samples: rejection sampling), and the job's own options. Greedy and
-  invariant sampling give plain decoding's tokens with any draft, so a run may resume with another."""
+  resolved, where they change the samples: rejection sampling or fast numerics), and the job's own
+  options. Greedy and invariant sampling with invariant numerics give plain decoding's tokens bit for bit
+  with any draft, so such a run may resume with another (settings.draft_shapes_samples)."""
   skip = AUTO_INPUTS + (() if used.draft_shapes_samples else ("draft", "tree", "schedule"))
   fp = {k: v for k, v in used.fingerprint().items() if k not in skip}
   return {"model": model.name, "sampler": sampling.SAMPLER[used.sampling], **fp, **job}

@@ -23,6 +23,7 @@ import tqdm
 from magicdec_jax import loop, schedule, sharding, shrink, slots
 from magicdec_jax import compile as compiling
 from magicdec_jax.cache import MAX_CHUNK, aligned_slots
+from magicdec_jax.layers.invariant import KEY_BLOCK
 from magicdec_jax.model import Model, full_forward
 from magicdec_jax.prompts import prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
@@ -69,10 +70,12 @@ def row_stat(new_tokens: int, rounds: int, accepted: int, drafted: int) -> dict[
           "mean_accepted_length": (accepted + rounds) / rounds if rounds else None}
 
 
-def cache_slots(prompt_bucket: int, max_new_tokens: int, tree_nodes: int) -> int:
+def cache_slots(prompt_bucket: int, max_new_tokens: int, tree_nodes: int, whole_blocks: bool = False) -> int:
   """Target-cache slots for prompts of `prompt_bucket` tokens: the prompt, the new tokens' bucket, a
-  round's tree and the pending token (rounded for the attention tile)."""
-  return aligned_slots(prompt_bucket + bucket(max_new_tokens) + tree_nodes + 1)
+  round's tree and the pending token (rounded for the attention tile; whole_blocks: to whole KEY_BLOCKs,
+  which fixed-shape attention sums one by one, layers/invariant.py)."""
+  n = aligned_slots(prompt_bucket + bucket(max_new_tokens) + tree_nodes + 1)
+  return -(-n // KEY_BLOCK) * KEY_BLOCK if whole_blocks else n
 
 
 def attention_reads_live_range(impl: str) -> bool:
@@ -97,7 +100,9 @@ class Engine:
   def __init__(self, model: Model, settings: DecodeSettings, *, mesh=None, device_memory: int | None = None):
     if not isinstance(settings, DecodeSettings):
       raise ValueError(f"settings must be a DecodeSettings, got {settings!r:.80}")
-    self.model, self.cfg, self.settings = model, model.config, settings
+    # the target computes with the settings' numerics (fixed-shape dots: layers/invariant.py)
+    self.model, self.settings = model, settings
+    self.cfg = dataclasses.replace(model.config, numerics=settings.numerics)
     self.mesh, self.device_memory = mesh, device_memory
     self.sampling = settings.sampler
     self.eos = self._eos(settings.eos_token_id)
@@ -228,7 +233,13 @@ class Engine:
     return 1 if self.variants is None else len(self.variants)
 
   def num_slots(self, prompt_bucket: int) -> int:
-    return cache_slots(prompt_bucket, self.settings.max_new_tokens, self.tree.num_nodes)
+    return cache_slots(prompt_bucket, self.settings.max_new_tokens, self.tree.num_nodes, self.cfg.invariant)
+
+  def prompt_bucket(self, longest: int) -> int:
+    """The padded prompt length for prompts of up to `longest` tokens. With fixed-shape numerics at least
+    MAX_CHUNK, so every prefill runs in chunks of MAX_CHUNK whatever the batch's prompts (a row's prompt
+    is then encoded with the same dots alone or beside a longer one)."""
+    return bucket(longest, MAX_CHUNK if self.cfg.invariant else 16)
 
   def out_len(self) -> int:
     return bucket(self.settings.max_new_tokens) + self.tree.num_nodes
@@ -413,10 +424,10 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
   eng.resolve_auto(n, min(len(p) for p in ids), max(len(p) for p in ids) + st.max_new_tokens,
-                   bucket(max(len(p) for p in ids)), fixed_batch=True)
+                   eng.prompt_bucket(max(len(p) for p in ids)), fixed_batch=True)
 
   b = eng.batch_rows(n)
-  p_bucket = bucket(max(len(p) for p in ids))
+  p_bucket = eng.prompt_bucket(max(len(p) for p in ids))
   num_slots = eng.num_slots(p_bucket)
   eng.check_memory(b, num_slots, p_bucket)
   tokens = np.zeros((b, p_bucket), np.int32)

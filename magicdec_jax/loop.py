@@ -91,8 +91,15 @@ def prefill_draft(target_params, draft_params, target: KVCache, tokens: jax.Arra
   """The draft's ring for prompts whose target cache is prefilled (None without a draft)."""
   if spec is None:
     return None
+  cfg = draft_config(cfg)
   ring = spec.empty_ring(cfg, tokens.shape[0], tree, target.num_slots)
   return spec.prefill_ring(ring, Prefill(target_params, draft_params, cfg, target, tokens, lengths, tree, chunk))
+
+
+def draft_config(cfg: ModelConfig) -> ModelConfig:
+  """The config a draft computes with: the target's, without fixed-shape numerics (only the target's
+  numbers decide the tokens, so the draft keeps its fastest dots)."""
+  return dataclasses.replace(cfg, numerics="fast") if cfg.invariant else cfg
 
 
 def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec, tree: Tree,
@@ -107,8 +114,8 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   if sampling.noisy_argmax:     # invariant: the noise of the tokens at positions L .. L + D, shared by all
     noise = position_noise(state.keys, state.lengths[:, None] + jnp.arange(tree.max_depth + 1)[None, :],
                            cfg.vocab_size)
-  r = Round(tree, sampling, target_params, cfg, draft_params, state.last, state.prev, state.lengths, draft_keys,
-            noise=noise)
+  r = Round(tree, sampling, target_params, draft_config(cfg), draft_params, state.last, state.prev, state.lengths,
+            draft_keys, noise=noise)
   if spec is None or tree.num_nodes == 1:    # plain decoding (with a draft: a plain round of a schedule)
     node_tokens = state.last[:, None]
   else:

@@ -28,7 +28,8 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import Attention, GatedMLP, RMSNorm, rms_norm
 from magicdec_jax.layers.attention import PrefixTree, ring_rule
 from magicdec_jax.layers.dense import dense
-from magicdec_jax.layers.prefill_attention import softcapped
+from magicdec_jax.layers.invariant import row_tile, tile_map
+from magicdec_jax.layers.prefill_attention import CausalChunk, softcapped
 
 
 @dataclasses.dataclass
@@ -42,21 +43,56 @@ class Model:
 
 
 class Block(nn.Module):
-  """One pre-norm decoder layer (Gemma: the attention and MLP outputs normed too, before the residual)."""
+  """One pre-norm decoder layer (Gemma: the attention and MLP outputs normed too, before the residual), in
+  three stages: `pre` (norm, q/k/v, RoPE: token-wise), `attend` (cache write + attention: per row),
+  `post` (o projection, residual, MLP: token-wise); fixed-shape numerics tile the token-wise ones."""
   cfg: ModelConfig
   impl: str = "xla"
   layer: int = 0
 
-  @nn.compact
-  def __call__(self, x, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
+  def setup(self):
     cfg = self.cfg
-    norm = lambda name: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_plus_one, name=name)
-    a, cache_k, cache_v, scores = Attention(cfg, self.impl, self.layer, name="attn")(
-        norm("attn_norm")(x), positions, cache_k, cache_v, write_slots, spec, return_scores)
-    x = x + (norm("post_attn_norm")(a) if cfg.post_norms else a)
-    m = GatedMLP(cfg.intermediate_size, cfg.jnp_dtype, cfg.activation, name="mlp")(norm("mlp_norm")(x))
-    x = x + (norm("post_mlp_norm")(m) if cfg.post_norms else m)
-    return x, cache_k, cache_v, scores
+    norm = lambda: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_plus_one)
+    self.attn_norm, self.mlp_norm = norm(), norm()
+    if cfg.post_norms:
+      self.post_attn_norm, self.post_mlp_norm = norm(), norm()
+    self.attn = Attention(cfg, self.impl, self.layer)
+    self.mlp = GatedMLP(cfg.intermediate_size, cfg.jnp_dtype, cfg.activation)
+
+  def pre(self, x, positions, alt_pos=None):
+    return self.attn.qkv(self.attn_norm(x), positions, alt_pos)
+
+  def attend(self, q, q_alt, k, v, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
+    return self.attn.attend_cache(q, q_alt, k, v, positions, cache_k, cache_v, write_slots, spec, return_scores)
+
+  def post(self, x, o):
+    post_norms = self.cfg.post_norms
+    a = self.attn.out(o)
+    x = x + (self.post_attn_norm(a) if post_norms else a)
+    m = self.mlp(self.mlp_norm(x))
+    return x + (self.post_mlp_norm(m) if post_norms else m)
+
+  def __call__(self, x, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
+    q, q_alt, k, v = self.pre(x, positions, getattr(spec, "alt_pos", None))
+    o, cache_k, cache_v, scores = self.attend(q, q_alt, k, v, positions, cache_k, cache_v, write_slots, spec,
+                                              return_scores)
+    return self.post(x, o), cache_k, cache_v, scores
+
+
+def invariant_block(lp, cfg: ModelConfig, impl: str, layer: int, x, positions, cache_k, cache_v, write_slots,
+                    spec, return_scores=False):
+  """Block `layer` with fixed-shape numerics (layers/invariant.py): its token-wise stages over tiles of
+  row_tile() tokens, its attention per row."""
+  if getattr(spec, "alt_pos", None) is not None:
+    raise ValueError("fixed-shape numerics compute the target, which has no alternative query positions "
+                     "(a draft's ring rule); drafts compute with loop.draft_config")
+  block, variables = Block(cfg, impl, layer), {"params": lp}
+  rows = row_tile(isinstance(spec, CausalChunk))
+  q, q_alt, k, v = tile_map(lambda xt, pt: block.apply(variables, xt, pt, method=Block.pre), rows, x, positions)
+  o, cache_k, cache_v, scores = block.apply(variables, q, q_alt, k, v, positions, cache_k, cache_v, write_slots,
+                                            spec, return_scores, method=Block.attend)
+  x = tile_map(lambda xt, ot: block.apply(variables, xt, ot, method=Block.post), rows, x, o)
+  return x, cache_k, cache_v, scores
 
 
 def init_params(cfg: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
@@ -102,14 +138,21 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
       if size not in rings:
         rings[size] = (None if ws is None else cache.layer_slots(i, ws), ring_rule(spec, positions, size))
       ws, sp = rings[size]
-    x, ck, cv, sc = Block(cfg, impl, i).apply({"params": lp}, x, positions, ck, cv, ws, sp, return_scores)
+    if cfg.invariant:
+      x, ck, cv, sc = invariant_block(lp, cfg, impl, i, x, positions, ck, cv, ws, sp, return_scores)
+    else:
+      x, ck, cv, sc = Block(cfg, impl, i).apply({"params": lp}, x, positions, ck, cv, ws, sp, return_scores)
     ks.append(ck)
     vs.append(cv)
     scores.append(sc)
     if i in feature_layers:
       feats[i] = x
   cache = cache.replace(k=tuple(ks), v=tuple(vs))
-  logits = lm_logits(params, cfg, x, params["final_norm"]["scale"]) if compute_logits else None
+  logits = None
+  if compute_logits and cfg.invariant:                        # logits: decode rounds only
+    logits = tile_map(lambda xt: lm_logits(params, cfg, xt, params["final_norm"]["scale"]), row_tile(False), x)
+  elif compute_logits:
+    logits = lm_logits(params, cfg, x, params["final_norm"]["scale"])
   out = (logits, cache)
   if return_scores:
     out += (tuple(scores),)

@@ -88,7 +88,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   n = len(ids)
   b = engine.bucket(n, 1)
   p = -(-longest // chunk) * chunk
-  num_slots = engine.cache_slots(p, max_new_tokens, max_tree_nodes)
+  num_slots = engine.cache_slots(p, max_new_tokens, max_tree_nodes, whole_blocks=True)   # either numerics
   tokens = np.zeros((b, p), np.int32)
   lengths = np.ones((b,), np.int32)
   for i, row in enumerate(ids):

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from magicdec_jax.config import NUMERICS
 from magicdec_jax.drafts import Draft, REGISTRY
 from magicdec_jax.pallas import IMPLS
 from magicdec_jax.sampling import MODES as SAMPLING_MODES, Sampling
@@ -36,7 +37,10 @@ class DecodeSettings:
   speculation's thresholds, [(from_context, gamma), ...] with gamma 0 for plain decoding (schedule.py).
   learn_acceptance: gamma="auto" re-plans a call from the acceptance its chain rounds have had and the
   measured speed of settings the cost model cannot separate (schedule.Learning; not with a forced
-  schedule or tree="auto")."""
+  schedule or tree="auto"). numerics: "invariant" (every dot of the target one fixed shape, so a row's
+  logits at a position are bitwise the same whatever the batch, slot, refill, draft, gamma or tree:
+  greedy and invariant sampling then give plain decoding's tokens exactly, in bfloat16 too) or "fast"
+  (the backend's own shapes: equal to rounding; layers/invariant.py)."""
   max_new_tokens: int
   temperature: float = 0.0
   top_k: int = 0
@@ -54,6 +58,7 @@ class DecodeSettings:
   xla_options: Mapping[str, Any] | None = None
   schedule: Any = None                   # forced adaptive thresholds [(from_context, gamma), ...] (schedule.py)
   learn_acceptance: bool = True          # gamma="auto": re-plan a call from its own acceptance and speed
+  numerics: str = "invariant"            # "invariant" (bitwise plain decoding's logits) or "fast"
 
   def __post_init__(self):
     if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
@@ -76,6 +81,8 @@ class DecodeSettings:
       raise ValueError(f"sampling must be one of {SAMPLING_MODES}, got {self.sampling!r}")
     if not isinstance(self.auto_fallback, bool):
       raise ValueError(f"auto_fallback must be True or False, got {self.auto_fallback!r}")
+    if self.numerics not in NUMERICS:
+      raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
     if not isinstance(self.learn_acceptance, bool):
       raise ValueError(f"learn_acceptance must be True or False, got {self.learn_acceptance!r}")
     if self.schedule is not None:
@@ -91,9 +98,10 @@ class DecodeSettings:
 
   @property
   def draft_shapes_samples(self) -> bool:
-    """Whether the draft, gamma and tree can change the tokens drawn: only under rejection sampling
-    (greedy and invariant sampling give plain decoding's tokens, to float rounding of the logits)."""
-    return not (self.temperature == 0 or self.sampling == "invariant")
+    """Whether the draft, gamma and tree can change the tokens drawn: under rejection sampling, and with
+    fast numerics (its verify pass rounds the logits differently from a one-token step, which can flip a
+    near-tie); greedy and invariant sampling with invariant numerics give plain decoding's tokens exactly."""
+    return not ((self.temperature == 0 or self.sampling == "invariant") and self.numerics == "invariant")
 
   @property
   def speculation(self) -> Tree | str | None:

@@ -81,7 +81,7 @@ class Generator:
     if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)) and max_prompt_tokens is None:
       max_prompt_tokens = max((len(self._ids(model, r, i)) for i, r in enumerate(requests)), default=1)
     longest = max_prompt_tokens or model.config.max_position_embeddings - st.max_new_tokens
-    self.engine.resolve_auto(batch_size, 1, longest + st.max_new_tokens, engine.bucket(longest))
+    self.engine.resolve_auto(batch_size, 1, longest + st.max_new_tokens, self.engine.prompt_bucket(longest))
     self.settings, self.plan = st, self.engine.plan
     self.model, self.seed = model, int(st.seed)
     self.batch = sharding.pad_batch(batch_size, mesh)     # whole rows on every data shard
@@ -146,7 +146,7 @@ class Generator:
 
   def _prefill(self, jobs: list[_Job]):
     """One fixed-shape prefill of up to prefill_batch prompts -> (target, ring, tokens, lengths)."""
-    p_bucket = engine.bucket(max(len(j.ids) for j in jobs))
+    p_bucket = self.engine.prompt_bucket(max(len(j.ids) for j in jobs))
     tokens = np.zeros((self.prefill_batch, p_bucket), np.int32)
     lengths = np.ones((self.prefill_batch,), np.int32)
     for r, j in enumerate(jobs):
@@ -208,7 +208,7 @@ class Generator:
         if not queue:
           break
         jobs = list(itertools.islice(queue, self.prefill_batch))
-        need = engine.bucket(max(max(len(j.ids) for j in jobs), self.max_prompt_tokens or 0))
+        need = self.engine.prompt_bucket(max(max(len(j.ids) for j in jobs), self.max_prompt_tokens or 0))
         if state is not None and need > p_cap:
           if any(o is not None for o in occupant) or entries:
             break                                  # drain, then rebuild the state for longer prompts

@@ -178,6 +178,16 @@ def _round_cost(doc, out, mod, stdout):
   assert row["ar_in_loop_s"] > 0 and g["round_in_loop_s"] > 0 and g["sum_of_steps_s"] > 0
 
 
+@case("invariant_numerics", slow=False)
+def _invariant_numerics(doc, out, mod, stdout):
+  """Both numerics decode; with fixed-shape numerics MagicDec's tokens are plain decoding's in every row."""
+  _env_ok(doc)
+  inv = doc["per_numerics"]["invariant"]
+  assert inv["rows_identical_to_plain"] == inv["rows"] == doc["batch"]
+  assert set(doc["cost_fast_over_invariant_tokens_per_s"]) == {"plain", "magicdec"}
+  assert all(r["tokens_per_s"] > 0 for r in doc["settings"].values())
+
+
 @case("prefill_bench", slow=False)
 def _prefill_bench(doc, out, mod, stdout):
   assert doc["engine"]["tokens_per_s"] > 0 and doc["previous_rule"]["tokens_per_s"] > 0

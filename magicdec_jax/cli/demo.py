@@ -164,19 +164,19 @@ def run(fv, log) -> None:
           max_new_tokens=fv.max_new_tokens if given("max_new_tokens") else DEMO_NEW_TOKENS,
           gamma=cli_flags.parse_gamma(fv.gamma) if given("gamma") else gamma, sink=fv.sink, window=fv.window,
           temperature=fv.temperature, seed=fv.seed, progress=fv.progress, shared_tokens=fv.shared_tokens,
-          repeats=fv.demo_repeats, shrink_batch=fv.shrink_batch,
+          repeats=fv.demo_repeats, shrink_batch=fv.shrink_batch, numerics=fv.numerics,
           draft_weights=(None if fv.draft_weights == "none" else fv.draft_weights)
           if given("draft_weights") else "bfloat16", log=log, root=ROOT)
 
 
 def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, gamma: int, sink: int,
             window: int, temperature: float, seed: int, progress: bool, shared_tokens: int | None = None,
-            repeats: int = 2, draft_weights: str | None = None, shrink_batch: bool = False, log=print,
-            root: str = ".") -> dict:
+            repeats: int = 2, draft_weights: str | None = None, shrink_batch: bool = False,
+            numerics: str = "invariant", log=print, root: str = ".") -> dict:
   """Prefill once, decode both ways (alternately, `repeats` times each), print the comparison; returns
   the figures. shared_tokens: the document all prompts start with (None: default_shared_tokens);
   draft_weights: StreamingDraft.weights (None: the target's own; "bfloat16": a narrower copy);
-  shrink_batch: both decodes shrink the batch as rows finish (shrink.py)."""
+  shrink_batch: both decodes shrink the batch as rows finish (shrink.py); numerics: DecodeSettings.numerics."""
   shared_tokens = default_shared_tokens(prompt_tokens) if shared_tokens is None else shared_tokens
   if not 0 <= shared_tokens < prompt_tokens:
     raise ValueError(f"shared_tokens must be in [0, prompt_tokens={prompt_tokens}), got {shared_tokens}")
@@ -191,7 +191,7 @@ def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int
   pre = prefilled.prefill(model, prompts, max_new_tokens=max_new_tokens, progress=progress)
   log(f"prefill: {pre.prefill_s:.1f}s ({batch * prompt_tokens / pre.prefill_s:.0f} prompt tokens/s; "
       f"{pre.shared_tokens} shared tokens computed once) + {pre.compile_s:.1f}s compile")
-  gen = dict(temperature=temperature, seed=seed, shrink_batch=shrink_batch)
+  gen = dict(temperature=temperature, seed=seed, shrink_batch=shrink_batch, numerics=numerics)
   ars, mds = [], []
   for r in range(repeats):
     ars.append(prefilled.decode(model, pre, **gen))

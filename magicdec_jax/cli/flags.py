@@ -16,7 +16,7 @@ from typing import Sequence
 
 from absl import app, flags
 
-from magicdec_jax import checkpoints, drafts, feature_head, sampling, settings, sharding, testing, trees
+from magicdec_jax import checkpoints, config, drafts, feature_head, sampling, settings, sharding, testing, trees
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.tuning import calibrate, shapes
@@ -80,6 +80,9 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
                     "speculative rejection sampling (highest acceptance; the samples depend on the draft); "
                     "invariant = drafter-invariant sampling (the samples are plain decoding's whatever the draft, "
                     "gamma, tree or batch: Gumbel-max with noise per seed, stream and position).", **d)
+  flags.DEFINE_enum("numerics", "invariant", list(config.NUMERICS), "invariant = every dot of the target one "
+                    "fixed shape, so greedy and invariant sampling give plain decoding's tokens bit for bit (bfloat16 "
+                    "too) whatever the draft, batch or slot; fast = the backend's own shapes (equal to rounding).", **d)
   flags.DEFINE_integer("seed", 0, "Random seed.", lower_bound=0, upper_bound=2**31 - 1, **d)
   flags.DEFINE_integer("max_new_tokens", 64, "New tokens per prompt.", lower_bound=1, upper_bound=1 << 20, **d)
   flags.DEFINE_integer("batch_size", 4, "Rows per generate call (demo); decode slots (datagen).", lower_bound=1,
@@ -423,6 +426,7 @@ def decode_settings(fv, target) -> settings.DecodeSettings:
         seed=fv.seed, draft=build_draft(fv, target), gamma=parse_gamma(fv.gamma), sampling=fv.sampling,
         tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl,
         hardware=fv.hardware or None, learn_acceptance=fv.learn_acceptance,
+        numerics=fv.numerics,
         acceptance=load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file else None)
   except ValueError as e:
     raise app.UsageError(str(e)) from None

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from magicdec_jax import pallas
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.dense import dense
+from magicdec_jax.layers.invariant import tiled_attention
 from magicdec_jax.layers.norm import RMSNorm
 from magicdec_jax.layers.prefill_attention import CausalChunk, causal_chunk_attention, softcapped
 from magicdec_jax.layers.rope import apply_rope, rope_frequencies
@@ -104,9 +105,10 @@ def ring_rule(spec, q_pos: jax.Array, size: int) -> DenseMask:
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                      return_scores: bool = False, q_alt: jax.Array | None = None,
                      alt_slots: jax.Array | None = None, *, scale: float | None = None,
-                     softcap: float | None = None):
+                     softcap: float | None = None, invariant: bool = False):
   """q [B,T,H,D], k/v [B,K,S,D], mask [B,T,S] -> out [B,T,H,D] (and [B,K,S] probability mass per KV head).
-  Logits are q.k x `scale` (default D ** -0.5), soft-capped to softcap * tanh(. / softcap) if given."""
+  Logits are q.k x `scale` (default D ** -0.5), soft-capped to softcap * tanh(. / softcap) if given.
+  `invariant`: fixed-shape numerics (layers/invariant.tiled_attention; not with scores or q_alt)."""
   b, t, h, d = q.shape
   kh = k.shape[1]
   out_dtype = q.dtype
@@ -114,6 +116,13 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   q, k, v, q_alt = dot_operands(q, k, v, q if q_alt is None else q_alt)
   q_alt = None if alt_slots is None else q_alt
   prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None   # no TF32 on GPU for fp32
+  if invariant:
+    if return_scores or q_alt is not None:
+      raise ValueError("fixed-shape attention returns no scores and takes no alternative query positions")
+    mask_q = jnp.repeat(mask, h // kh, axis=1)
+    out = tiled_attention(fold_queries(q, kh), k, v, mask_q, tokens=t, scale=scale, softcap=softcap,
+                          precision=prec)
+    return unfold_queries(out, t).astype(out_dtype)
 
   def scores(qq):
     return softcapped(jnp.einsum("BKQD,BKSD->BKQS", fold_queries(qq, kh), k, preferred_element_type=jnp.float32,
@@ -134,12 +143,14 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 
 
 def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=None, *, q_pos=None,
-           window: int | None = None, scale: float | None = None, softcap: float | None = None):
+           window: int | None = None, scale: float | None = None, softcap: float | None = None,
+           invariant: bool = False):
   """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel (not with a window
-  or soft-capping). q_pos [B, T]: the query positions (needed with a window)."""
+  or soft-capping, nor with fixed-shape numerics: `invariant`). q_pos [B, T]: the query positions (needed
+  with a window)."""
   num_slots = k.shape[2]
   if isinstance(spec, PrefixTree):
-    kernel = window is None and softcap is None and not return_scores
+    kernel = window is None and softcap is None and not return_scores and not invariant
     if kernel and impl == "auto":
       impl = pallas.resolve_impl(q, k, v, spec.base, spec.anc, scale=scale)
     if kernel and impl != "xla":
@@ -147,64 +158,80 @@ def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=
     mask = visibility_mask(spec.base, spec.anc, num_slots)
     if window is not None:
       mask = mask & in_window(tree_key_positions(spec.base, q_pos, num_slots), q_pos, window)
-    return masked_attention(q, k, v, mask, return_scores, scale=scale, softcap=softcap)
+    return masked_attention(q, k, v, mask, return_scores, scale=scale, softcap=softcap, invariant=invariant)
   mask = spec.mask
   if window is not None:
     key_pos = spec.key_pos
     if key_pos is None:                                            # a linear cache: slot s holds position s
       key_pos = jnp.broadcast_to(jnp.arange(num_slots, dtype=jnp.int32), (q.shape[0], num_slots))
     mask = mask & in_window(key_pos, q_pos, window)
-  return masked_attention(q, k, v, mask, return_scores, q_alt, spec.alt_slots, scale=scale, softcap=softcap)
+  return masked_attention(q, k, v, mask, return_scores, q_alt, spec.alt_slots, scale=scale, softcap=softcap,
+                          invariant=invariant)
 
 
 class Attention(nn.Module):
   """q/k/v/o projections (+ biases) + q/k norms + RoPE + cache write + attention, for layer `layer` (its
   window and RoPE: cfg.layer_window / cfg.layer_rope) and that layer's own cache buffers [B, K, S, D]
-  (written in place, read where they lie: no slice or copy of the cache)."""
+  (written in place, read where they lie: no slice or copy of the cache). Three stages, so fixed-shape
+  numerics (model.py) can run the token-wise ones over fixed tiles of tokens: `qkv` (token-wise),
+  `attend_cache` (cache write + attention, per row), `out` (token-wise); model.Block composes them."""
   cfg: ModelConfig
   impl: str = "xla"
   layer: int = 0
 
-  @nn.compact
-  def __call__(self, x, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
+  def setup(self):
     cfg, dt = self.cfg, self.cfg.jnp_dtype
     init, zeros = nn.initializers.normal(0.02), nn.initializers.zeros
-    dm, h, kh, d = x.shape[-1], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    wq = self.param("q", init, (dm, h, d), dt)
-    wk = self.param("k", init, (dm, kh, d), dt)
-    wv = self.param("v", init, (dm, kh, d), dt)
-    wo = self.param("o", init, (h, d, dm), dt)
-    bq, bk, bv = ((self.param("q_bias", zeros, (h * d,), dt), self.param("k_bias", zeros, (kh * d,), dt),
-                   self.param("v_bias", zeros, (kh * d,), dt)) if cfg.qkv_bias else (None, None, None))
-    inv_freq = rope_frequencies(cfg, self.layer)
-    q_raw, k = project(x, wq, bq), project(x, wk, bk)
+    dm, h, kh, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    self.wq = self.param("q", init, (dm, h, d), dt)
+    self.wk = self.param("k", init, (dm, kh, d), dt)
+    self.wv = self.param("v", init, (dm, kh, d), dt)
+    self.wo = self.param("o", init, (h, d, dm), dt)
+    if cfg.qkv_bias:
+      self.bq, self.bk = self.param("q_bias", zeros, (h * d,), dt), self.param("k_bias", zeros, (kh * d,), dt)
+      self.bv = self.param("v_bias", zeros, (kh * d,), dt)
     if cfg.qk_norm:                                                          # per head, before RoPE
-      q_raw = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one, name="q_norm")(q_raw)
-      k = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one, name="k_norm")(k)
+      self.q_norm = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one)
+      self.k_norm = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one)
+    if cfg.o_bias:
+      self.bo = self.param("o_bias", zeros, (dm,), dt)
+
+  def qkv(self, x, positions, alt_pos=None):
+    """x [B, T, Dm] -> q [B, T, H, D] (rotated at positions), q rotated at alt_pos (or None), k, v [B, T, K, D]."""
+    cfg = self.cfg
+    bq, bk, bv = (self.bq, self.bk, self.bv) if cfg.qkv_bias else (None, None, None)
+    inv_freq = rope_frequencies(cfg, self.layer)
+    q_raw, k = project(x, self.wq, bq), project(x, self.wk, bk)
+    if cfg.qk_norm:
+      q_raw, k = self.q_norm(q_raw), self.k_norm(k)
     q = apply_rope(q_raw, positions, inv_freq)
-    alt_pos = getattr(spec, "alt_pos", None)
     q_alt = None if alt_pos is None else apply_rope(q_raw, alt_pos, inv_freq)
-    k = apply_rope(k, positions, inv_freq)                                   # [B, T, K, D]
-    v = project(x, wv, bv)
+    return q, q_alt, apply_rope(k, positions, inv_freq), project(x, self.wv, bv)
+
+  def attend_cache(self, q, q_alt, k, v, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
+    """The new tokens' k/v written at write_slots, then q attending to the cache under `spec` ->
+    (out [B, T, H, D], cache_k, cache_v, scores or None)."""
+    cfg = self.cfg
     if write_slots is not None:
       cache_k = write_rows(cache_k, write_slots, k)
       cache_v = write_rows(cache_v, write_slots, v)
     window = cfg.layer_window(self.layer)
     scale = None if cfg.query_pre_attn_scalar is None else cfg.attn_scale
     if isinstance(spec, CausalChunk):
-      out, scores = causal_chunk_attention(q, k, v, cache_k, cache_v, spec.start, scale=scale,
-                                           softcap=cfg.attn_softcap, window=window), None
-    else:
-      res = attend(q, cache_k, cache_v, spec, self.impl, return_scores, q_alt, q_pos=positions,
-                   window=window, scale=scale, softcap=cfg.attn_softcap)
-      out, scores = res if return_scores else (res, None)
-    b, t = out.shape[:2]
+      return causal_chunk_attention(q, k, v, cache_k, cache_v, spec.start, scale=scale,
+                                    softcap=cfg.attn_softcap, window=window), cache_k, cache_v, None
+    res = attend(q, cache_k, cache_v, spec, self.impl, return_scores, q_alt, q_pos=positions, window=window,
+                 scale=scale, softcap=cfg.attn_softcap, invariant=cfg.invariant)
+    out, scores = res if return_scores else (res, None)
+    return out, cache_k, cache_v, scores
+
+  def out(self, o):
+    """The attention output [B, T, H, D] -> [B, T, Dm] through the o projection (+ bias)."""
+    b, t, h, d = o.shape
     # [B, T, N*H] x [N*H, Dm]: both reshapes are free, and XLA then never transposes the weight (with a
     # "BTNH,NHD" contraction XLA:CPU copied every layer's o weight into [H, N, Dm] order each step)
-    o = dense("BTF,FD->BTD", out.reshape(b, t, h * d), wo.reshape(h * d, dm))
-    if cfg.o_bias:
-      o = (o + self.param("o_bias", zeros, (dm,), dt)).astype(o.dtype)
-    return o, cache_k, cache_v, scores
+    y = dense("BTF,FD->BTD", o.reshape(b, t, h * d), self.wo.reshape(h * d, -1))
+    return (y + self.bo).astype(y.dtype) if self.cfg.o_bias else y
 
 
 def project(x: jax.Array, w: jax.Array, bias: jax.Array | None = None) -> jax.Array:

@@ -1,0 +1,129 @@
+"""Fixed-shape numerics: a (row, position)'s numbers never depend on what else is computed with it.
+
+A backend picks its matmul algorithm from the operands' shapes, and different algorithms sum in different
+orders. Measured on XLA:CPU (jax 0.10, `[M, 576] x [576, 1536]`): M = 1, M = 2..32 and M >= 40 are three
+algorithms, and a row's float32 result differs between them in its last bits; in bfloat16 those bits then
+flip roundings. A verify pass computes a position with M = B x (gamma + 1) rows, plain decoding with
+M = B: the logits differ by rounding, and a greedy argmax near a tie flips (issue 45: 3 of 4 rows differed
+from plain decoding in bfloat16). So with `ModelConfig.numerics == "invariant"` every dot of the target
+has one shape, whatever the batch, the round's query count, the slot count or the phase:
+
+  * everything a layer computes token by token (norms, projections, RoPE, the MLP, the LM head) runs on
+    tiles of exactly `rows` tokens (`row_tile`: decode and prefill have their own; tokens padded up to
+    it, more tokens run as a loop over tiles: `tile_map`). Not only dots: XLA:CPU's elementwise code
+    depends on the shape too (an RMS norm over 4 rows differed from the same rows among 8, and an exp
+    over one row from the same row among 128, in float32);
+  * decode attention sums the values over fixed blocks of `key_block` slots, the blocks' partial sums
+    added one after another in slot order (`tiled_attention`). A block beyond a row's last visible slot
+    adds exact zeros, so the slot count of the cache does not change a bit of the result. On an
+    accelerator it scores tiles of exactly `query_tokens()` query tokens (x the G heads of a KV group).
+    On XLA:CPU the query rows are left untiled (padded to 2): its attention dots give a row the same bits
+    among 2 to 256 rows (measured, and guarded by tests/test_invariant_numerics.py), while a 4-token tile
+    cost plain decoding 1.44x its step at SmolLM2 8 x 4096 (benchmarks/invariant_numerics.py);
+  * a prefill always runs in chunks of one size (the engine pads prompts to it), so its rows' dots have
+    one shape too.
+
+Every other operation is elementwise or a reduction over one row of fixed length (norms, softmax max,
+RoPE), which does not depend on the other rows. Shapes, not values, are fixed: the same executable
+compiled twice, or on another machine, may pick other algorithms, so the guarantee is between runs of one
+build on one machine (tests/test_invariant_numerics.py checks it against plain decoding).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+DECODE_ROWS = {"cpu": 8}          # tokens per token-wise tile in a decode round (else DEFAULT_DECODE_ROWS)
+DEFAULT_DECODE_ROWS = 128         # accelerators: a projection reads its weights once up to 128 rows (prediction)
+PREFILL_ROWS = 256                # tokens per token-wise tile in a prefill chunk (one row's chunk)
+QUERY_TOKENS = {"cpu": 0}         # query tokens per attention tile (else DEFAULT_QUERY_TOKENS); 0: untiled
+DEFAULT_QUERY_TOKENS = 4          # plain decoding and chains up to gamma 3 in one tile
+KEY_BLOCK = 64                    # slots per partial sum of the attention's value reduction
+NEG_BIG = -1e30
+
+
+def row_tile(prefill: bool) -> int:
+  """Tokens per token-wise tile for a prefill chunk or a decode round on the default backend."""
+  return PREFILL_ROWS if prefill else DECODE_ROWS.get(jax.default_backend(), DEFAULT_DECODE_ROWS)
+
+
+def query_tokens() -> int:
+  """Query tokens per attention tile on the default backend; 0: the query rows are not tiled (at least 2)."""
+  return QUERY_TOKENS.get(jax.default_backend(), DEFAULT_QUERY_TOKENS)
+
+
+def key_block(num_slots: int) -> int:
+  """The largest power of two <= KEY_BLOCK dividing num_slots: KEY_BLOCK for the target caches the engine
+  sizes (whole blocks); a target's ring layer (a windowed layer) keeps one size in every run."""
+  blk = KEY_BLOCK
+  while num_slots % blk:
+    blk //= 2
+  return blk
+
+
+def tile_map(fn, rows: int, *xs):
+  """fn over the tokens of xs (arrays [B, T, ...] or None) in tiles of exactly `rows` tokens, each tile
+  given to fn as [rows, 1, ...] -> fn's outputs (a pytree of [rows, 1, ...] arrays) as [B, T, ...]. The
+  tokens are padded up to a multiple of `rows` and the tiles run as a loop whose body is fenced by
+  optimization barriers, so XLA compiles fn once for that shape and fuses nothing across it."""
+  b, t = next(x for x in xs if x is not None).shape[:2]
+  m = b * t
+  tiles = -(-m // rows)
+
+  def split(x):
+    x = x.reshape(m, *x.shape[2:])
+    x = jnp.pad(x, ((0, tiles * rows - m),) + ((0, 0),) * (x.ndim - 1))
+    return x.reshape(tiles, rows, 1, *x.shape[1:])
+
+  def body(args):
+    return jax.lax.optimization_barrier(fn(*jax.lax.optimization_barrier(args)))
+
+  out = jax.lax.map(body, tuple(None if x is None else split(x) for x in xs))
+  return jax.tree.map(lambda y: y.reshape(tiles * rows, *y.shape[3:])[:m].reshape(b, t, *y.shape[3:]), out)
+
+
+def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, tokens: int, scale: float,
+                    softcap: float | None, precision) -> jax.Array:
+  """Folded queries qf [B, K, T*G, D] of `tokens` = T query tokens, one layer's k/v [B, K, S, D] (already in
+  the dot's dtype) and the visibility mask [B, T*G, S] -> [B, K, T*G, D] float32, in tiles of query_tokens()
+  tokens (padded; more run as a loop, each tile reading the whole cache) and KEY_BLOCK slot blocks."""
+  b, kh, tg, d = qf.shape
+  s = k.shape[2]
+  g = tg // tokens
+  per_tile = query_tokens()
+  if per_tile:
+    q0, tiles = per_tile * g, -(-tokens // per_tile)
+  else:                         # untiled (a backend whose attention dots are row-invariant from 2 rows on)
+    q0, tiles = max(tg, 2), 1
+  pad = tiles * q0 - tg
+  qf = jnp.pad(qf, ((0, 0), (0, 0), (0, pad), (0, 0)))
+  mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
+  blk = key_block(s)
+  nb = s // blk
+  vb = v.reshape(b, kh, nb, blk, d)
+
+  def tile(args):
+    qt, mt = args                                                              # [B, K, q0, D], [B, q0, S]
+    logits = jnp.einsum("BKQD,BKSD->BKQS", qt, k, preferred_element_type=jnp.float32, precision=precision)
+    logits = logits * scale
+    if softcap is not None:
+      logits = jnp.tanh(logits / softcap) * softcap
+    seen = mt[:, None]
+    logits = jnp.where(seen, logits, NEG_BIG)
+    top = logits.max(-1, keepdims=True)                                        # a max is exact in any order
+    p = jnp.where(seen, jnp.exp(logits - top), 0.0).reshape(b, kh, q0, nb, blk)
+    part_l = p.sum(-1)                                                         # [B, K, q0, nb]
+    part_o = jnp.einsum("BKQnS,BKnSD->BKnQD", p.astype(v.dtype), vb, preferred_element_type=jnp.float32,
+                        precision=precision)                                  # [B, K, nb, q0, D]
+    o, l = part_o[:, :, 0], part_l[..., 0]
+    for i in range(1, nb):                                                     # in slot order, one by one
+      o, l = o + part_o[:, :, i], l + part_l[..., i]
+    return o / l[..., None]
+
+  if tiles == 1:
+    out = tile((qf, mask))
+  else:
+    qs = jnp.moveaxis(qf.reshape(b, kh, tiles, q0, d), 2, 0)
+    ms = jnp.moveaxis(mask.reshape(b, tiles, q0, s), 1, 0)
+    out = jnp.moveaxis(jax.lax.map(tile, (qs, ms)), 0, 2).reshape(b, kh, tiles * q0, d)
+  return out[:, :, :tg]
