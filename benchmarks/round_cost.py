@@ -13,6 +13,7 @@ attention dots, the in-place writes and the commit's gather). Medians of `--repe
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -35,8 +36,9 @@ def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: i
   """Median seconds per round of loop.decode (compiled once) over a zero cache of `context` tokens."""
   cfg, params = model.config, model.params
   slots = aligned_slots(context + rounds * tree.num_nodes + tree.num_nodes + 1)
-  ring_fn = jax.jit(lambda t, l: spec.prefill_ring(spec.empty_ring(cfg, batch, tree, slots), Prefill(
-      params, draft_params, cfg, t, jnp.ones((batch, context), jnp.int32), l, tree, context)))
+  dcfg = loop.draft_config(cfg)
+  ring_fn = jax.jit(lambda t, l: spec.prefill_ring(spec.empty_ring(dcfg, batch, tree, slots), Prefill(
+      params, draft_params, dcfg, t, jnp.ones((batch, context), jnp.int32), l, tree, context)))
 
   def state():
     lengths = jnp.full((batch,), context, jnp.int32)
@@ -70,12 +72,16 @@ def main(argv=None):
                   help="the self-draft's weights: the target's own, or a bfloat16 copy (the demo's draft)")
   ap.add_argument("--rounds", type=int, default=24, help="rounds per in-loop run")
   ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--numerics", choices=["fast", "invariant"], default="fast",
+                  help="the target's numerics (layers/invariant.py); drafts always compute fast")
   args = common.parse(ap, argv, shapes=[(2, 64)], gammas=[2], window=16, rounds=4, repeats=1)
   model, source = common.model(args.smoke)
+  model = dataclasses.replace(model, config=dataclasses.replace(model.config, numerics=args.numerics))
   out_path = common.output_path(args.output, "round_cost")
   weights = None if args.draft_weights == "none" else args.draft_weights
   spec = drafts.StreamingDraft(args.sink, args.window, weights=weights)
   doc = {"benchmark": "round_cost", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
+         "numerics": args.numerics,
          "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window, "weights": weights},
          "rows": []}
   cfg, params = model.config, model.params
@@ -88,7 +94,8 @@ def main(argv=None):
     row = {"batch": b, "context": n, "ar_alone_s": ar_alone["median_s"], "ar_alone_min_s": ar_alone["seconds"],
            "ar_in_loop_s": ar_loop["median_s"], "ar_ratio": ar_loop["median_s"] / ar_alone["median_s"],
            "draft_alone_s": None, "gammas": []}
-    draft = iso(1, "ring", args.sink + args.window, draft_params or params)
+    draft = calibrate.time_step(draft_params or params, loop.draft_config(cfg), b, args.sink + args.window, 1,
+                                "ring", repeats=args.repeats + 2)
     row["draft_alone_s"] = draft["median_s"]
     for g in args.gammas:
       verify = iso(g + 1)
