@@ -9,7 +9,7 @@ not timed: its decode is run once before). Per setting: the median decode second
 tokens/s; per numerics: MagicDec's speedup over plain decoding of the same numerics and whether their tokens
 are identical (rows identical of B); across numerics: the cost (fast tokens/s / invariant tokens/s).
 `--temperature 0.8 --top_p 0.95` decodes with invariant sampling (samples are then plain decoding's).
-`--query_tokens` / `--decode_rows` override the invariant tiles for this run (design exploration; recorded).
+`--pad_query_tile` / `--decode_rows` override the invariant tiles for this run (design exploration; recorded).
 
   python -m benchmarks.invariant_numerics                       # 8 x 4096 float32, ~15 min on the 2-core CPU
   python -m benchmarks.invariant_numerics --dtype bfloat16 --shape 4x512 --new 96
@@ -36,12 +36,13 @@ def main(argv=None) -> str:
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--temperature", type=float, default=0.0)
   ap.add_argument("--top_p", type=float, default=1.0)
-  ap.add_argument("--query_tokens", type=int, default=None)
+  ap.add_argument("--pad_query_tile", choices=["yes", "no"], default=None,
+                  help="pad a round of fewer than QUERY_TOKENS query tokens to a whole attention tile")
   ap.add_argument("--decode_rows", type=int, default=None)
   a = common.parse(ap, argv, shape="4x64", new=8, repeats=1)
   backend = jax.default_backend()
-  if a.query_tokens is not None:
-    invariant.QUERY_TOKENS[backend] = a.query_tokens
+  if a.pad_query_tile is not None:
+    invariant.PAD_QUERY_TILE[backend] = a.pad_query_tile == "yes"
   if a.decode_rows is not None:
     invariant.DECODE_ROWS[backend] = a.decode_rows
   b, p = common.shape_list(a.shape)[0]
@@ -85,7 +86,8 @@ def main(argv=None) -> str:
          "gamma": a.gamma, "draft": f"StreamingDraft(4, 256, weights={weights})", "sampling": sample,
          "repeats": a.repeats,
          "invariant_tiles": {"decode_rows": invariant.row_tile(False), "prefill_rows": invariant.row_tile(True),
-                             "query_tokens": invariant.query_tokens(), "key_block": invariant.KEY_BLOCK},
+                             "query_tokens": invariant.QUERY_TOKENS, "pad_query_tile": invariant.pad_query_tile(),
+                             "key_block": invariant.KEY_BLOCK},
          "settings": rows, "per_numerics": per_numerics,
          "cost_fast_over_invariant_tokens_per_s": cost,
          "plain_tokens_identical_across_numerics": (tokens.get("fast/plain") == tokens.get("invariant/plain")

@@ -16,10 +16,12 @@ has one shape, whatever the batch, the round's query count, the slot count or th
   * decode attention sums the values over fixed blocks of `key_block` slots, the blocks' partial sums
     added one after another in slot order (`tiled_attention`). A block beyond a row's last visible slot
     adds exact zeros, so the slot count of the cache does not change a bit of the result. On an
-    accelerator it scores tiles of exactly `query_tokens()` query tokens (x the G heads of a KV group).
-    On XLA:CPU the query rows are left untiled (padded to 2): its attention dots give a row the same bits
-    among 2 to 256 rows (measured, and guarded by tests/test_invariant_numerics.py), while a 4-token tile
-    cost plain decoding 1.44x its step at SmolLM2 8 x 4096 (benchmarks/invariant_numerics.py);
+    scores tiles of `QUERY_TOKENS` query tokens (x the G heads of a KV group; more tokens run as a loop
+    of tiles, each reading the cache). On an accelerator every tile is padded to that size. On XLA:CPU a
+    round of up to QUERY_TOKENS tokens is one unpadded tile (at least 2 rows): its attention dots give a
+    row the same bits among 2 to 4G rows (measured; tests/test_invariant_numerics.py guards it), while
+    padding cost plain decoding 1.44x its step at SmolLM2 8 x 4096 (benchmarks/invariant_numerics.py). A
+    16-node tree untiled (48 rows) did differ in one row of 8: rounds of more tokens are tiled;
   * a prefill always runs in chunks of one size (the engine pads prompts to it), so its rows' dots have
     one shape too.
 
@@ -36,8 +38,8 @@ import jax.numpy as jnp
 DECODE_ROWS = {"cpu": 8}          # tokens per token-wise tile in a decode round (else DEFAULT_DECODE_ROWS)
 DEFAULT_DECODE_ROWS = 128         # accelerators: a projection reads its weights once up to 128 rows (prediction)
 PREFILL_ROWS = 256                # tokens per token-wise tile in a prefill chunk (one row's chunk)
-QUERY_TOKENS = {"cpu": 0}         # query tokens per attention tile (else DEFAULT_QUERY_TOKENS); 0: untiled
-DEFAULT_QUERY_TOKENS = 4          # plain decoding and chains up to gamma 3 in one tile
+QUERY_TOKENS = 4                  # query tokens per attention tile: plain decoding and chains up to gamma 3
+PAD_QUERY_TILE = {"cpu": False}   # pad a single tile of fewer tokens up to QUERY_TOKENS (else True)
 KEY_BLOCK = 64                    # slots per partial sum of the attention's value reduction
 NEG_BIG = -1e30
 
@@ -47,9 +49,9 @@ def row_tile(prefill: bool) -> int:
   return PREFILL_ROWS if prefill else DECODE_ROWS.get(jax.default_backend(), DEFAULT_DECODE_ROWS)
 
 
-def query_tokens() -> int:
-  """Query tokens per attention tile on the default backend; 0: the query rows are not tiled (at least 2)."""
-  return QUERY_TOKENS.get(jax.default_backend(), DEFAULT_QUERY_TOKENS)
+def pad_query_tile() -> bool:
+  """Whether a round of fewer than QUERY_TOKENS query tokens is padded up to a whole tile on this backend."""
+  return PAD_QUERY_TILE.get(jax.default_backend(), True)
 
 
 def key_block(num_slots: int) -> int:
@@ -85,16 +87,16 @@ def tile_map(fn, rows: int, *xs):
 def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, tokens: int, scale: float,
                     softcap: float | None, precision) -> jax.Array:
   """Folded queries qf [B, K, T*G, D] of `tokens` = T query tokens, one layer's k/v [B, K, S, D] (already in
-  the dot's dtype) and the visibility mask [B, T*G, S] -> [B, K, T*G, D] float32, in tiles of query_tokens()
-  tokens (padded; more run as a loop, each tile reading the whole cache) and KEY_BLOCK slot blocks."""
+  the dot's dtype) and the visibility mask [B, T*G, S] -> [B, K, T*G, D] float32, in tiles of QUERY_TOKENS
+  tokens (see the module docstring; more run as a loop, each tile reading the whole cache) and KEY_BLOCK
+  slot blocks."""
   b, kh, tg, d = qf.shape
   s = k.shape[2]
   g = tg // tokens
-  per_tile = query_tokens()
-  if per_tile:
-    q0, tiles = per_tile * g, -(-tokens // per_tile)
-  else:                         # untiled (a backend whose attention dots are row-invariant from 2 rows on)
-    q0, tiles = max(tg, 2), 1
+  tiles = -(-tokens // QUERY_TOKENS)
+  q0 = QUERY_TOKENS * g
+  if tiles == 1 and not pad_query_tile():     # one short tile left unpadded (at least 2 rows): see the docstring
+    q0 = max(tg, 2)
   pad = tiles * q0 - tg
   qf = jnp.pad(qf, ((0, 0), (0, 0), (0, pad), (0, 0)))
   mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
