@@ -98,10 +98,13 @@ class DecodeSettings:
 
   @property
   def draft_shapes_samples(self) -> bool:
-    """Whether the draft, gamma and tree can change the tokens drawn: under rejection sampling, and with
-    fast numerics (its verify pass rounds the logits differently from a one-token step, which can flip a
-    near-tie); greedy and invariant sampling with invariant numerics give plain decoding's tokens exactly."""
-    return not ((self.temperature == 0 or self.sampling == "invariant") and self.numerics == "invariant")
+    """Whether the draft, gamma and tree can change the tokens drawn: under rejection sampling, with fast
+    numerics (a verify pass rounds the logits differently from a one-token step, which can flip a
+    near-tie), and with a tree (its nodes' slots differ from plain decoding's: layers/invariant.py);
+    greedy and invariant sampling of a chain with invariant numerics give plain decoding's tokens exactly."""
+    chain = self.tree is None or (isinstance(self.tree, Tree) and self.tree.is_chain)
+    exact = (self.temperature == 0 or self.sampling == "invariant") and self.numerics == "invariant"
+    return not (exact and chain)
 
   @property
   def speculation(self) -> Tree | str | None:
