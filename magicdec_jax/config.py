@@ -44,7 +44,7 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"  # params and caches: "float32" or "bfloat16"
-  numerics: str = "fast"  # "invariant": every dot of one fixed shape (layers/invariant.py); set by the engine
+  numerics: str = "fast"  # "invariant": the target computed at fixed shapes (layers/invariant.py); set by the engine
   # ---- family features (docs/families.md) ----
   qkv_bias: bool = False                # biases on the q, k, v projections (Qwen2; attention_bias)
   o_bias: bool = False                  # a bias on the o projection (attention_bias of LLaMA, Qwen3, Gemma)

@@ -185,9 +185,9 @@ def settings_used(model: Model, st: DecodeSettings, items: list[Item], batch_siz
 
 def fingerprint(model: Model, used: DecodeSettings, **job) -> dict:
   """What shapes a record's samples: the model, the sampler, the settings used (draft and tree as
-  resolved, where they change the samples: rejection sampling or fast numerics), and the job's own
-  options. Greedy and invariant sampling with invariant numerics give plain decoding's tokens bit for bit
-  with any draft, so such a run may resume with another (settings.draft_shapes_samples)."""
+  resolved, where they change the samples: rejection sampling, a tree or fast numerics), and the job's
+  own options. Greedy and invariant sampling of a chain with invariant numerics give plain decoding's
+  tokens bit for bit with any draft, so such a run may resume with another (settings.draft_shapes_samples)."""
   skip = AUTO_INPUTS + (() if used.draft_shapes_samples else ("draft", "tree", "schedule"))
   fp = {k: v for k, v in used.fingerprint().items() if k not in skip}
   return {"model": model.name, "sampler": sampling.SAMPLER[used.sampling], **fp, **job}

@@ -148,11 +148,10 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
     if i in feature_layers:
       feats[i] = x
   cache = cache.replace(k=tuple(ks), v=tuple(vs))
+  head = lambda h: lm_logits(params, cfg, h, params["final_norm"]["scale"])
   logits = None
-  if compute_logits and cfg.invariant:                        # logits: decode rounds only
-    logits = tile_map(lambda xt: lm_logits(params, cfg, xt, params["final_norm"]["scale"]), row_tile(False), x)
-  elif compute_logits:
-    logits = lm_logits(params, cfg, x, params["final_norm"]["scale"])
+  if compute_logits:                                          # (decode rounds only: prefill computes none)
+    logits = tile_map(head, row_tile(False), x) if cfg.invariant else head(x)
   out = (logits, cache)
   if return_scores:
     out += (tuple(scores),)

@@ -81,8 +81,8 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
                     "invariant = drafter-invariant sampling (the samples are plain decoding's whatever the draft, "
                     "gamma, tree or batch: Gumbel-max with noise per seed, stream and position).", **d)
   flags.DEFINE_enum("numerics", "invariant", list(config.NUMERICS), "invariant = every dot of the target one "
-                    "fixed shape, so greedy and invariant sampling give plain decoding's tokens bit for bit (bfloat16 "
-                    "too) whatever the draft, batch or slot; fast = the backend's own shapes (equal to rounding).", **d)
+                    "fixed shape, so greedy and invariant sampling of a chain give plain decoding's tokens bit for bit "
+                    "(bfloat16 too) whatever the draft, batch or slot (a tree: to rounding); fast = the backend's own shapes (equal to rounding).", **d)
   flags.DEFINE_integer("seed", 0, "Random seed.", lower_bound=0, upper_bound=2**31 - 1, **d)
   flags.DEFINE_integer("max_new_tokens", 64, "New tokens per prompt.", lower_bound=1, upper_bound=1 << 20, **d)
   flags.DEFINE_integer("batch_size", 4, "Rows per generate call (demo); decode slots (datagen).", lower_bound=1,

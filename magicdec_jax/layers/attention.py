@@ -116,10 +116,10 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   q, k, v, q_alt = dot_operands(q, k, v, q if q_alt is None else q_alt)
   q_alt = None if alt_slots is None else q_alt
   prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None   # no TF32 on GPU for fp32
+  mask_q = jnp.repeat(mask, h // kh, axis=1)                                  # [B, T*G, S]
   if invariant:
     if return_scores or q_alt is not None:
       raise ValueError("fixed-shape attention returns no scores and takes no alternative query positions")
-    mask_q = jnp.repeat(mask, h // kh, axis=1)
     out = tiled_attention(fold_queries(q, kh), k, v, mask_q, tokens=t, scale=scale, softcap=softcap,
                           precision=prec)
     return unfold_queries(out, t).astype(out_dtype)
@@ -131,7 +131,6 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   logits = scores(q)
   if q_alt is not None:
     logits = jnp.where(alt_slots[None, None, None, :], scores(q_alt), logits)
-  mask_q = jnp.repeat(mask, h // kh, axis=1)                                  # [B, T*G, S]
   logits = jnp.where(mask_q[:, None], logits, NEG_INF)
   probs = jax.nn.softmax(logits, axis=-1)
   out = jnp.einsum("BKQS,BKSD->BKQD", probs.astype(v.dtype), v, preferred_element_type=jnp.float32,

@@ -35,13 +35,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from magicdec_jax.layers.prefill_attention import NEG_BIG, softcapped
+
 DECODE_ROWS = {"cpu": 8}          # tokens per token-wise tile in a decode round (else DEFAULT_DECODE_ROWS)
 DEFAULT_DECODE_ROWS = 128         # accelerators: a projection reads its weights once up to 128 rows (prediction)
 PREFILL_ROWS = 256                # tokens per token-wise tile in a prefill chunk (one row's chunk)
 QUERY_TOKENS = 4                  # query tokens per attention tile: plain decoding and chains up to gamma 3
 PAD_QUERY_TILE = {"cpu": False}   # pad a single tile of fewer tokens up to QUERY_TOKENS (else True)
 KEY_BLOCK = 64                    # slots per partial sum of the attention's value reduction
-NEG_BIG = -1e30
 
 
 def row_tile(prefill: bool) -> int:
@@ -106,10 +107,8 @@ def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
 
   def tile(args):
     qt, mt = args                                                              # [B, K, q0, D], [B, q0, S]
-    logits = jnp.einsum("BKQD,BKSD->BKQS", qt, k, preferred_element_type=jnp.float32, precision=precision)
-    logits = logits * scale
-    if softcap is not None:
-      logits = jnp.tanh(logits / softcap) * softcap
+    logits = softcapped(jnp.einsum("BKQD,BKSD->BKQS", qt, k, preferred_element_type=jnp.float32,
+                                   precision=precision) * scale, softcap)
     seen = mt[:, None]
     logits = jnp.where(seen, logits, NEG_BIG)
     top = logits.max(-1, keepdims=True)                                        # a max is exact in any order
