@@ -106,7 +106,8 @@ class Engine:
     self.mesh, self.device_memory = mesh, device_memory
     self.sampling = settings.sampler
     self.eos = self._eos(settings.eos_token_id)
-    self.options = compiling.engine_options(settings.xla_options)
+    draft_options = {} if settings.draft is None else settings.draft.xla_options()
+    self.options = compiling.engine_options({**draft_options, **(settings.xla_options or {})})
     self.impl = settings.attention_impl
     self.draft = settings.draft
     self.spec, self.draft_params, self.tree = None, None, AR_TREE

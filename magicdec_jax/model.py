@@ -30,6 +30,7 @@ from magicdec_jax.layers.attention import PrefixTree, ring_rule
 from magicdec_jax.layers.dense import dense
 from magicdec_jax.layers.invariant import row_tile, tile_map
 from magicdec_jax.layers.prefill_attention import CausalChunk, softcapped
+from magicdec_jax.layers.quant import QuantizedWeight
 
 
 @dataclasses.dataclass
@@ -162,7 +163,9 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
 
 def embed(params: dict, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
   """tokens [B, T] -> [B, T, D] in the activation dtype (Gemma: x sqrt(D) rounded to that dtype, as HF)."""
-  x = jnp.take(params["embed"], tokens, axis=0).astype(cfg.jnp_dtype)   # (a draft's embed may be narrower)
+  table = params["embed"]                                    # (a draft's copy may be narrower or quantized)
+  x = table.rows(tokens, cfg.jnp_dtype) if isinstance(table, QuantizedWeight) else \
+      jnp.take(table, tokens, axis=0).astype(cfg.jnp_dtype)
   return x * jnp.asarray(math.sqrt(cfg.hidden_size), cfg.jnp_dtype) if cfg.embed_scale else x
 
 

@@ -10,7 +10,7 @@ the outcome is deterministic; a correct engine would fail for a fresh seed choic
 Any draw of a zero-probability sequence (a token outside top-k / top-p) fails outright.
 
 The draft is a different random model (q far from p, acceptance well below 1), a narrow streaming
-window, a random feature head (FeatureDraft) or prompt lookup (a one-hot q), so the rejection / residual paths carry real probability
+window (also on int8 / int4 copies of the weights), a random feature head (FeatureDraft) or prompt lookup (a one-hot q), so the rejection / residual paths carry real probability
 mass. The last test swaps the residual max(p - q, 0) for p (a classic bug) and checks that the same statistic rejects it with p-value < 1e-6
 (measured: chi2 ~ 42000 on 63 df with 10^5 draws, TV 0.25; the correct engine: TV ~ 0.01-0.02).
 """
@@ -127,6 +127,10 @@ def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float, int
 CASES = {
     "chain3-streaming-t0.8-topp0.9": dict(draft=StreamingDraft(sink=1, window=2), gamma=3,
                                           temperature=0.8, top_p=0.9),
+    "chain3-streaming-int8-t0.8-topp0.9": dict(draft=StreamingDraft(sink=1, window=2, weights="int8"), gamma=3,
+                                               temperature=0.8, top_p=0.9),
+    "tree-streaming-int4-t1": dict(draft=StreamingDraft(sink=1, window=2, weights="int4"),
+                                   tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "tree-model-t1": dict(draft="other", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "tree-feature-t1": dict(draft="feature", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "chain2-feature-vocab5-t1": dict(draft="feature-vocab", gamma=2, temperature=1.0),

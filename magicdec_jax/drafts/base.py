@@ -107,6 +107,10 @@ class Draft:
   def check_compatible(self, target) -> None:
     """ValueError where this draft cannot serve `target` (vocabulary, hidden size, dtype)."""
 
+  def xla_options(self) -> dict[str, Any]:
+    """XLA compiler options the executables running this draft need (a caller's own options win)."""
+    return {}
+
   @classmethod
   def from_flags(cls, fv, target, load_model: Callable[[str], Any]) -> "Draft":
     """The draft `--draft=<name>` and its flags describe (fv: absl flag values, validated)."""

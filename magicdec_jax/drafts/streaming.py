@@ -14,10 +14,11 @@ from magicdec_jax.cache import RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_positions, check_sink_window, copy_from_linear
 from magicdec_jax.drafts.ring import RingDraft
-from magicdec_jax.layers.dense import narrow_weights
+from magicdec_jax.layers import quant
+from magicdec_jax.layers.dense import weight_copy
 from magicdec_jax.tuning import calibrate, costmodel
 
-DRAFT_WEIGHTS = (None, "bfloat16")
+DRAFT_WEIGHTS = (None, "bfloat16", "int8", "int4")
 DEFAULT_SINK = 4
 DEFAULT_WINDOW = 256
 
@@ -28,10 +29,11 @@ class StreamingDraft(RingDraft, Draft):
 
   positions: "absolute" (every key at its true position) or "cache" (StreamingLLM: sink keys are seen as
   if they sat right before the window, i.e. RoPE positions within the cache).
-  weights: None (draft with the target's weights) or "bfloat16": draft with a bfloat16 copy of the
-  target's weight matrices (norms stay as they are), which halves the bytes a draft step reads. The ring
-  still holds the target's exact K/V and the target verifies in its own precision, so output is exactly
-  the target's; only acceptance can change (a little: the copy rounds each weight to 8 bits of mantissa).
+  weights: None (draft with the target's weights), "bfloat16" (a bfloat16 copy of the target's weight
+  matrices: half the bytes of a float32 target's), "int8" (per output channel scales) or "int4" (group-wise
+  scales, packed two per byte; layers/quant.py); norms stay as they are. The ring still holds the target's
+  exact K/V and the target verifies in its own precision, so output is exactly the target's; only
+  acceptance can change.
   """
   sink: int = DEFAULT_SINK
   window: int = DEFAULT_WINDOW
@@ -50,12 +52,15 @@ class StreamingDraft(RingDraft, Draft):
   num_static = property(lambda self: self.sink)
 
   def check_compatible(self, target) -> None:
-    if self.weights is not None and jnp.dtype(self.weights).itemsize >= jnp.dtype(target.config.dtype).itemsize:
+    if self.weights == "bfloat16" and jnp.dtype(self.weights).itemsize >= jnp.dtype(target.config.dtype).itemsize:
       raise ValueError(f"StreamingDraft weights={self.weights!r} is not narrower than the target's "
                        f"{target.config.dtype}: draft with the target's own weights (weights=None)")
 
   def params(self, target):
     return None if self.weights is None else narrow_copy(target.params, self.weights)
+
+  def xla_options(self) -> dict:
+    return quant.xla_options(self.weights)
 
   @classmethod
   def from_flags(cls, fv, target, load_model):
@@ -86,10 +91,10 @@ _NARROW = {}    # (id of a target's params, dtype) -> (those params, their narro
 
 
 def narrow_copy(params, dtype: str):
-  """The target's weights cast for a StreamingDraft(weights=dtype), made once per params tree."""
+  """The target's weights cast (or quantized) for a StreamingDraft(weights=dtype), made once per params tree."""
   key = (id(params), dtype)
   if key not in _NARROW or _NARROW[key][0] is not params:
     if len(_NARROW) >= 2:
       _NARROW.clear()
-    _NARROW[key] = (params, narrow_weights(params, dtype))
+    _NARROW[key] = (params, weight_copy(params, dtype))
   return _NARROW[key][1]

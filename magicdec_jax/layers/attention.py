@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from magicdec_jax import pallas
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.layers.dense import dense
+from magicdec_jax.layers.dense import dense, weight_param
 from magicdec_jax.layers.invariant import tiled_attention
 from magicdec_jax.layers.norm import RMSNorm
 from magicdec_jax.layers.prefill_attention import CausalChunk, causal_chunk_attention, softcapped
@@ -182,10 +182,10 @@ class Attention(nn.Module):
     cfg, dt = self.cfg, self.cfg.jnp_dtype
     init, zeros = nn.initializers.normal(0.02), nn.initializers.zeros
     dm, h, kh, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    self.wq = self.param("q", init, (dm, h, d), dt)
-    self.wk = self.param("k", init, (dm, kh, d), dt)
-    self.wv = self.param("v", init, (dm, kh, d), dt)
-    self.wo = self.param("o", init, (h, d, dm), dt)
+    self.wq = weight_param(self, "q", init, (dm, h, d), dt)
+    self.wk = weight_param(self, "k", init, (dm, kh, d), dt)
+    self.wv = weight_param(self, "v", init, (dm, kh, d), dt)
+    self.wo = weight_param(self, "o", init, (h, d, dm), dt)
     if cfg.qkv_bias:
       self.bq, self.bk = self.param("q_bias", zeros, (h * d,), dt), self.param("k_bias", zeros, (kh * d,), dt)
       self.bv = self.param("v_bias", zeros, (kh * d,), dt)

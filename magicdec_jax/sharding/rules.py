@@ -32,6 +32,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
+from magicdec_jax.layers.quant import QuantizedWeight
 from magicdec_jax.sharding.mesh import DATA, MODEL, axis_sizes
 
 
@@ -150,7 +151,12 @@ def shardings(tree: Any, mesh: Mesh, spec_fn) -> Any:
 
 
 def param_shardings(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
-  """NamedShardings for `params` of a model with config `cfg` on `mesh`."""
+  """NamedShardings for `params` of a model with config `cfg` on `mesh` (quantized draft weights refused:
+  no rule places their integers and scales yet)."""
+  quantized = lambda x: isinstance(x, QuantizedWeight)
+  if any(quantized(x) for x in jax.tree.leaves(params, is_leaf=quantized)):
+    raise ValueError("quantized draft weights (int8 / int4) do not run on a mesh yet: use weights=None or "
+                     "'bfloat16' there, or one device")
   lay = layout_for(cfg, axis_sizes(mesh)[1])
   return shardings(params, mesh, lambda keys, ndim: param_spec(keys, ndim, lay))
 

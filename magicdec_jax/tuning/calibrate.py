@@ -34,7 +34,7 @@ from magicdec_jax.tuning import stepfit
 from magicdec_jax.cache import KVCache, aligned_slots, ring_margin
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
-from magicdec_jax.layers.dense import narrow_weights
+from magicdec_jax.layers.dense import weight_copy
 from magicdec_jax.model import forward
 
 PROFILE_FORMAT = "magicdec-hardware-profile/1"
@@ -165,7 +165,7 @@ def measure(params, cfg: ModelConfig, shapes: Sequence[dict], drafts: Sequence[D
   minimum over passes drops it.
   """
   by_role = {d.role: d for d in drafts}
-  narrow = {d.weights: narrow_weights(params, d.weights) for d in drafts if d.weights}
+  narrow = {d.weights: weight_copy(params, d.weights) for d in drafts if d.weights}
   out = [dict(r, times=[]) for r in shapes]
   for pas in range(passes):
     for i, row in enumerate(shapes):

@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.layers.quant import QUANT_KINDS, weight_bytes_per_param
 from magicdec_jax.tuning import batch_tail
 from magicdec_jax import trees as trees_lib
 
@@ -58,7 +59,7 @@ class Hardware:
   def time_step(self, cfg: ModelConfig, batch: int, kv_context: int, new_tokens: int,
                 dtype: str = "bfloat16", weights_dtype: str | None = None) -> float:
     """The roofline's seconds for one step (a narrower weight copy priced at its bytes)."""
-    return self.time(step_bytes(cfg, batch, kv_context, new_tokens, weights_dtype or dtype),
+    return self.time(step_bytes(cfg, batch, kv_context, new_tokens, dtype, weights_dtype=weights_dtype),
                      step_flops(cfg, batch, kv_context, new_tokens))
 
 
@@ -109,15 +110,16 @@ def kv_read_tokens(cfg: ModelConfig, kv: float) -> float:
 
 
 def step_bytes(cfg: ModelConfig, batch: int, context: int, new_tokens: int, dtype: str = "bfloat16",
-               kv_context: int | None = None) -> float:
+               kv_context: int | None = None, weights_dtype: str | None = None) -> float:
   """HBM bytes of one forward step over `new_tokens` tokens per row, attending to kv_context cached tokens.
 
-  Weights read once (matmul weights; the input embedding contributes only the gathered rows), KV read of
-  batch * kv_context tokens (a windowed layer's: min(kv_context, window), kv_read_tokens), KV write of the
-  new tokens, float32 logits written.
+  Weights read once (matmul weights, at weights_dtype's bytes when the step reads a narrower or quantized
+  copy, scales included; the input embedding contributes only the gathered rows), KV read of batch *
+  kv_context tokens (a windowed layer's: min(kv_context, window), kv_read_tokens), KV write of the new
+  tokens, float32 logits written.
   """
   kv = kv_read_tokens(cfg, context if kv_context is None else kv_context)
-  b = dtype_bytes(dtype)
+  b = weight_bytes_per_param(weights_dtype) if weights_dtype in QUANT_KINDS else dtype_bytes(weights_dtype or dtype)
   tokens = batch * new_tokens
   weights = matmul_params(cfg) * b + (0 if cfg.tie_embeddings else tokens * cfg.hidden_size * b)
   kv_rw = (batch * kv + tokens) * kv_bytes_per_token(cfg, dtype)

@@ -1,0 +1,214 @@
+"""Weight-only quantized copies of a model's matrices, for drafts that should read fewer bytes per token.
+
+A self-draft re-reads the target's weights for every draft token, so on a GPU at long context a draft step
+costs a full weight read (issue 46). A draft may instead read a copy of those matrices in
+  * "int8": symmetric, one scale per output channel (the max |w| over the contracted axis / 127);
+  * "int4": symmetric, one scale per `INT4_GROUP` consecutive inputs of an output channel (max |w| / 7;
+    a smaller power-of-two group where the contracted size needs it), two values packed per byte (the low nibble holds the even input, the high nibble the odd one).
+The target still verifies with its own weights, so the output is the target's exactly; the draft's
+precision moves only its acceptance.
+
+How an int8 matrix is multiplied (`INT8_DOT`, by backend):
+  * "int": the activations are quantized too, per token (max |x| / 127), and the dot runs on the integers,
+    accumulating in int32, then is scaled (W8A8 with dynamic activation scales). On XLA:CPU (2-vCPU
+    Sapphire Rapids, jax 0.10) this reads one byte per weight: [8, 576] x [576, 49152] took 1.46 ms
+    against 2.50 for a bfloat16 dot and 7.45 for float32;
+  * "dequant": the integers converted to bfloat16 inside the dot's operand, scaled per output channel
+    after it. A backend that fuses the conversion into its matmul (XLA:GPU's Triton GEMMs) reads one byte
+    per weight; XLA:CPU materializes the converted matrix every step (23.0 ms for the shape above).
+On one H100 (LLaMA-3.1-8B shape, 8 x 32K, self-draft chain 3 at simulated acceptance 0.8, engine path,
+2026-11-26) "dequant" with XLA's Triton GEMMs measured 1.44x plain decoding, "int" (cuBLAS) 1.37x, the
+bfloat16 draft 1.18x; "dequant" without Triton GEMMs materializes the bfloat16 matrix (a draft step 21 ms
+against 10 for bfloat16). So on a GPU int8 is "dequant" and a quantized draft asks for Triton GEMMs
+(`xla_options`; the target's matmuls then use them too, as in the 1.44x run).
+int4 matrices are unpacked and scaled group by group into a bfloat16 operand ("dequant" only): on XLA:CPU
+that costs more than a bfloat16 dot (measured 23.3 ms for the shape above; a grouped integer dot 59.6 ms);
+on the H100 the unpacking did not fuse (XLA concatenated the unpacked halves: 54 ms a round, 0.50x plain
+decoding). int4 pays off only where the unpacking fuses into the matmul, which is not the case yet.
+
+Every matrix is kept as the 2-D matrix its matmul reads (`dense` below): q/k/v [D, N*H], o [N*H, D],
+gate/up [D, F], down [F, D], lm_head [D, V] (contracted on axis 0) and the embedding [V, D] (contracted on
+axis 1 when it is a tied LM head; its rows dequantize for the lookup). `QuantizedWeight.shape` is the
+parameter's own shape, so the layers' reshapes and Flax's shape check see what they always saw.
+"""
+from __future__ import annotations
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+QUANT_KINDS = ("int8", "int4")
+INT4_GROUP = 64
+INT8_MAX, INT4_MAX = 127, 7
+# parameter name -> (number of leading axes contracted, or -1: the last axis is contracted)
+INT8_DOT = {"cpu": "int", "gpu": "dequant"}   # backend -> "int" | "dequant" (see above); else the default
+XLA_OPTIONS = {"gpu": {"xla_gpu_enable_triton_gemm": True}}   # what a quantized draft's executables need
+DEFAULT_INT8_DOT = "int"
+INT8_DOTS = ("int", "dequant")
+CONTRACTED = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1, "lm_head": 1, "embed": -1}
+
+
+@flax.struct.dataclass
+class QuantizedWeight:
+  """A matrix stored as integers + float32 scales. q: int8 [K, N] ("int8") or uint8 [K/2, N] ("int4", packed
+  along K), with K the contracted size; scale: [N] ("int8") or [K/group, N] ("int4"); both transposed
+  ([N, K...]) when `axis` is 1 (the embedding)."""
+  q: jax.Array
+  scale: jax.Array
+  kind: str = flax.struct.field(pytree_node=False)
+  shape: tuple = flax.struct.field(pytree_node=False)       # the parameter's own (logical) shape
+  axis: int = flax.struct.field(pytree_node=False)          # the contracted axis of the stored 2-D matrix
+  dtype: str = flax.struct.field(pytree_node=False)         # the dtype it stands in for
+
+  ndim = property(lambda self: len(self.shape))
+
+  def reshape(self, *shape):
+    """The same matrix under another logical shape (the stored 2-D form does not move)."""
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+    total = math.prod(self.shape)
+    if -1 in shape:
+      known = math.prod(s for s in shape if s != -1)
+      shape = tuple(total // known if s == -1 else s for s in shape)
+    if math.prod(shape) != total:
+      raise ValueError(f"cannot reshape a quantized {self.shape} weight to {shape}")
+    return self.replace(shape=shape)
+
+  @property
+  def matrix_shape(self) -> tuple[int, int]:
+    n = self.scale.shape[-1] if self.axis == 0 else self.scale.shape[0]
+    k = math.prod(self.shape) // n
+    return (k, n) if self.axis == 0 else (n, k)
+
+  def dequantize(self, dtype) -> jax.Array:
+    """The stored 2-D matrix in `dtype` (integers times their scales)."""
+    if self.axis == 1:                       # stored [N, K]: dequantize its transpose
+      scale = self.scale.T if self.kind == "int4" else self.scale
+      return _dequantize_k_major(self.q.T, scale, self.kind, dtype).T
+    return _dequantize_k_major(self.q, self.scale, self.kind, dtype)
+
+  def rows(self, ids: jax.Array, dtype) -> jax.Array:
+    """Rows `ids` of an embedding stored with axis 1 ([V, D]), dequantized: [..., D]."""
+    if self.axis != 1:
+      raise ValueError("rows() is for an embedding quantized along its feature axis")
+    q = jnp.take(self.q, ids, axis=0)
+    s = jnp.take(self.scale, ids, axis=0)
+    if self.kind == "int8":
+      return (q.astype(jnp.float32) * s[..., None]).astype(dtype)
+    vals = unpack_int4(q, axis=-1).astype(jnp.float32)
+    g = vals.shape[-1] // s.shape[-1]
+    vals = vals.reshape(*vals.shape[:-1], s.shape[-1], g) * s[..., None]
+    return vals.reshape(*vals.shape[:-2], -1).astype(dtype)
+
+
+def _dequantize_k_major(q, scale, kind, dtype):
+  if kind == "int8":
+    return (q.astype(jnp.float32) * scale).astype(dtype)
+  vals = unpack_int4(q, axis=0).astype(jnp.float32)                     # [K, N]
+  k, n = vals.shape
+  g = k // scale.shape[0]
+  return (vals.reshape(scale.shape[0], g, n) * scale[:, None]).reshape(k, n).astype(dtype)
+
+
+def pack_int4(v: jax.Array, axis: int) -> jax.Array:
+  """int values in [-8, 7] -> uint8 with two per byte along `axis` (even index low nibble, odd high)."""
+  v = jnp.moveaxis(v.astype(jnp.int32) + 8, axis, 0)
+  if v.shape[0] % 2:
+    raise ValueError(f"int4 packing needs an even length along the packed axis, got {v.shape[0]}")
+  packed = (v[0::2] | (v[1::2] << 4)).astype(jnp.uint8)
+  return jnp.moveaxis(packed, 0, axis)
+
+
+def unpack_int4(p: jax.Array, axis: int) -> jax.Array:
+  """The inverse of pack_int4: uint8 [..., K/2, ...] -> int8 [..., K, ...] in [-8, 7]."""
+  p = jnp.moveaxis(p, axis, 0).astype(jnp.int8)
+  lo, hi = (p & 15) - 8, ((p >> 4) & 15) - 8
+  out = jnp.stack([lo, hi], axis=1).reshape(2 * p.shape[0], *p.shape[1:])
+  return jnp.moveaxis(out.astype(jnp.int8), 0, axis)
+
+
+def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int = INT4_GROUP) -> tuple[jax.Array, jax.Array]:
+  """A 2-D matrix contracted along `axis` -> (q, scale) as QuantizedWeight stores them."""
+  if kind not in QUANT_KINDS:
+    raise ValueError(f"quantized weights must be one of {QUANT_KINDS}, got {kind!r}")
+  w = jnp.asarray(w, jnp.float32)
+  if axis == 1:
+    q, s = quantize_matrix(w.T, kind, 0, group)
+    return q.T, (s.T if kind == "int4" else s)
+  if kind == "int8":
+    amax = jnp.max(jnp.abs(w), axis=0)
+    scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
+    return jnp.clip(jnp.round(w / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8), scale
+  k, n = w.shape
+  while k % group:                      # the largest power of two <= group dividing the contracted size
+    group //= 2
+  wg = w.reshape(k // group, group, n)
+  amax = jnp.max(jnp.abs(wg), axis=1)                                    # [K/g, N]
+  scale = jnp.where(amax > 0, amax / INT4_MAX, 1.0)
+  q = jnp.clip(jnp.round(wg / scale[:, None]), -INT4_MAX, INT4_MAX).reshape(k, n)
+  return pack_int4(q, 0), scale
+
+
+def quantize_weight(name: str, w: jax.Array, kind: str, group: int = INT4_GROUP) -> QuantizedWeight:
+  """One named parameter (see CONTRACTED) -> its QuantizedWeight."""
+  if name not in CONTRACTED:
+    raise ValueError(f"quantized draft weights: no rule for the {w.ndim}-D parameter {name!r} "
+                     f"(known: {sorted(CONTRACTED)})")
+  lead = CONTRACTED[name]
+  if lead == -1:
+    mat, axis = w.reshape(-1, w.shape[-1]), 1
+  else:
+    mat, axis = w.reshape(math.prod(w.shape[:lead]), -1), 0
+  q, s = quantize_matrix(mat, kind, axis, group)
+  return QuantizedWeight(q, s, kind=kind, shape=tuple(w.shape), axis=axis, dtype=str(jnp.dtype(w.dtype)))
+
+
+def quantize_params(params, kind: str, group: int = INT4_GROUP):
+  """A copy of a params tree with every matrix (ndim >= 2) quantized; vectors (norm scales, biases) kept."""
+  def one(path, x):
+    if x.ndim < 2:
+      return x
+    name = next((p.key for p in reversed(path) if isinstance(p, jax.tree_util.DictKey)), None)
+    return quantize_weight(str(name), x, kind, group)
+  return jax.tree_util.tree_map_with_path(one, params)
+
+
+def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, compute_dtype) -> jax.Array:
+  """einsum(eq, x, w) with w quantized: int8 as a dot against the integers (exact in bfloat16) scaled per
+  output channel afterwards; int4 against the dequantized matrix. Accumulates in float32."""
+  lhs, out = eq.split("->")
+  ws = lhs.split(",")[1]
+  if len(ws) != 2 or tuple(w.shape) != w.matrix_shape:
+    raise ValueError(f"a quantized weight is used as its stored 2-D matrix {w.matrix_shape}; got logical "
+                     f"shape {w.shape} in {eq!r}")
+  xs = lhs.split(",")[0]
+  # the output channel (the weight's uncontracted axis) is the output's last; x is contracted on its last
+  if out[-1] != ws[1 - w.axis] or xs[-1] != ws[w.axis] or out[:-1] != xs[:-1]:
+    raise ValueError(f"quantized dense expects 'X...K,(KN|NK)->X...N', got {eq!r}")
+  if w.kind == "int8":
+    if int8_dot() == "int":
+      amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+      sx = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
+      xq = jnp.round(x.astype(jnp.float32) / sx).astype(jnp.int8)
+      y = jnp.einsum(eq, xq, w.q, preferred_element_type=jnp.int32).astype(jnp.float32) * sx
+    else:
+      y = jnp.einsum(eq, x.astype(compute_dtype), w.q.astype(compute_dtype), preferred_element_type=jnp.float32)
+    return (y * w.scale).astype(out_dtype)
+  xc = x.astype(compute_dtype)
+  return jnp.einsum(eq, xc, w.dequantize(compute_dtype), preferred_element_type=jnp.float32).astype(out_dtype)
+
+
+def int8_dot() -> str:
+  """How int8 matrices are multiplied on the default backend (INT8_DOT)."""
+  return INT8_DOT.get(jax.default_backend(), DEFAULT_INT8_DOT)
+
+
+def xla_options(kind: str | None) -> dict:
+  """XLA options for executables in which a draft multiplies `kind` weights (none for float copies)."""
+  return dict(XLA_OPTIONS.get(jax.default_backend(), {})) if kind in QUANT_KINDS else {}
+
+
+def weight_bytes_per_param(kind: str, group: int = INT4_GROUP) -> float:
+  """Bytes read per matrix element, scales included (float32 scales)."""
+  return {"int8": 1.0, "int4": 0.5 + 4.0 / group}[kind]

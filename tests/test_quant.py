@@ -1,0 +1,177 @@
+"""Quantized draft weights (layers/quant.py): the quantizers against float64 numpy, int4 packing, the
+quantized matmul against float64 numpy of the dequantized operands, and a StreamingDraft on int8 / int4
+copies decoding exactly a plain autoregressive run's tokens (the target verifies with its own weights)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import magicdec_jax as md
+from magicdec_jax import compile as compiling
+from magicdec_jax.layers import quant
+from magicdec_jax.layers.dense import dense
+from magicdec_jax.trees import Tree
+from magicdec_jax.tuning import costmodel
+from conftest import random_prompts, tiny_model
+
+
+def ref_int8(w: np.ndarray):
+  """float64 reference: per output channel (column) scale max|w| / 127, q = round(w / scale)."""
+  w = w.astype(np.float64)
+  amax = np.abs(w).max(axis=0)
+  scale = np.where(amax > 0, amax / 127, 1.0)
+  return np.clip(np.round(w / scale), -127, 127), scale
+
+
+def ref_int4(w: np.ndarray, group: int):
+  w = w.astype(np.float64)
+  k, n = w.shape
+  wg = w.reshape(k // group, group, n)
+  amax = np.abs(wg).max(axis=1)
+  scale = np.where(amax > 0, amax / 7, 1.0)
+  return np.clip(np.round(wg / scale[:, None]), -7, 7).reshape(k, n), scale
+
+
+def test_int8_matches_float64_numpy():
+  w = np.random.default_rng(0).standard_normal((96, 40)).astype(np.float32)
+  w[:, 3] = 0                                                          # an all-zero channel
+  q, s = quant.quantize_matrix(jnp.asarray(w), "int8")
+  rq, rs = ref_int8(w)
+  assert q.dtype == jnp.int8 and q.shape == w.shape and s.shape == (40,)
+  np.testing.assert_allclose(np.asarray(s), rs, rtol=1e-6)
+  assert np.abs(np.asarray(q, np.float64) - rq).max() <= 1 and (np.asarray(q) == rq).mean() > 0.999
+  deq = np.asarray(quant.QuantizedWeight(q, s, kind="int8", shape=w.shape, axis=0, dtype="float32")
+                   .dequantize(jnp.float32), np.float64)
+  assert np.all(np.abs(deq - w) <= rs / 2 * (1 + 1e-5))               # round to nearest: half a step
+  assert np.all(deq[:, 3] == 0)
+
+
+@pytest.mark.parametrize("group", [64, 16])
+def test_int4_matches_float64_numpy(group):
+  w = np.random.default_rng(1).standard_normal((128, 24)).astype(np.float32)
+  p, s = quant.quantize_matrix(jnp.asarray(w), "int4", group=group)
+  rq, rs = ref_int4(w, group)
+  assert p.dtype == jnp.uint8 and p.shape == (64, 24) and s.shape == (128 // group, 24)
+  np.testing.assert_allclose(np.asarray(s), rs, rtol=1e-6)
+  q = np.asarray(quant.unpack_int4(p, 0), np.float64)
+  assert np.abs(q - rq).max() <= 1 and (q == rq).mean() > 0.999
+  deq = np.asarray(quant.QuantizedWeight(p, s, kind="int4", shape=w.shape, axis=0, dtype="float32")
+                   .dequantize(jnp.float32), np.float64)
+  step = np.repeat(rs, group, axis=0)
+  assert np.all(np.abs(deq - w) <= step / 2 * (1 + 1e-5))
+
+
+def test_int4_group_shrinks_to_divide_the_contracted_size():
+  w = jnp.asarray(np.random.default_rng(2).standard_normal((96, 8)), jnp.float32)   # 96 = 3 x 32
+  _, s = quant.quantize_matrix(w, "int4", group=64)
+  assert s.shape == (3, 8)
+
+
+def test_int4_packing_layout_and_round_trip():
+  vals = np.arange(-8, 8, dtype=np.int8)                                  # every int4 value
+  v = np.stack([vals, vals[::-1]], axis=1)                                # [16, 2]
+  p = np.asarray(quant.pack_int4(jnp.asarray(v), 0))
+  assert p.shape == (8, 2) and p.dtype == np.uint8
+  # even index in the low nibble, odd in the high one, each stored as value + 8
+  np.testing.assert_array_equal(p & 15, v[0::2] + 8)
+  np.testing.assert_array_equal(p >> 4, v[1::2] + 8)
+  np.testing.assert_array_equal(np.asarray(quant.unpack_int4(jnp.asarray(p), 0)), v)
+  np.testing.assert_array_equal(np.asarray(quant.unpack_int4(quant.pack_int4(jnp.asarray(v.T), 1), 1)), v.T)
+  with pytest.raises(ValueError, match="even length"):
+    quant.pack_int4(jnp.zeros((3, 2), jnp.int8), 0)
+
+
+@pytest.mark.parametrize("kind", quant.QUANT_KINDS)
+@pytest.mark.parametrize("mode", quant.INT8_DOTS)
+@pytest.mark.parametrize("eq,xshape,name,wshape", [
+    ("BTD,DF->BTF", (2, 3, 64), "gate", (64, 48)),
+    ("BTD,DF->BTF", (1, 1, 64), "down", (64, 48)),                       # one row: padded to two on CPU
+    ("BTD,VD->BTV", (2, 2, 64), "embed", (40, 64))])                     # a tied LM head [V, D]
+def test_quantized_dense_matches_float64(kind, mode, eq, xshape, name, wshape, monkeypatch):
+  """The quantized matmul equals float64 numpy of x and the dequantized matrix, up to the rounding of the
+  operands it multiplies: bfloat16 x ("dequant", int4) or per-token int8 x ("int")."""
+  monkeypatch.setitem(quant.INT8_DOT, jax.default_backend(), mode)
+  rng = np.random.default_rng(3)
+  x = rng.standard_normal(xshape).astype(np.float32)
+  w = rng.standard_normal(wshape).astype(np.float32)
+  qw = quant.quantize_weight(name, jnp.asarray(w), kind)
+  deq = np.asarray(qw.dequantize(jnp.float32), np.float64)
+  got = np.asarray(jax.jit(lambda a: dense(eq, a, qw))(jnp.asarray(x)))
+  want = np.einsum(eq.lower(), x.astype(np.float64), deq)
+  assert got.shape == want.shape
+  scale = np.abs(x).max() * np.abs(deq).max() * x.shape[-1]
+  tol = (1 / 127 if kind == "int8" and mode == "int" else 2 ** -8) * scale
+  assert np.abs(got - want).max() < tol, (np.abs(got - want).max(), tol)
+
+
+def test_embedding_rows_dequantize_like_the_matrix():
+  w = jnp.asarray(np.random.default_rng(4).standard_normal((40, 64)), jnp.float32)
+  for kind in quant.QUANT_KINDS:
+    qw = quant.quantize_weight("embed", w, kind)
+    ids = jnp.asarray([[3, 0, 39]])
+    np.testing.assert_array_equal(np.asarray(qw.rows(ids, jnp.float32)),
+                                  np.asarray(qw.dequantize(jnp.float32))[np.asarray(ids)])
+
+
+def test_quantize_params_covers_every_matrix_and_refuses_unknown_ones():
+  model = tiny_model(0)
+  qp = quant.quantize_params(model.params, "int8")
+  isq = lambda x: isinstance(x, quant.QuantizedWeight)
+  leaves = jax.tree.leaves(qp, is_leaf=isq)
+  assert sum(map(isq, leaves)) == sum(x.ndim >= 2 for x in jax.tree.leaves(model.params))
+  assert all(isq(x) or x.ndim < 2 for x in leaves)
+  with pytest.raises(ValueError, match="'mystery'"):
+    quant.quantize_params({"mystery": jnp.zeros((4, 4))}, "int8")
+
+
+@pytest.mark.parametrize("weights", quant.QUANT_KINDS)
+@pytest.mark.parametrize("kw", [{"gamma": 3}, {"tree": Tree((-1, 0, 0, 1, 2))}])
+def test_quantized_self_draft_decodes_the_autoregressive_tokens(weights, kw):
+  model = tiny_model(3, attn_scale=8.0, hidden=64)
+  prompts = random_prompts([40, 23, 57], model.config.vocab_size, seed=7)
+  want = md.generate(model, prompts, max_new_tokens=16).tokens
+  res = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8, weights=weights), **kw)
+  assert res.tokens == want
+  full = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8), **kw)
+  assert res.stats["acceptance_rate"] >= 0.5 * full.stats["acceptance_rate"] > 0     # drafts about as well
+
+
+@pytest.mark.parametrize("mode", quant.INT8_DOTS)
+def test_int8_self_draft_at_batch_one_either_matmul(mode, monkeypatch):
+  monkeypatch.setitem(quant.INT8_DOT, jax.default_backend(), mode)
+  compiling.clear()                                # the mode is read at trace time
+  try:
+    model = tiny_model(3, attn_scale=8.0, hidden=64)
+    prompts = random_prompts([45], model.config.vocab_size, seed=8)
+    want = md.generate(model, prompts, max_new_tokens=16).tokens
+    res = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8, weights="int8"), gamma=3)
+  finally:
+    compiling.clear()
+  full = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8), gamma=3)
+  assert res.tokens == want
+  assert res.stats["acceptance_rate"] >= 0.5 * full.stats["acceptance_rate"] > 0
+
+
+def test_quantized_copies_are_priced_at_their_bytes():
+  cfg = tiny_model(0).config
+  full = costmodel.step_bytes(cfg, 1, 16, 1, "float32")
+  b16 = costmodel.step_bytes(cfg, 1, 16, 1, "float32", weights_dtype="bfloat16")
+  i8 = costmodel.step_bytes(cfg, 1, 16, 1, "float32", weights_dtype="int8")
+  i4 = costmodel.step_bytes(cfg, 1, 16, 1, "float32", weights_dtype="int4")
+  mat = costmodel.matmul_params(cfg) + (0 if cfg.tie_embeddings else cfg.hidden_size)   # + the gathered row
+  assert full - b16 == pytest.approx(2 * mat) and b16 - i8 == pytest.approx(mat)
+  assert i8 - i4 == pytest.approx(mat * (1 - quant.weight_bytes_per_param("int4")))
+
+
+def test_a_quantized_draft_asks_for_its_xla_options_only_on_a_gpu():
+  assert md.StreamingDraft(2, 8).xla_options() == {}
+  want = quant.XLA_OPTIONS.get(jax.default_backend(), {})
+  assert md.StreamingDraft(2, 8, weights="int8").xla_options() == want
+
+
+def test_quantized_weights_are_refused_on_a_mesh():
+  from magicdec_jax import sharding
+  model = tiny_model(0)
+  mesh = sharding.make_mesh("data:1,model:1", jax.devices()[:1])
+  with pytest.raises(ValueError, match="mesh"):
+    sharding.rules.param_shardings(quant.quantize_params(model.params, "int8"), model.config, mesh)
