@@ -1,5 +1,8 @@
 """MagicDec GPU suite: bandwidth, AR step vs its floor, verify / draft cost ratios, end-to-end speedup.
 
+End to end runs through the engine's own compiled loop (engine._decode_loop with the engine's XLA options);
+benchmarks/gpu_engine.py adds kernel-time breakdowns, quantized drafts and the TP-8 shard table.
+
 One command (was < 10 minutes on one H100 before trees, tree verify sizes and the greedy-agreement run were
 added; not re-timed: no GPU was available), random weights at real shapes (target llama31_8b, small draft
 llama32_1b, bfloat16). Random weights accept almost nothing, so end-to-end runs replace the accept/reject
@@ -90,16 +93,22 @@ def time_step(params, cfg: ModelConfig, batch: int, kv_context: int, t: int, kin
 
 def decode_tokens_per_s(model: Model, draft, tree: Tree | None, batch: int, context: int, max_new: int,
                         vector, repeats: int) -> dict:
-  """Tokens/s of loop.decode from a context-long (zero) cache: AR if draft is None, else `tree` (a chain is a
-  tree). vector: simulated acceptance vector (None: real acceptance). One state alive at a time."""
+  """Tokens/s of the engine's own compiled loop (engine._decode_loop: its XLA options, the draft's, and
+  attention "auto") from a context-long (zero) cache: AR if draft is None, else `tree` (a chain is a
+  tree). Before 2026-11-26 this called loop.decode bare (no engine options, XLA attention): the
+  gpu_suite_h200_2026-11-26_*.json end-to-end figures are that path. vector: simulated acceptance vector
+  (None: real acceptance). One state alive at a time."""
   cfg = model.config
   if draft is None:
     spec, dparams, tree = None, None, Tree((-1,))
   else:
     spec, dparams = draft.spec, draft.params(model)
   install_bernoulli(None, vector)
+  compiling.clear()                           # the vector is a trace-time constant (the engine keeps an LRU)
   out_len = max_new + tree.num_nodes
-  slots = context + out_len + 1
+  slots = engine.cache_slots(context, max_new, tree.num_nodes)
+  draft_options = {} if draft is None else draft.xla_options()
+  options = compiling.engine_options(draft_options)
 
   def fresh():                                # the state is donated to decode: rebuild every input
     tokens = jnp.zeros((batch, context), jnp.int32)
@@ -117,8 +126,8 @@ def decode_tokens_per_s(model: Model, draft, tree: Tree | None, batch: int, cont
     s0 = fresh()
     c0 = _COMPILE["s"]
     t0 = time.perf_counter()
-    st = jax.block_until_ready(loop.decode(model.params, dparams, s0, cfg=cfg, spec=spec, tree=tree,
-                                           sampling=Sampling()))
+    st = jax.block_until_ready(engine._decode_loop(model.params, dparams, s0, options=options, cfg=cfg,
+                                                   spec=spec, tree=tree, sampling=Sampling(), impl="auto"))
     dt = time.perf_counter() - t0
     if i == 0:
       compile_s = _COMPILE["s"] - c0

@@ -38,7 +38,10 @@ PERSISTENT_MIN_COMPILE_SECS = 1.0   # only executables that took this long are w
 # XLA options the engine's own executables get on a GPU backend (a caller's xla_options override them).
 # cuBLAS for the skinny decode / verify matmuls: on one H100 it beat XLA's Triton GEMMs 21.3 -> 14.0 ms per
 # AR step at 1 x 4K (old layout; GPU-FINDINGS.md). `benchmarks/gpu_suite.py --gemm both` re-measures it.
-GPU_DECODE_OPTIONS: dict[str, Any] = {"xla_gpu_enable_triton_gemm": False}
+# No dot merger: XLA merges the q/k/v (and gate/up) dots that share an input by concatenating their weights,
+# which in a decode loop copies every layer's weights on every forward (8 x 32K on one H100: 1.13 ms of an
+# 18.9 ms AR step, 2.9 ms of a 34.6 ms self-draft round; GPU-FINDINGS.md, issue 44).
+GPU_DECODE_OPTIONS: dict[str, Any] = {"xla_gpu_enable_triton_gemm": False, "xla_gpu_dot_merger_threshold_mb": 0}
 
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
                    "/jax/core/compile/jaxpr_to_mlir_module_duration",

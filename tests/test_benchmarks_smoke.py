@@ -276,6 +276,33 @@ def _gpu_suite(doc, out, mod, stdout):
   assert "speedup" in stdout.splitlines()[-len(e2e) - 1]               # the summary table is printed last
 
 
+@case("gpu_engine", in_subprocess=True)
+def _gpu_engine(doc, out, mod, stdout):
+  """Every part runs through the engine's loop and records its figures; the forced acceptance drives the
+  loop (a row's rounds against its tokens); the identity part's speculative tokens equal plain decoding's
+  with invariant numerics; the shard table's ratios follow from the runs' own figures."""
+  _env_ok(doc)
+  assert doc["bandwidth"]["copy_bytes_per_s"] > 0 and doc["bandwidth"]["read_bytes_per_s"] > 0
+  runs = {(r["part"], r["label"]): r for r in doc["runs"]}
+  assert not [r for r in doc["runs"] if "error" in r or "skipped" in r]
+  for (part, label), r in runs.items():
+    assert r["tok_per_s"] > 0 and r["loop_rounds_N2"] >= r["row_rounds_N2"] > 0
+    if label.startswith("AR"):
+      assert r["loop_rounds_N2"] == r["tokens_N2"] // r["batch"]           # one token a round
+    else:                                                                 # alpha 0.8: ~3 tokens a round
+      assert r["tokens_N2"] / r["batch"] / r["row_rounds_N2"] > 1.5
+  assert {"self chain3 int8 int", "self chain3 int4 triton"} <= {lab for part, lab in runs if part == "quant"}
+  assert all("median_ms" in v for v in doc["parts"]["quant_steps"].values())
+  for key, ent in doc["parts"]["shard"]["table"].items():
+    ar = runs[("shard", f"AR {key}")]
+    for label, row in ent.items():
+      if isinstance(row, dict):
+        assert row["speedup_one_gpu"] == pytest.approx(runs[("shard", label)]["tok_per_s"] / ar["tok_per_s"])
+  ident = doc["parts"]["identity"]["invariant"]
+  assert ident["rows_identical"] == ident["rows"]
+  assert "floor" in doc["parts"]["headline"] and "batch1" in doc["parts"]
+
+
 @case("sampling_cost")
 def _sampling_cost(doc, out, mod, stdout):
   """The sort-free filter keeps the tokens the sorted definition keeps; every setting decodes."""
