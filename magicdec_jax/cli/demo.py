@@ -172,7 +172,7 @@ def run(fv, log) -> None:
 def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, gamma: int, sink: int,
             window: int, temperature: float, seed: int, progress: bool, shared_tokens: int | None = None,
             repeats: int = 2, draft_weights: str | None = None, shrink_batch: bool = False,
-            numerics: str = "invariant", log=print, root: str = ".") -> dict:
+            numerics: str | None = None, log=print, root: str = ".") -> dict:
   """Prefill once, decode both ways (alternately, `repeats` times each), print the comparison; returns
   the figures. shared_tokens: the document all prompts start with (None: default_shared_tokens);
   draft_weights: StreamingDraft.weights (None: the target's own; "bfloat16": a narrower copy);

@@ -43,6 +43,17 @@ PREFILL_ROWS = 256                # tokens per token-wise tile in a prefill chun
 QUERY_TOKENS = 4                  # query tokens per attention tile: plain decoding and chains up to gamma 3
 PAD_QUERY_TILE = {"cpu": False}   # pad a single tile of fewer tokens up to QUERY_TOKENS (else True)
 KEY_BLOCK = 64                    # slots per partial sum of the attention's value reduction
+# DecodeSettings.numerics when none is given, by backend (else "fast"). On CPU fixed shapes cost little
+# (SmolLM2 f32 8 x 4096: plain decoding 1.06x, MagicDec 1.19x). On one H100 (LLaMA-3.1-8B shape, bf16,
+# 8 x 32K, 2026-11-26) they cost the AR loop 2.07x (214 against 444 tok/s: XLA's attention over the whole
+# cache in 4-token tiles instead of the Pallas kernel) and its compile 197 s against 7 s
+# (benchmarks/results/gpu_engine_h100_2026-11-26_run2_invariant.json), so a GPU asks for them explicitly.
+DEFAULT_NUMERICS = {"cpu": "invariant"}
+
+
+def default_numerics() -> str:
+  """The numerics a DecodeSettings gets on the default backend when it names none (DEFAULT_NUMERICS)."""
+  return DEFAULT_NUMERICS.get(jax.default_backend(), "fast")
 
 
 def row_tile(prefill: bool) -> int:
