@@ -303,6 +303,21 @@ def _gpu_engine(doc, out, mod, stdout):
   assert "floor" in doc["parts"]["headline"] and "batch1" in doc["parts"]
 
 
+@case("quantized_draft")
+def _quantized_draft(doc, out, mod, stdout):
+  """Every weight copy drafts and is timed; greedy speculative tokens equal plain decoding's (the reference)
+  whatever the draft's weights; ratios follow from the runs' own figures."""
+  _env_ok(doc)
+  assert set(doc["draft_step"]) == set(mod.WEIGHTS) and all(v["median_ms"] > 0 for v in doc["draft_step"].values())
+  for sname, rows in doc["decode"].items():
+    for w in mod.WEIGHTS:
+      r = rows[w]
+      assert 0 < r["acceptance_rate"] <= 1
+      assert r["speedup"] == pytest.approx(r["tokens_per_s"] / rows["plain"]["tokens_per_s"])
+      if sname == "greedy":
+        assert r["rows_identical_to_plain"] == doc["batch"]
+
+
 @case("sampling_cost")
 def _sampling_cost(doc, out, mod, stdout):
   """The sort-free filter keeps the tokens the sorted definition keeps; every setting decodes."""

@@ -175,3 +175,30 @@ def test_quantized_weights_are_refused_on_a_mesh():
   mesh = sharding.make_mesh("data:1,model:1", jax.devices()[:1])
   with pytest.raises(ValueError, match="mesh"):
     sharding.rules.param_shardings(quant.quantize_params(model.params, "int8"), model.config, mesh)
+
+
+@pytest.mark.parametrize("weights", quant.QUANT_KINDS)
+def test_snapkv_and_model_drafts_on_quantized_copies_decode_the_autoregressive_tokens(weights):
+  """SnapKVDraft (the target's weights) and ModelDraft (a small model's) with int8 / int4 copies: plain
+  decoding's tokens, drafting about as well as on their own weights."""
+  model = tiny_model(3, attn_scale=8.0, hidden=64)
+  small = model                     # a draft model may be the target itself (--draft=model's default)
+  prompts = random_prompts([40, 33, 57], model.config.vocab_size, seed=9)
+  want = md.generate(model, prompts, max_new_tokens=16).tokens
+  for make in (lambda w: md.SnapKVDraft(budget=8, window=8, observation_window=4, pool_kernel=3, weights=w),
+               lambda w: md.ModelDraft(small, 2, 8, weights=w)):
+    res = md.generate(model, prompts, max_new_tokens=16, draft=make(weights), gamma=2)
+    assert res.tokens == want
+    own = md.generate(model, prompts, max_new_tokens=16, draft=make(None), gamma=2)
+    assert res.stats["acceptance_rate"] >= 0.5 * own.stats["acceptance_rate"] > 0
+  assert md.ModelDraft(small, 2, 8, weights=weights).spec.cost().weights_dtype == weights
+
+
+def test_bad_draft_weights_are_refused_by_name():
+  with pytest.raises(ValueError, match="SnapKVDraft weights .* 'int2'"):
+    md.SnapKVDraft(weights="int2")
+  with pytest.raises(ValueError, match="ModelDraft weights .* 'int2'"):
+    md.ModelDraft(tiny_model(5), weights="int2")
+  with pytest.raises(ValueError, match="not narrower"):
+    md.ModelDraft(md.model.Model(tiny_model(5).config.replace(dtype="bfloat16"), tiny_model(5).params),
+                  weights="bfloat16")

@@ -97,8 +97,8 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_integer("shared_tokens", None, "Demo: tokens of the document every prompt starts with (prefilled "
                        "once); each prompt then has its own passage. Default: all but the last 256 tokens; 0: "
                        "distinct prompts.", lower_bound=0, **d)
-  flags.DEFINE_enum("draft_weights", "none", ["none", "bfloat16", "int8", "int4"], "--draft=streaming: the "
-                    "self-draft's weights: 'none', the target's own; 'bfloat16', a copy of a float32 target's "
+  flags.DEFINE_enum("draft_weights", "none", ["none", "bfloat16", "int8", "int4"], "--draft=streaming, snapkv "
+                    "or model: the draft's weights: 'none', its own; 'bfloat16', a copy of float32 "
                     "matrices in bfloat16 (half the bytes per draft step); 'int8' (per-channel scales) or "
                     "'int4' (group-wise scales, packed) quantized copies. The target still verifies with its "
                     "own weights. The demo uses bfloat16 unless this is given.", **d)
@@ -270,8 +270,9 @@ def validate(fv) -> None:
   if fv["distill_compute"].present and (mode != "distill" or fv.draft != "feature"):
     raise app.UsageError(f"--distill_compute={fv.distill_compute} is for --mode=distill --draft=feature "
                          f"(got --mode={mode} --draft={fv.draft})")
-  if fv["draft_weights"].present and fv.draft_weights != "none" and fv.draft != "streaming":
-    raise app.UsageError(f"--draft_weights={fv.draft_weights} is for --draft=streaming (got --draft={fv.draft})")
+  if fv["draft_weights"].present and fv.draft_weights != "none" and not drafts.REGISTRY[fv.draft].weight_copies:
+    takes = ", ".join(n for n, c in drafts.REGISTRY.items() if c.weight_copies)
+    raise app.UsageError(f"--draft_weights={fv.draft_weights} is for --draft={takes} (got --draft={fv.draft})")
   if fv.shrink_batch and (mode not in ("generate", "demo") or fv.mesh):
     raise app.UsageError(f"--shrink_batch is for --mode=generate or demo without --mesh (got --mode={mode}"
                          + (f" --mesh={fv.mesh})" if fv.mesh else ")"))

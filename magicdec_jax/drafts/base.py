@@ -94,6 +94,7 @@ class Draft:
   """The object a user passes as `draft=`: the static `spec` the loop runs, and what needs the target."""
 
   name: ClassVar[str] = "draft"       # the registry name (`--draft=<name>`)
+  weight_copies: ClassVar[bool] = False   # takes `weights=` (a narrower or quantized copy; --draft_weights)
 
   @property
   def spec(self) -> "DraftSpec":

@@ -13,7 +13,8 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import (Draft, Footprint, Prefill, Round, check_positions, check_sink_window, copy_from_linear,
                                       window_attention, windowed_mask)
 from magicdec_jax.drafts.ring import RingDraft
-from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW
+from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW, check_narrower, check_weights, narrow_copy
+from magicdec_jax.layers import quant
 from magicdec_jax.model import Model, forward
 from magicdec_jax.tuning import calibrate, costmodel
 
@@ -25,6 +26,7 @@ class ModelSpec(RingDraft):
   sink: int
   window: int
   positions: str = "absolute"
+  weights: str | None = None      # the draft model's matrices as a copy (StreamingDraft.weights)
 
   needs_prev_token = True
   commits_plain_rounds = False   # its ring takes its own scratch K/V, which a plain round never computes
@@ -56,7 +58,8 @@ class ModelSpec(RingDraft):
     return copy_from_linear(ring, self.sink, self.window, linear, p.lengths)
 
   def cost(self) -> costmodel.Draft:
-    return costmodel.Draft("model", draft_cfg=self.config, sink=self.sink, window=self.window)
+    return costmodel.Draft("model", draft_cfg=self.config, sink=self.sink, window=self.window,
+                           weights_dtype=self.weights)
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(weights=self.config, ring=self.config, ring_slots=self.sink + self.window + tree_nodes + 1,
@@ -67,20 +70,27 @@ class ModelDraft(Draft):
   """A standalone draft model (same vocabulary) with its own StreamingLLM ring cache."""
 
   name = "model"
+  weight_copies = True
 
   def __init__(self, model: Model, sink: int = DEFAULT_SINK, window: int = DEFAULT_WINDOW,
-               positions: str = "absolute"):
+               positions: str = "absolute", weights: str | None = None):
     check_sink_window(sink, window)
     check_positions(positions)
+    check_weights(weights, "ModelDraft")
+    check_narrower(weights, model.config.dtype, "ModelDraft")
     self.model = model
-    self._spec = ModelSpec(model.config, sink, window, positions)
+    self._spec = ModelSpec(model.config, sink, window, positions, weights)
 
   @property
   def spec(self) -> ModelSpec:
     return self._spec
 
   def params(self, target):
-    return self.model.params
+    w = self._spec.weights
+    return self.model.params if w is None else narrow_copy(self.model.params, w)
+
+  def xla_options(self) -> dict:
+    return quant.xla_options(self._spec.weights)
 
   def check_compatible(self, target: Model) -> None:
     if self.model.config.vocab_size != target.config.vocab_size:
@@ -96,7 +106,7 @@ class ModelDraft(Draft):
         raise ValueError(f"--draft_layers={fv.draft_layers}: the draft model has only "
                          f"{dm.config.num_layers} layers (allowed: 1..{dm.config.num_layers})")
       dm = truncate_layers(dm, fv.draft_layers)
-    return cls(dm, sink=fv.sink, window=fv.window)
+    return cls(dm, sink=fv.sink, window=fv.window, weights=None if fv.draft_weights == "none" else fv.draft_weights)
 
   @classmethod
   def cost_from_flags(cls, fv, cfg: ModelConfig) -> costmodel.Draft:
@@ -105,7 +115,7 @@ class ModelDraft(Draft):
 
   def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
     return [calibrate.DraftUnderTest("model", self.spec.sink + self.spec.window, self.model.config,
-                                     self.model.params)]
+                                     self.model.params, weights=self.spec.weights)]
 
   def windowed_network(self, target):
     self.check_compatible(target)

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_sink_window, copy_from_linear
+from magicdec_jax.drafts.streaming import check_narrower, check_weights, narrow_copy
+from magicdec_jax.layers import quant
 from magicdec_jax.drafts.ring import RingDraft
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import forward
@@ -25,13 +27,16 @@ class SnapKVDraft(RingDraft, Draft):
   window: int = 64
   observation_window: int = 32
   pool_kernel: int = 5
+  weights: str | None = None      # a copy of the target's matrices to draft with (StreamingDraft.weights)
 
   name = "snapkv"
   uses_target_weights = True
+  weight_copies = True
   positions = "absolute"
 
   def __post_init__(self):
     check_sink_window(0, self.window)
+    check_weights(self.weights, "SnapKVDraft")
     if self.budget < 1:
       raise ValueError(f"SnapKVDraft budget must be >= 1, got {self.budget}")
     if self.observation_window < 1:
@@ -51,7 +56,16 @@ class SnapKVDraft(RingDraft, Draft):
 
   @classmethod
   def from_flags(cls, fv, target, load_model):
-    return cls(budget=fv.budget, window=fv.window)
+    return cls(budget=fv.budget, window=fv.window, weights=None if fv.draft_weights == "none" else fv.draft_weights)
+
+  def check_compatible(self, target) -> None:
+    check_narrower(self.weights, target.config.dtype, "SnapKVDraft")
+
+  def params(self, target):
+    return None if self.weights is None else narrow_copy(target.params, self.weights)
+
+  def xla_options(self) -> dict:
+    return quant.xla_options(self.weights)
 
   def prefill_ring(self, ring: RingCache, p: Prefill) -> RingCache:
     """The observation window's queries score every prompt slot; the top `budget` per (layer, KV head)
@@ -85,11 +99,11 @@ class SnapKVDraft(RingDraft, Draft):
     return ring.replace(k=tuple(new_k), v=tuple(new_v), pos=new_pos)
 
   def cost(self) -> costmodel.Draft:
-    return costmodel.Draft("snapkv", budget=self.budget, window=self.window, sink=0)
+    return costmodel.Draft("snapkv", budget=self.budget, window=self.window, sink=0, weights_dtype=self.weights)
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(ring=cfg, ring_slots=self.budget + self.window + tree_nodes,
                      row_bytes=4 * (self.budget + self.window), prefill_score_buffers=3)
 
   def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
-    return [calibrate.DraftUnderTest("snapkv", self.budget + self.window)]
+    return [calibrate.DraftUnderTest("snapkv", self.budget + self.window, weights=self.weights)]

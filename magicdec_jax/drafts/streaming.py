@@ -42,19 +42,17 @@ class StreamingDraft(RingDraft, Draft):
 
   name = "streaming"
   uses_target_weights = True
+  weight_copies = True
 
   def __post_init__(self):
     check_sink_window(self.sink, self.window)
     check_positions(self.positions)
-    if self.weights not in DRAFT_WEIGHTS:
-      raise ValueError(f"StreamingDraft weights must be one of {DRAFT_WEIGHTS}, got {self.weights!r}")
+    check_weights(self.weights, "StreamingDraft")
 
   num_static = property(lambda self: self.sink)
 
   def check_compatible(self, target) -> None:
-    if self.weights == "bfloat16" and jnp.dtype(self.weights).itemsize >= jnp.dtype(target.config.dtype).itemsize:
-      raise ValueError(f"StreamingDraft weights={self.weights!r} is not narrower than the target's "
-                       f"{target.config.dtype}: draft with the target's own weights (weights=None)")
+    check_narrower(self.weights, target.config.dtype, "StreamingDraft")
 
   def params(self, target):
     return None if self.weights is None else narrow_copy(target.params, self.weights)
@@ -85,6 +83,19 @@ class StreamingDraft(RingDraft, Draft):
 
   def windowed_network(self, target):
     return target.params, target.config, self.sink, self.window
+
+
+def check_weights(weights, owner: str) -> None:
+  """ValueError unless `weights` is one of DRAFT_WEIGHTS (a draft's weight copy)."""
+  if weights not in DRAFT_WEIGHTS:
+    raise ValueError(f"{owner} weights must be one of {DRAFT_WEIGHTS}, got {weights!r}")
+
+
+def check_narrower(weights, dtype: str, owner: str) -> None:
+  """ValueError where a float weight copy would be no narrower than the weights it copies."""
+  if weights == "bfloat16" and jnp.dtype(weights).itemsize >= jnp.dtype(dtype).itemsize:
+    raise ValueError(f"{owner} weights={weights!r} is not narrower than the model's {dtype}: draft with its "
+                     f"own weights (weights=None)")
 
 
 _NARROW = {}    # (id of a target's params, dtype) -> (those params, their narrow copy): cast once per model

@@ -53,7 +53,7 @@ class DraftUnderTest:
   kv_tokens: int              # sink + window (StreamingLLM) or budget + window (SnapKV)
   cfg: ModelConfig | None = None
   params: object = None
-  weights: str | None = None  # a self draft on a narrower copy of the target's weights (StreamingDraft.weights)
+  weights: str | None = None  # the draft on a narrower or quantized copy of its weights (StreamingDraft.weights)
 
   @property
   def role(self) -> str:
@@ -165,14 +165,14 @@ def measure(params, cfg: ModelConfig, shapes: Sequence[dict], drafts: Sequence[D
   minimum over passes drops it.
   """
   by_role = {d.role: d for d in drafts}
-  narrow = {d.weights: weight_copy(params, d.weights) for d in drafts if d.weights}
+  narrow = {d.role: weight_copy(d.params if d.cfg is not None else params, d.weights) for d in drafts if d.weights}
   out = [dict(r, times=[]) for r in shapes]
   for pas in range(passes):
     for i, row in enumerate(shapes):
       d = by_role.get(row.get("draft"))
       c, p = (d.cfg, d.params) if d is not None and d.cfg is not None else (cfg, params)
       if d is not None and d.weights:
-        p = narrow[d.weights]
+        p = narrow[d.role]
       kind = "ring" if row["role"].startswith("draft_") else "linear"
       m = time_step(p, c, row["batch"], row["kv_context"], row["new_tokens"], kind, repeats)
       r = out[i]

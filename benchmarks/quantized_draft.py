@@ -1,0 +1,89 @@
+"""What a quantized self-draft keeps and costs: StreamingDraft on bfloat16, int8 and int4 copies of the
+target's weights (layers/quant.py) against plain decoding, from one shared prefill.
+
+SmolLM2-135M float32 (the CPU demo's target), B held-out prose prompts of P tokens, `--new` new tokens,
+StreamingDraft(4, 256), gamma `--gamma`; greedy, and T 0.8 top-p 0.95 (speculative rejection sampling).
+Per draft weights: acceptance rate, tokens/s, the speedup over plain decoding, whether greedy tokens equal
+plain decoding's (they must: the target verifies with its own weights), and the draft's one-token step
+timed alone (calibrate.time_step over its sink + window ring) against the bfloat16 copy's. Settings are
+interleaved `--repeats` times after one untimed compile call each; medians.
+
+  python -m benchmarks.quantized_draft                     # 8 x 4096, 128 new tokens, ~25 min on 2 CPU cores
+  python -m benchmarks.quantized_draft --smoke             # random tiny model, about a minute
+"""
+from __future__ import annotations
+
+import statistics
+
+from benchmarks import common
+from magicdec_jax import drafts, prefilled
+from magicdec_jax.layers import quant
+from magicdec_jax.layers.dense import weight_copy
+from magicdec_jax.tuning import calibrate
+
+WEIGHTS = ("bfloat16", "int8", "int4")
+SAMPLINGS = {"greedy": dict(temperature=0.0), "t0.8-topp0.95": dict(temperature=0.8, top_p=0.95)}
+
+
+def main(argv=None) -> str:
+  ap = common.parser(__doc__)
+  ap.add_argument("--shape", default="8x4096", help="BxP: prompts x prompt tokens")
+  ap.add_argument("--new", type=int, default=128)
+  ap.add_argument("--gamma", type=int, default=2)
+  ap.add_argument("--sink", type=int, default=4)
+  ap.add_argument("--window", type=int, default=256)
+  ap.add_argument("--weights", default=",".join(WEIGHTS))
+  ap.add_argument("--samplings", default=",".join(SAMPLINGS))
+  ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--step_repeats", type=int, default=20)
+  a = common.parse(ap, argv, shape="4x96", new=16, repeats=1, window=32, step_repeats=3)
+  b, p = common.shape_list(a.shape)[0]
+  model, source = common.model(a.smoke)
+  cfg = model.config
+  kinds = a.weights.split(",")
+  steps = {}
+  for w in kinds:                                          # the draft's step alone, its weights as it reads them
+    r = calibrate.time_step(weight_copy(model.params, w), cfg, b, a.sink + a.window, 1, "ring", a.step_repeats)
+    steps[w] = {"median_ms": r["median_s"] * 1e3, "min_ms": r["seconds"] * 1e3}
+  if "bfloat16" in steps:
+    for w in kinds:
+      steps[w]["over_bfloat16"] = steps[w]["median_ms"] / steps["bfloat16"]["median_ms"]
+  prompts, text = common.text_prompts(model, b, p, cfg.vocab_size, held_out=not a.smoke)
+  pre = prefilled.prefill(model, prompts, max_new_tokens=a.new, progress=False)
+  settings = {}
+  for sname in a.samplings.split(","):
+    settings[(sname, "plain")] = dict(SAMPLINGS[sname])
+    for w in kinds:
+      settings[(sname, w)] = dict(SAMPLINGS[sname], draft=drafts.StreamingDraft(a.sink, a.window, weights=w),
+                                  gamma=a.gamma)
+  for kw in settings.values():                             # compile every setting first (untimed)
+    prefilled.decode(model, pre, **kw)
+  runs = {k: [] for k in settings}
+  for _ in range(a.repeats):
+    for k, kw in settings.items():
+      runs[k].append(prefilled.decode(model, pre, **kw))
+  out = {}
+  for (sname, w), rs in runs.items():
+    sec = statistics.median(r.stats["decode_s"] for r in rs)
+    out.setdefault(sname, {})[w] = {"decode_s": sec, "tokens_per_s": b * a.new / sec,
+                                    "acceptance_rate": rs[0].stats.get("acceptance_rate"),
+                                    "decode_s_all": [r.stats["decode_s"] for r in rs]}
+  for sname, rows in out.items():
+    plain = rows["plain"]
+    for w in kinds:
+      rows[w]["speedup"] = rows[w]["tokens_per_s"] / plain["tokens_per_s"]
+      if "bfloat16" in rows and rows["bfloat16"]["acceptance_rate"]:
+        rows[w]["acceptance_over_bfloat16"] = rows[w]["acceptance_rate"] / rows["bfloat16"]["acceptance_rate"]
+      if sname == "greedy":
+        want = runs[(sname, "plain")][0].tokens
+        rows[w]["rows_identical_to_plain"] = sum(x == y for x, y in zip(want, runs[(sname, w)][0].tokens))
+  doc = {"benchmark": "quantized_draft", "env": common.env_info(), "command": common.command(), "model": source,
+         "dtype": cfg.dtype, "text": text, "batch": b, "prompt_tokens": p, "new_tokens": a.new, "gamma": a.gamma,
+         "draft": f"StreamingDraft({a.sink}, {a.window}, weights=...)", "int8_dot": quant.int8_dot(),
+         "int4_group": quant.INT4_GROUP, "repeats": a.repeats, "draft_step": steps, "decode": out}
+  tag = f"{b}x{p}" + ("_smoke" if a.smoke else "")
+  return common.finish(doc, a.output, f"quantized_draft_{tag}_{common.device_tag()}.json")
+
+
+if __name__ == "__main__":
+  main()
