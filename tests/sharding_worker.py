@@ -251,6 +251,12 @@ def main(which: str, tmpdir: str):
                                    attention_impl="pallas_interpret")}
     out["pallas"] = mesh_tokens(model, prompts, pallas, meshes=("data:2,model:4",), max_new_tokens=8,
                                 refs={"chain_pallas": out["greedy"]["chain"]["ref"]})   # vs one-device XLA
+    quantized = {"chain_int8": dict(draft=md.StreamingDraft(sink=1, window=4, weights="int8"), gamma=2),
+                 "tree_int4": dict(draft=md.StreamingDraft(sink=1, window=4, weights="int4"),
+                                   tree=md.Tree.kary([2, 2]))}
+    ar = out["greedy"]["ar"]["ref"]                                      # greedy: plain decoding's tokens
+    out["quantized"] = mesh_tokens(model, prompts, quantized, meshes=("data:2,model:4", "data:4,model:2"),
+                                   max_new_tokens=8, refs={"chain_int8": ar, "tree_int4": ar})
     head = md.init_head(model, seed=1)
     feature = {"greedy_chain": dict(draft=md.FeatureDraft(head, sink=1, window=4), gamma=2),
                "greedy_tree": dict(draft=md.FeatureDraft(head, sink=1, window=4), tree=md.Tree.kary([2, 2])),

@@ -8,6 +8,7 @@ import pytest
 
 import magicdec_jax as md
 from magicdec_jax import compile as compiling
+from magicdec_jax import sharding
 from magicdec_jax.layers import quant
 from magicdec_jax.layers.dense import dense
 from magicdec_jax.trees import Tree
@@ -169,12 +170,23 @@ def test_a_quantized_draft_asks_for_its_xla_options_only_on_a_gpu():
   assert md.StreamingDraft(2, 8, weights="int8").xla_options() == want
 
 
-def test_quantized_weights_are_refused_on_a_mesh():
-  from magicdec_jax import sharding
+def test_quantized_weights_are_split_as_their_parameters():
+  """On a data:1 x model:1 mesh nothing is split; the specs for a model axis follow the parameter's: column-
+  parallel q splits N, row-parallel o splits K, int4 scales follow both, a vocab-split embedding its rows."""
+  from jax.sharding import PartitionSpec as P
+  from magicdec_jax.sharding import rules
+  w = lambda name, shape, kind: quant.quantize_weight(name, jnp.ones(shape, jnp.float32), kind, group=8)
+  q8, o4, e8 = w("q", (16, 4, 8), "int8"), w("o", (4, 8, 16), "int4"), w("embed", (40, 16), "int8")
+  assert (q8.leading_contracted, o4.leading_contracted) == (1, 2)
+  assert rules.quantized_specs(P(None, "model", None), q8) == (P(None, "model"), P("model"))
+  assert rules.quantized_specs(P("model", None, None), o4) == (P("model", None), P("model", None))
+  assert rules.quantized_specs(P("model", None), e8) == (P("model", None), P("model"))
   model = tiny_model(0)
+  qp = quant.quantize_params(model.params, "int4")
   mesh = sharding.make_mesh("data:1,model:1", jax.devices()[:1])
-  with pytest.raises(ValueError, match="mesh"):
-    sharding.rules.param_shardings(quant.quantize_params(model.params, "int8"), model.config, mesh)
+  placed = jax.device_put(qp, rules.param_shardings(qp, model.config, mesh))
+  isq = lambda x: isinstance(x, quant.QuantizedWeight)
+  assert jax.tree.structure(placed, is_leaf=isq) == jax.tree.structure(qp, is_leaf=isq)
 
 
 @pytest.mark.parametrize("weights", quant.QUANT_KINDS)

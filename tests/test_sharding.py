@@ -88,6 +88,8 @@ def test_tiny_model_on_every_mesh():
   # invariant sampling: a speculative tree on every mesh gives plain decoding's samples
   assert out["sampling"]["tree_invariant"]["ref"] == out["sampling"]["ar_invariant"]["ref"]
   check_same_on_every_mesh(out["pallas"], meshes=("data:2,model:4",))               # vs one-device XLA
+  # int8 / int4 draft weights split as their parameters: plain decoding's tokens on both layouts
+  check_same_on_every_mesh(out["quantized"], meshes=("data:2,model:4", "data:4,model:2"))
 
   c = out["collectives"]                       # 2x4: rows split over data, q heads over model
   check_collectives(c)

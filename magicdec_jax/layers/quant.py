@@ -81,6 +81,15 @@ class QuantizedWeight:
     k = math.prod(self.shape) // n
     return (k, n) if self.axis == 0 else (n, k)
 
+  @property
+  def leading_contracted(self) -> int:
+    """How many leading axes of the logical shape the stored matrix contracts (axis 0: q / k / v 1, o 2)."""
+    k = self.matrix_shape[0]
+    for i in range(1, self.ndim + 1):
+      if math.prod(self.shape[:i]) == k:
+        return i
+    raise ValueError(f"no leading axes of {self.shape} make the contracted size {k}")
+
   def dequantize(self, dtype) -> jax.Array:
     """The stored 2-D matrix in `dtype` (integers times their scales)."""
     if self.axis == 1:                       # stored [N, K]: dequantize its transpose

@@ -151,14 +151,34 @@ def shardings(tree: Any, mesh: Mesh, spec_fn) -> Any:
 
 
 def param_shardings(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
-  """NamedShardings for `params` of a model with config `cfg` on `mesh` (quantized draft weights refused:
-  no rule places their integers and scales yet)."""
-  quantized = lambda x: isinstance(x, QuantizedWeight)
-  if any(quantized(x) for x in jax.tree.leaves(params, is_leaf=quantized)):
-    raise ValueError("quantized draft weights (int8 / int4) do not run on a mesh yet: use weights=None or "
-                     "'bfloat16' there, or one device")
+  """NamedShardings for `params` of a model with config `cfg` on `mesh`; a quantized weight's integers and
+  scales are split as its parameter is (quantized_specs)."""
   lay = layout_for(cfg, axis_sizes(mesh)[1])
-  return shardings(params, mesh, lambda keys, ndim: param_spec(keys, ndim, lay))
+  quantized = lambda x: isinstance(x, QuantizedWeight)
+
+  def one(path, x):
+    keys = _keys(path)
+    if quantized(x):
+      q_spec, s_spec = quantized_specs(param_spec(keys, x.ndim, lay), x)
+      return x.replace(q=NamedSharding(mesh, fit(q_spec, x.q.shape, mesh)),
+                       scale=NamedSharding(mesh, fit(s_spec, x.scale.shape, mesh)))
+    return NamedSharding(mesh, fit(param_spec(keys, x.ndim, lay), x.shape, mesh))
+  return jax.tree_util.tree_map_with_path(one, params, is_leaf=quantized)
+
+
+def quantized_specs(logical: P, w: QuantizedWeight) -> tuple[P, P]:
+  """The specs of a QuantizedWeight's stored matrix and scales from its parameter's spec: the stored 2-D
+  matrix [K, N] (or [N, K] for an embedding) flattens the parameter's axes, so a split of the outermost
+  axis of either group carries over (the rules split no inner one). int8 scales [N] follow N; int4 scales
+  [K / group, N] follow both. `fit` drops a split that does not divide (packed rows, few groups)."""
+  e = tuple(logical) + (None,) * (w.ndim - len(logical))
+  if w.axis == 1:                                        # [V, D]: rows and the contracted features
+    rows, cols = e[0], e[1]
+    return P(rows, cols), (P(rows) if w.kind == "int8" else P(rows, cols))
+  lead = w.leading_contracted
+  k_ax = e[0] if all(a is None for a in e[1:lead]) else None
+  n_ax = e[lead] if all(a is None for a in e[lead + 1:]) else None
+  return P(k_ax, n_ax), (P(n_ax) if w.kind == "int8" else P(k_ax, n_ax))
 
 
 def abstract_param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict:
