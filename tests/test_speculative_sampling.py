@@ -129,8 +129,6 @@ CASES = {
                                           temperature=0.8, top_p=0.9),
     "chain3-streaming-int8-t0.8-topp0.9": dict(draft=StreamingDraft(sink=1, window=2, weights="int8"), gamma=3,
                                                temperature=0.8, top_p=0.9),
-    "tree-streaming-int4-t1": dict(draft=StreamingDraft(sink=1, window=2, weights="int4"),
-                                   tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "tree-model-t1": dict(draft="other", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "tree-feature-t1": dict(draft="feature", tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "chain2-feature-vocab5-t1": dict(draft="feature-vocab", gamma=2, temperature=1.0),
@@ -145,6 +143,9 @@ CASES = {
 
 
 SLOW_CASES = {
+    # measured p 0.23 (chi2 354.7, 336 df) on 2026-11-26; slow for the default run's time (69 s)
+    "tree-streaming-int4-t1": dict(draft=StreamingDraft(sink=1, window=2, weights="int4"),
+                                   tree=Tree.from_children_counts([3, 2, 1, 1]), temperature=1.0),
     "chain3-feature-t0.9-topk6": dict(draft="feature", gamma=3, temperature=0.9, top_k=6),
     "chain2-model-t1.3-topk4": dict(draft="other", gamma=2, temperature=1.3, top_k=4),
     "autoregressive-t0.8-topk5-topp0.9": dict(draft=None, temperature=0.8, top_k=5, top_p=0.9),
