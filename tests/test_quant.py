@@ -214,3 +214,17 @@ def test_bad_draft_weights_are_refused_by_name():
   with pytest.raises(ValueError, match="not narrower"):
     md.ModelDraft(md.model.Model(tiny_model(5).config.replace(dtype="bfloat16"), tiny_model(5).params),
                   weights="bfloat16")
+
+
+def test_the_planner_counts_a_drafts_weight_copy():
+  """A self-draft's copy adds its bytes (the target's params at the copy's bytes per element: float32 -> a
+  half for bfloat16, a quarter for int8); a model draft's copy comes on top of its own weights."""
+  model = tiny_model(0)
+  cfg = model.config
+  plan = lambda draft: sharding.plan_memory(cfg, None, batch=2, max_context=64, draft=draft, tree_nodes=3)
+  own = sharding.planner.param_bytes(cfg)
+  assert plan(md.StreamingDraft(2, 8)).draft_params == 0
+  assert plan(md.StreamingDraft(2, 8, weights="bfloat16")).draft_params == own // 2
+  assert plan(md.StreamingDraft(2, 8, weights="int8")).draft_params == own // 4
+  assert plan(md.SnapKVDraft(8, 8, weights="int4")).draft_params == int(own * quant.weight_bytes_per_param("int4") / 4)
+  assert plan(md.ModelDraft(model, 2, 8, weights="int8")).draft_params == own + own // 4

@@ -81,13 +81,16 @@ class Footprint:
   ring: the config whose K/V layout its ring has, with `ring_slots` slots (None: no K/V ring);
   row_bytes: other per-row state (ring positions, token history);
   prefill_cache: a linear cache of the prompt's length its prefill builds (a model draft's own prefill);
-  prefill_score_buffers: float32 [L, K, context] buffers per row its prefill keeps (SnapKV's scores)."""
+  prefill_score_buffers: float32 [L, K, context] buffers per row its prefill keeps (SnapKV's scores);
+  weight_copy: the dtype or quantization of a copy of its network's weights it also holds ("bfloat16",
+  "int8", "int4"; the network is `weights`, or the target's when that is None)."""
   weights: ModelConfig | None = None
   ring: ModelConfig | None = None
   ring_slots: int = 0
   row_bytes: int = 0
   prefill_cache: ModelConfig | None = None
   prefill_score_buffers: int = 0
+  weight_copy: str | None = None
 
 
 class Draft:

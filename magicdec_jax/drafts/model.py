@@ -63,7 +63,8 @@ class ModelSpec(RingDraft):
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(weights=self.config, ring=self.config, ring_slots=self.sink + self.window + tree_nodes + 1,
-                     row_bytes=4 * (self.sink + self.window), prefill_cache=self.config)
+                     row_bytes=4 * (self.sink + self.window), prefill_cache=self.config,
+                     weight_copy=self.weights)
 
 
 class ModelDraft(Draft):

@@ -103,7 +103,8 @@ class SnapKVDraft(RingDraft, Draft):
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(ring=cfg, ring_slots=self.budget + self.window + tree_nodes,
-                     row_bytes=4 * (self.budget + self.window), prefill_score_buffers=3)
+                     row_bytes=4 * (self.budget + self.window), prefill_score_buffers=3,
+                     weight_copy=self.weights)
 
   def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
     return [calibrate.DraftUnderTest("snapkv", self.budget + self.window, weights=self.weights)]

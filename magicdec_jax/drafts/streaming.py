@@ -72,7 +72,7 @@ class StreamingDraft(RingDraft, Draft):
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(ring=cfg, ring_slots=self.sink + self.window + tree_nodes,
-                     row_bytes=4 * (self.sink + self.window))
+                     row_bytes=4 * (self.sink + self.window), weight_copy=self.weights)
 
   def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
     """This draft's step; a float32 target's also on a bfloat16 copy (what `auto` needs to price it)."""

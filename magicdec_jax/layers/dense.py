@@ -21,7 +21,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from magicdec_jax.layers.quant import QUANT_KINDS, QuantizedWeight, quantize_params, quantized_dense
+from magicdec_jax.layers.quant import (QUANT_KINDS, QuantizedWeight, quantize_params, quantized_dense,
+                                      weight_bytes_per_param)
 
 
 def matmul_precision(dtype):
@@ -81,6 +82,11 @@ def narrow_weights(params, dtype: str):
   `dtype`, as one compiled cast; vectors (norm scales) are kept, the model still computes in its own dtype
   (dense above)."""
   return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 else x, params)
+
+
+def copy_bytes_per_param(kind: str) -> float:
+  """Bytes per matrix element of a weight_copy of this kind (scales included)."""
+  return weight_bytes_per_param(kind) if kind in QUANT_KINDS else float(jnp.dtype(kind).itemsize)
 
 
 def weight_copy(params, kind: str):
