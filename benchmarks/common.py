@@ -29,7 +29,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from magicdec_jax import checkpoints, testing, textdata
+from magicdec_jax import checkpoints, prefilled, testing, textdata
 from magicdec_jax.tuning import calibrate, shapes
 from magicdec_jax.model import Model, init_params
 
@@ -99,6 +99,19 @@ def device_tag() -> str:
   kind = "".join(c for c in kind if c.isalnum() or c == "-")[:24]
   name = dev.platform if dev.platform == "cpu" else f"{dev.platform}-{kind}"
   return f"{name}_{datetime.date.today().isoformat()}"
+
+
+def interleaved_decodes(model, pre, settings: dict, repeats: int) -> dict:
+  """{name: [GenerateResult] x repeats}: every setting (prefilled.decode keywords) decodes the prefilled
+  batch once untimed (compiling), then all settings in turn, `repeats` times, so a burst of load on the
+  shared machine hits one run of each rather than all runs of one."""
+  for kw in settings.values():
+    prefilled.decode(model, pre, **kw)
+  runs = {k: [] for k in settings}
+  for _ in range(repeats):
+    for k, kw in settings.items():
+      runs[k].append(prefilled.decode(model, pre, **kw))
+  return runs
 
 
 def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[float, list[float]]:

@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax import drafts, engine, loop  # noqa: E402
 from magicdec_jax.cache import KVCache  # noqa: E402
-from magicdec_jax.drafts import streaming as streaming_draft  # noqa: E402
+from magicdec_jax.drafts import weights as draft_weights  # noqa: E402
 from magicdec_jax.model import Model, init_params  # noqa: E402
 from magicdec_jax.sampling import Sampling  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402
@@ -361,7 +361,7 @@ def part_quant(b: Bench, target: Model, B: int, C: int, window: int = 512, sink:
     label = f"self chain{g} {w}" + (f" {mode}" if mode else "") + (" triton" if opts else "")
     runs.append(b.run("quant", label, target, drafts.StreamingDraft(sink, window, weights=w), Tree.chain(g), 0.8, B,
                       C, options=opts, int8_dot=mode))
-    streaming_draft._NARROW.clear()                       # the cached int8 / int4 copy: free its memory
+    draft_weights._NARROW.clear()                       # the cached int8 / int4 copy: free its memory
   b.ratios("quant", "AR", runs)
 
 

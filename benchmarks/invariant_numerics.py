@@ -56,12 +56,7 @@ def main(argv=None) -> str:
     settings[f"{n}/plain"] = dict(numerics=n, **sample)
     settings[f"{n}/magicdec"] = dict(numerics=n, draft=drafts.StreamingDraft(4, 256, weights=weights),
                                      gamma=a.gamma, **sample)
-  for kw in settings.values():                     # compile every setting's executables first
-    prefilled.decode(model, pre, **kw)
-  runs = {k: [] for k in settings}
-  for _ in range(a.repeats):
-    for k, kw in settings.items():
-      runs[k].append(prefilled.decode(model, pre, **kw))
+  runs = common.interleaved_decodes(model, pre, settings, a.repeats)
   rows = {}
   for k, rs in runs.items():
     sec = statistics.median(r.stats["decode_s"] for r in rs)

@@ -56,12 +56,7 @@ def main(argv=None) -> str:
     for w in kinds:
       settings[(sname, w)] = dict(SAMPLINGS[sname], draft=drafts.StreamingDraft(a.sink, a.window, weights=w),
                                   gamma=a.gamma)
-  for kw in settings.values():                             # compile every setting first (untimed)
-    prefilled.decode(model, pre, **kw)
-  runs = {k: [] for k in settings}
-  for _ in range(a.repeats):
-    for k, kw in settings.items():
-      runs[k].append(prefilled.decode(model, pre, **kw))
+  runs = common.interleaved_decodes(model, pre, settings, a.repeats)
   out = {}
   for (sname, w), rs in runs.items():
     sec = statistics.median(r.stats["decode_s"] for r in rs)

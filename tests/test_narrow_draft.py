@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax.drafts import streaming
+from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers.dense import dense, narrow_weights
 from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
@@ -77,11 +77,11 @@ def test_the_draft_really_reads_the_narrow_copy():
   assert draft.params(model) is params          # cast once per model
   zeroed = narrow_weights(
       jax.tree.map(jnp.zeros_like, model.params), "bfloat16")
-  streaming._NARROW[(id(model.params), "bfloat16")] = (model.params, zeroed)
+  draft_weights._NARROW[(id(model.params), "bfloat16")] = (model.params, zeroed)
   try:
     res = md.generate(model, prompts, max_new_tokens=12, draft=draft, gamma=2)
   finally:
-    streaming._NARROW.clear()
+    draft_weights._NARROW.clear()
   assert res.tokens == md.generate(model, prompts, max_new_tokens=12).tokens
   good = md.generate(model, prompts, max_new_tokens=12, draft=draft, gamma=2)
   assert res.stats["acceptance_rate"] < good.stats["acceptance_rate"]

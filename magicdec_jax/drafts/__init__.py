@@ -14,6 +14,7 @@ from magicdec_jax.drafts.feature import FeatureDraft, FeatureRing, FeatureSpec
 from magicdec_jax.drafts.lookup import PromptLookupDraft
 from magicdec_jax.drafts.model import ModelDraft, ModelSpec, truncate_layers
 from magicdec_jax.drafts.snapkv import SnapKVDraft
-from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW, DRAFT_WEIGHTS, StreamingDraft
+from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW, StreamingDraft
+from magicdec_jax.drafts.weights import DRAFT_WEIGHTS
 
 REGISTRY = {cls.name: cls for cls in (StreamingDraft, SnapKVDraft, ModelDraft, FeatureDraft, PromptLookupDraft)}

@@ -13,7 +13,8 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import (Draft, Footprint, Prefill, Round, check_positions, check_sink_window, copy_from_linear,
                                       window_attention, windowed_mask)
 from magicdec_jax.drafts.ring import RingDraft
-from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW, check_narrower, check_weights, narrow_copy
+from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW
+from magicdec_jax.drafts.weights import check_narrower, check_weights, copy_of, flag_weights
 from magicdec_jax.layers import quant
 from magicdec_jax.model import Model, forward
 from magicdec_jax.tuning import calibrate, costmodel
@@ -88,7 +89,7 @@ class ModelDraft(Draft):
 
   def params(self, target):
     w = self._spec.weights
-    return self.model.params if w is None else narrow_copy(self.model.params, w)
+    return self.model.params if w is None else copy_of(self.model.params, w)
 
   def xla_options(self) -> dict:
     return quant.xla_options(self._spec.weights)
@@ -107,7 +108,7 @@ class ModelDraft(Draft):
         raise ValueError(f"--draft_layers={fv.draft_layers}: the draft model has only "
                          f"{dm.config.num_layers} layers (allowed: 1..{dm.config.num_layers})")
       dm = truncate_layers(dm, fv.draft_layers)
-    return cls(dm, sink=fv.sink, window=fv.window, weights=None if fv.draft_weights == "none" else fv.draft_weights)
+    return cls(dm, sink=fv.sink, window=fv.window, weights=flag_weights(fv))
 
   @classmethod
   def cost_from_flags(cls, fv, cfg: ModelConfig) -> costmodel.Draft:

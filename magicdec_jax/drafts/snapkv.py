@@ -12,16 +12,15 @@ import jax.numpy as jnp
 from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_sink_window, copy_from_linear
-from magicdec_jax.drafts.streaming import check_narrower, check_weights, narrow_copy
-from magicdec_jax.layers import quant
 from magicdec_jax.drafts.ring import RingDraft
+from magicdec_jax.drafts.weights import TargetWeightCopy, check_weights, flag_weights
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import forward
 from magicdec_jax.tuning import calibrate, costmodel
 
 
 @dataclasses.dataclass(frozen=True)
-class SnapKVDraft(RingDraft, Draft):
+class SnapKVDraft(TargetWeightCopy, RingDraft, Draft):
   """Self-speculation keeping `budget` selected prompt positions per KV head plus the last `window`."""
   budget: int = 256
   window: int = 64
@@ -31,7 +30,6 @@ class SnapKVDraft(RingDraft, Draft):
 
   name = "snapkv"
   uses_target_weights = True
-  weight_copies = True
   positions = "absolute"
 
   def __post_init__(self):
@@ -56,16 +54,7 @@ class SnapKVDraft(RingDraft, Draft):
 
   @classmethod
   def from_flags(cls, fv, target, load_model):
-    return cls(budget=fv.budget, window=fv.window, weights=None if fv.draft_weights == "none" else fv.draft_weights)
-
-  def check_compatible(self, target) -> None:
-    check_narrower(self.weights, target.config.dtype, "SnapKVDraft")
-
-  def params(self, target):
-    return None if self.weights is None else narrow_copy(target.params, self.weights)
-
-  def xla_options(self) -> dict:
-    return quant.xla_options(self.weights)
+    return cls(budget=fv.budget, window=fv.window, weights=flag_weights(fv))
 
   def prefill_ring(self, ring: RingCache, p: Prefill) -> RingCache:
     """The observation window's queries score every prompt slot; the top `budget` per (layer, KV head)

@@ -8,23 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
 from magicdec_jax.cache import RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_positions, check_sink_window, copy_from_linear
 from magicdec_jax.drafts.ring import RingDraft
-from magicdec_jax.layers import quant
-from magicdec_jax.layers.dense import weight_copy
+from magicdec_jax.drafts.weights import TargetWeightCopy, check_weights, flag_weights
 from magicdec_jax.tuning import calibrate, costmodel
 
-DRAFT_WEIGHTS = (None, "bfloat16", "int8", "int4")
 DEFAULT_SINK = 4
 DEFAULT_WINDOW = 256
 
 
 @dataclasses.dataclass(frozen=True)
-class StreamingDraft(RingDraft, Draft):
+class StreamingDraft(TargetWeightCopy, RingDraft, Draft):
   """Self-speculation with a StreamingLLM cache: `sink` first tokens + the last `window` tokens.
 
   positions: "absolute" (every key at its true position) or "cache" (StreamingLLM: sink keys are seen as
@@ -42,7 +38,6 @@ class StreamingDraft(RingDraft, Draft):
 
   name = "streaming"
   uses_target_weights = True
-  weight_copies = True
 
   def __post_init__(self):
     check_sink_window(self.sink, self.window)
@@ -51,18 +46,9 @@ class StreamingDraft(RingDraft, Draft):
 
   num_static = property(lambda self: self.sink)
 
-  def check_compatible(self, target) -> None:
-    check_narrower(self.weights, target.config.dtype, "StreamingDraft")
-
-  def params(self, target):
-    return None if self.weights is None else narrow_copy(target.params, self.weights)
-
-  def xla_options(self) -> dict:
-    return quant.xla_options(self.weights)
-
   @classmethod
   def from_flags(cls, fv, target, load_model):
-    return cls(fv.sink, fv.window, weights=None if fv.draft_weights == "none" else fv.draft_weights)
+    return cls(fv.sink, fv.window, weights=flag_weights(fv))
 
   def prefill_ring(self, ring: RingCache, p: Prefill) -> RingCache:
     return copy_from_linear(ring, self.sink, self.window, p.target, p.lengths)
@@ -83,29 +69,3 @@ class StreamingDraft(RingDraft, Draft):
 
   def windowed_network(self, target):
     return target.params, target.config, self.sink, self.window
-
-
-def check_weights(weights, owner: str) -> None:
-  """ValueError unless `weights` is one of DRAFT_WEIGHTS (a draft's weight copy)."""
-  if weights not in DRAFT_WEIGHTS:
-    raise ValueError(f"{owner} weights must be one of {DRAFT_WEIGHTS}, got {weights!r}")
-
-
-def check_narrower(weights, dtype: str, owner: str) -> None:
-  """ValueError where a float weight copy would be no narrower than the weights it copies."""
-  if weights == "bfloat16" and jnp.dtype(weights).itemsize >= jnp.dtype(dtype).itemsize:
-    raise ValueError(f"{owner} weights={weights!r} is not narrower than the model's {dtype}: draft with its "
-                     f"own weights (weights=None)")
-
-
-_NARROW = {}    # (id of a target's params, dtype) -> (those params, their narrow copy): cast once per model
-
-
-def narrow_copy(params, dtype: str):
-  """The target's weights cast (or quantized) for a StreamingDraft(weights=dtype), made once per params tree."""
-  key = (id(params), dtype)
-  if key not in _NARROW or _NARROW[key][0] is not params:
-    if len(_NARROW) >= 2:
-      _NARROW.clear()
-    _NARROW[key] = (params, weight_copy(params, dtype))
-  return _NARROW[key][1]

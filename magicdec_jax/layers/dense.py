@@ -8,7 +8,8 @@ the bytes. On XLA:CPU that narrow dot is fast only with two or more rows: a sing
 takes a matrix-vector path that measured 12x slower than the float32 one (SmolLM2's LM head: 39 ms against
 3.5), so a single row is padded to two there (3.2 ms).
 
-On a GPU every single-row matmul is padded to two rows (a prediction, not yet measured). Profiled on one
+On a GPU every single-row matmul is padded to two rows (what that gains is a prediction, not yet measured;
+issue 44). Profiled on one
 H100 at 1 x 4K (LLaMA-3.1-8B shape, bf16, 2026-11-26), the one-token step took 11.0 ms against a 5.5 ms
 floor. XLA lowered the M = 1 LM head as a float32 conversion of its 1 GB weight plus a cuBLAS float32
 GEMV: 1.75 ms a step for a 0.35 ms read. A per-layer scatter fusion took 2.6 ms a step, most likely the

@@ -4,7 +4,8 @@ A self-draft re-reads the target's weights for every draft token, so on a GPU at
 costs a full weight read (issue 46). A draft may instead read a copy of those matrices in
   * "int8": symmetric, one scale per output channel (the max |w| over the contracted axis / 127);
   * "int4": symmetric, one scale per `INT4_GROUP` consecutive inputs of an output channel (max |w| / 7;
-    a smaller power-of-two group where the contracted size needs it), two values packed per byte (the low nibble holds the even input, the high nibble the odd one).
+    a smaller power-of-two group where the contracted size needs it), two values packed per byte (the
+    low nibble holds the even input, the high nibble the odd one).
 The target still verifies with its own weights, so the output is the target's exactly; the draft's
 precision moves only its acceptance.
 
@@ -42,11 +43,11 @@ import jax.numpy as jnp
 QUANT_KINDS = ("int8", "int4")
 INT4_GROUP = 64
 INT8_MAX, INT4_MAX = 127, 7
-# parameter name -> (number of leading axes contracted, or -1: the last axis is contracted)
-INT8_DOT = {"cpu": "int", "gpu": "dequant"}   # backend -> "int" | "dequant" (see above); else the default
-XLA_OPTIONS = {"gpu": {"xla_gpu_enable_triton_gemm": True}}   # what a quantized draft's executables need
-DEFAULT_INT8_DOT = "int"
 INT8_DOTS = ("int", "dequant")
+INT8_DOT = {"cpu": "int", "gpu": "dequant"}   # backend -> one of INT8_DOTS (see above); else DEFAULT_INT8_DOT
+DEFAULT_INT8_DOT = "int"
+XLA_OPTIONS = {"gpu": {"xla_gpu_enable_triton_gemm": True}}   # what a quantized draft's executables need
+# parameter name -> number of leading axes contracted (-1: the last axis is contracted)
 CONTRACTED = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1, "lm_head": 1, "embed": -1}
 
 

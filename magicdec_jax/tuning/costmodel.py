@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.layers.quant import QUANT_KINDS, weight_bytes_per_param
+from magicdec_jax.layers.dense import copy_bytes_per_param
 from magicdec_jax.tuning import batch_tail
 from magicdec_jax import trees as trees_lib
 
@@ -119,7 +119,7 @@ def step_bytes(cfg: ModelConfig, batch: int, context: int, new_tokens: int, dtyp
   tokens, float32 logits written.
   """
   kv = kv_read_tokens(cfg, context if kv_context is None else kv_context)
-  b = weight_bytes_per_param(weights_dtype) if weights_dtype in QUANT_KINDS else dtype_bytes(weights_dtype or dtype)
+  b = dtype_bytes(dtype) if weights_dtype is None else copy_bytes_per_param(weights_dtype)
   tokens = batch * new_tokens
   weights = matmul_params(cfg) * b + (0 if cfg.tie_embeddings else tokens * cfg.hidden_size * b)
   kv_rw = (batch * kv + tokens) * kv_bytes_per_token(cfg, dtype)

@@ -1,0 +1,60 @@
+"""A draft's copy of its network's weights: `weights=None | "bfloat16" | "int8" | "int4"` (layers/quant.py).
+
+StreamingDraft and SnapKVDraft draft with the target's weights or such a copy of them (`TargetWeightCopy`
+gives both the same validation, params and XLA options); ModelDraft with its own model's or a copy. The
+copy is made once per params tree and kept (`copy_of`); the target always verifies with its own weights.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from magicdec_jax.layers import quant
+from magicdec_jax.layers.dense import weight_copy
+
+DRAFT_WEIGHTS = (None, "bfloat16", "int8", "int4")
+
+
+def check_weights(weights, owner: str) -> None:
+  """ValueError unless `weights` is one of DRAFT_WEIGHTS (a draft's weight copy)."""
+  if weights not in DRAFT_WEIGHTS:
+    raise ValueError(f"{owner} weights must be one of {DRAFT_WEIGHTS}, got {weights!r}")
+
+
+def check_narrower(weights, dtype: str, owner: str) -> None:
+  """ValueError where a float weight copy would be no narrower than the weights it copies."""
+  if weights == "bfloat16" and jnp.dtype(weights).itemsize >= jnp.dtype(dtype).itemsize:
+    raise ValueError(f"{owner} weights={weights!r} is not narrower than the model's {dtype}: draft with its "
+                     f"own weights (weights=None)")
+
+
+def flag_weights(fv) -> str | None:
+  """--draft_weights as a draft's `weights` argument ("none" -> None)."""
+  return None if fv.draft_weights == "none" else fv.draft_weights
+
+
+_NARROW = {}    # (id of a params tree, kind) -> (those params, their copy): made once per model
+
+
+def copy_of(params, kind: str):
+  """`params` cast (or quantized) to `kind` for a draft, made once per params tree."""
+  key = (id(params), kind)
+  if key not in _NARROW or _NARROW[key][0] is not params:
+    if len(_NARROW) >= 2:
+      _NARROW.clear()
+    _NARROW[key] = (params, weight_copy(params, kind))
+  return _NARROW[key][1]
+
+
+class TargetWeightCopy:
+  """For a draft dataclass with a `weights` field that drafts with the target's own weights or a copy."""
+
+  weight_copies = True
+
+  def check_compatible(self, target) -> None:
+    check_narrower(self.weights, target.config.dtype, type(self).__name__)
+
+  def params(self, target):
+    return None if self.weights is None else copy_of(target.params, self.weights)
+
+  def xla_options(self) -> dict:
+    return quant.xla_options(self.weights)
