@@ -3,7 +3,7 @@
 Two parts, both measured in this run:
   * `teacher_forced`: the greedy acceptance rate alpha of self-speculation (StreamingLLM sink + window over
     the target's own weights) versus context and window, from one plain full forward of the target and one
-    windowed forward per window over the same text (magicdec_jax.tuning.acceptance): alpha = P(draft argmax ==
+    windowed forward per window over the same text (magicdec_jax.measure.acceptance): alpha = P(draft argmax ==
     target argmax) at positions past sink + window. Cheap, so it covers contexts up to 4K.
   * `engine`: real `generate` runs (autoregressive, StreamingDraft, ModelDraft(truncate_layers), SnapKVDraft;
     a gamma sweep; both draft RoPE position schemes) at batch `--batch`, `--max-new` new tokens: acceptance
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from magicdec_jax.tuning import acceptance as acc
+from magicdec_jax.measure import acceptance as acc
 from magicdec_jax import drafts
 from magicdec_jax.engine import generate
 from magicdec_jax.model import full_forward

@@ -26,7 +26,8 @@ import time
 
 from benchmarks import common
 from magicdec_jax import StreamingDraft, prefilled, trees
-from magicdec_jax.tuning import autotune, calibrate, costmodel
+from magicdec_jax.measure import calibrate
+from magicdec_jax.tuning import autotune, costmodel, profiles
 
 DEFAULT_VECTOR = os.path.join(common.RESULTS_DIR, "acceptance_vector_smollm2_streaming4+128_cpu_2026-11-22.json")
 
@@ -69,8 +70,8 @@ def main(argv=None):
                                repeats=2 if not args.smoke else 1, passes=2 if not args.smoke else 1,
                                acceptance_vector=vec)
     args.profile = os.path.splitext(out_path)[0] + ".profile.json"
-    calibrate.save_profile(prof, args.profile)
-  _, prof = calibrate.load_profile(args.profile)
+    profiles.save_profile(prof, args.profile)
+  _, prof = profiles.load_profile(args.profile)
   doc["profile"] = {"path": args.profile, "device": prof.get("device"), "date": prof.get("date"),
                     "holdout_rel_err": prof["fit"].get("holdout_rel_err"),
                     "train_rel_err": prof["fit"].get("train_rel_err"),
@@ -97,7 +98,7 @@ def main(argv=None):
   def predictions(tree, b: int, context: int, measured_tokens_per_round: float) -> dict:
     """The cost model's speedup for `tree` (labelled predictions): with auto's acceptance vector, and with the
     measured tokens per round in place of the vector's expectation."""
-    t_round = sum(draft_cost.step_time(model.config, hw, b, context, int(w), model.config.dtype)
+    t_round = sum(costmodel.t_draft(model.config, hw, draft_cost, b, context, int(w), model.config.dtype)
                   for w in tree.expanding_per_level)
     t_round += costmodel.t_verify(model.config, hw, b, context, tree.num_nodes, model.config.dtype)
     t_ar = costmodel.t_ar(model.config, hw, b, context, model.config.dtype)

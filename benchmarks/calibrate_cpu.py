@@ -10,7 +10,8 @@ import jax
 
 from benchmarks import common
 from magicdec_jax import init_params
-from magicdec_jax.tuning import calibrate, shapes
+from magicdec_jax.measure import calibrate
+from magicdec_jax.tuning import profiles, shapes
 
 
 def main(argv=None):
@@ -24,7 +25,7 @@ def main(argv=None):
   prof = calibrate.calibrate(params, cfg, drafts=[calibrate.DraftUnderTest("self", 4 + 128)],
                              model_name="smollm2_135m fp32 (random weights)", **grid)
   if args.output:
-    calibrate.save_profile(prof, args.output)
+    profiles.save_profile(prof, args.output)
   print(json.dumps({"fit": {k: prof["fit"][k] for k in ("features", "coef", "train_rel_err", "holdout_rel_err")},
                     "measured_steps": len(prof["measurements"]), "seconds": prof["total_s"]}, indent=1))
 

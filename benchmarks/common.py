@@ -29,8 +29,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from magicdec_jax import checkpoints, prefilled, testing, textdata
-from magicdec_jax.tuning import calibrate, shapes
+from magicdec_jax import checkpoints, engine, plan, prefilled, testing, textdata
+from magicdec_jax.settings import DecodeSettings
+from magicdec_jax.tuning import profiles, shapes
 from magicdec_jax.model import Model, init_params
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
@@ -87,7 +88,7 @@ def env_info() -> dict:
       "device": f"{dev.platform}:{dev.device_kind}", "num_devices": jax.device_count(),
       "jax_version": jax.__version__, "python": platform.python_version(),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-      "host_cpus": os.cpu_count(), "cpu_model": calibrate.host_cpu_model(),
+      "host_cpus": os.cpu_count(), "cpu_model": profiles.host_cpu_model(),
       "loadavg_start": list(os.getloadavg()),
   }
 
@@ -112,6 +113,16 @@ def interleaved_decodes(model, pre, settings: dict, repeats: int) -> dict:
     for k, kw in settings.items():
       runs[k].append(prefilled.decode(model, pre, **kw))
   return runs
+
+
+def loop_engine(model, draft, tree, *, batch: int, context: int, max_new: int, impl: str = "auto",
+                numerics: str | None = None, options: dict | None = None) -> engine.Engine:
+  """The Engine `generate` builds for a fixed draft and tree (None: plain decoding) at batch x context: its
+  plan's XLA options (the engine's, the draft's, then `options`), attention choice and 1 x 1 mesh.
+  `engine.decode(state)` is then the compiled loop users run."""
+  st = DecodeSettings(max_new_tokens=max_new, draft=draft, tree=None if draft is None else tree,
+                      attention_impl=impl, numerics=numerics, xla_options=options)
+  return engine.Engine(model, plan.make_plan(model, st, batch=batch, shortest=context, longest=context))
 
 
 def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[float, list[float]]:

@@ -1,6 +1,6 @@
 """Where does MagicDec start to win? Decode and end-to-end throughput of AR vs StreamingDraft over context x batch.
 
-SmolLM2-135M on held-out Shakespeare, greedy; the measurement is magicdec_jax/tuning/sweep.py (prefill once per
+SmolLM2-135M on held-out Shakespeare, greedy; the measurement is magicdec_jax/measure/sweep.py (prefill once per
 point, AR and each gamma from copies of the same caches; measured crossover beside the cost model's
 predicted one, labelled). JSON (rewritten after every point, so an interrupted run keeps what it measured)
 + PNG (speedup vs context per batch). `run.py --mode=bench --bench_preset=long_context` runs the same grid.
@@ -17,7 +17,8 @@ import numpy as np
 
 from benchmarks import common
 from magicdec_jax import StreamingDraft
-from magicdec_jax.tuning import autotune, sweep
+from magicdec_jax.measure import sweep
+from magicdec_jax.tuning import autotune
 
 PRESET = sweep.LONG_CONTEXT
 

@@ -24,7 +24,8 @@ import jax
 
 from benchmarks import common
 from magicdec_jax.model import init_params
-from magicdec_jax.tuning import calibrate, shapes
+from magicdec_jax.measure import calibrate
+from magicdec_jax.tuning import shapes
 
 FEATURES = {   # each family's config features at the shape being measured (docs/families.md)
     "llama": lambda n: {},

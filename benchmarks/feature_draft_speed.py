@@ -22,7 +22,7 @@ import time
 
 from benchmarks import common
 from magicdec_jax import feature_head, prefilled
-from magicdec_jax.tuning import calibrate
+from magicdec_jax.measure import calibrate
 from magicdec_jax.drafts import StreamingDraft
 from magicdec_jax.drafts import FeatureDraft
 from magicdec_jax.trees import Tree

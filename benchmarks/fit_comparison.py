@@ -8,7 +8,8 @@ import json
 import numpy as np
 
 from benchmarks import common
-from magicdec_jax.tuning import calibrate, costmodel
+from magicdec_jax.measure import calibrate
+from magicdec_jax.tuning import costmodel, profiles
 
 
 def roofline_loo(rows, combine):
@@ -32,7 +33,7 @@ def main(argv=None):
 
 def compare(path: str, out: str | None = None) -> dict:
   """The comparison's document for the profile at `path` (printed; written to `out` if given)."""
-  _, prof = calibrate.load_profile(path)
+  _, prof = profiles.load_profile(path)
   rows = calibrate.step_rows(prof["measurements"])
   stats = lambda e: {"mean": float(e.mean()), "median": float(np.median(e)), "p90": float(np.percentile(e, 90)),
                      "max": float(e.max())}

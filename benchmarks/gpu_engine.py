@@ -1,6 +1,6 @@
 """GPU figures of the engine users run: end to end through the engine's own compiled loop, kernel by kernel.
 
-Every configuration runs `engine._decode_loop` (the executable the Engine compiles: its XLA options, its
+Every configuration runs `Engine.decode` (the executable the Engine compiles: its plan's XLA options, its
 attention choice, its numerics) from a context-long cache of random bf16 weights at real shapes, with the
 accept/reject outcome replaced by Bernoulli(alpha) per draft token (benchmarks/simulated_acceptance.py:
 drafting, verification, commits and rollbacks run as in real generation). Per configuration:
@@ -49,15 +49,15 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from magicdec_jax import compile as compiling  # noqa: E402
-from magicdec_jax import drafts, engine, loop  # noqa: E402
+from magicdec_jax import drafts, engine, loop, plan  # noqa: E402
 from magicdec_jax.cache import KVCache  # noqa: E402
 from magicdec_jax.drafts import weights as draft_weights  # noqa: E402
 from magicdec_jax.model import Model, init_params  # noqa: E402
-from magicdec_jax.sampling import Sampling  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402
 from magicdec_jax.layers.dense import weight_copy  # noqa: E402
 from magicdec_jax.layers import quant  # noqa: E402
-from magicdec_jax.tuning import calibrate, costmodel, shapes  # noqa: E402
+from magicdec_jax.measure import calibrate  # noqa: E402
+from magicdec_jax.tuning import costmodel, shapes  # noqa: E402
 
 PARTS = ("headline", "quant", "shard", "batch1", "invariant", "identity", "previous")
 PREVIOUS_OPTIONS = {"xla_gpu_enable_triton_gemm": False}          # before issue 44: dot merger on
@@ -139,7 +139,7 @@ class Bench:
     self.t_start = time.time()
     self.res = {"env": common.env_info(), "command": common.command(),
                 "device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
-                "jax": jax.__version__, "path": "engine._decode_loop (the Engine's executable)",
+                "jax": jax.__version__, "path": "Engine.decode (the Engine's executable)",
                 "acceptance": "Bernoulli(alpha) per draft token (simulated)", "engine_options":
                 compiling.engine_options(), "N1": args.n1, "N2": args.n2, "runs": [], "parts": {}}
     self.path = common.output_path(args.output, "gpu_engine")
@@ -200,12 +200,12 @@ class Bench:
     cfg = dataclasses.replace(model.config, numerics=numerics)
     options = compiling.engine_options() if options is None else options
     spec = None if draft is None else draft.spec
-    dparams = None if draft is None else draft.params(model)
     install_bernoulli(None, (alpha,) if draft is not None else None)
     compiling.clear()
     n1, n2 = self.args.n1, self.args.n2
-    slots = engine.cache_slots(context, n2, tree.num_nodes, whole_blocks=cfg.invariant)
-    static = dict(options=options, cfg=cfg, spec=spec, tree=tree, sampling=Sampling(), impl=impl)
+    eng = common.loop_engine(model, draft, tree, batch=batch, context=context, max_new=n2, impl=impl,
+                             numerics=numerics, options=options)
+    slots = plan.cache_slots(context, n2, tree.num_nodes, whole_blocks=cfg.invariant)
 
     def fresh(n):
       gc.collect()
@@ -218,7 +218,7 @@ class Bench:
     def once(n):
       st = fresh(n)
       t0 = time.perf_counter()
-      st = jax.block_until_ready(engine._decode_loop(model.params, dparams, st, **static))
+      st = jax.block_until_ready(eng.decode(st))
       dt = time.perf_counter() - t0
       r = np.asarray(st.rounds)
       out = (dt, int(np.asarray(st.n_out).sum()), int(r.max()), float(r.mean()))
@@ -241,7 +241,7 @@ class Bench:
         holder = {}
 
         def call():
-          holder["st"] = jax.block_until_ready(engine._decode_loop(model.params, dparams, st, **static))
+          holder["st"] = jax.block_until_ready(eng.decode(st))
         prof = kernel_profile(call, label.replace(" ", "_"))
         rounds = int(np.asarray(holder.pop("st").rounds).max())
         prof["kernel_ms_per_round"] = prof["kernel_ms"] / rounds

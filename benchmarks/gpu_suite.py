@@ -1,6 +1,6 @@
 """MagicDec GPU suite: bandwidth, AR step vs its floor, verify / draft cost ratios, end-to-end speedup.
 
-End to end runs through the engine's own compiled loop (engine._decode_loop with the engine's XLA options);
+End to end runs through the engine's own compiled loop (Engine.decode with the plan's XLA options);
 benchmarks/gpu_engine.py adds kernel-time breakdowns, quantized drafts and the TP-8 shard table.
 
 One command (was < 10 minutes on one H100 before trees, tree verify sizes and the greedy-agreement run were
@@ -41,14 +41,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax import drafts, engine, feature_head, loop, trees  # noqa: E402
-from magicdec_jax.tuning import autotune, calibrate, costmodel, shapes, stepfit  # noqa: E402
+from magicdec_jax import drafts, engine, feature_head, loop, plan, trees  # noqa: E402
+from magicdec_jax.measure import calibrate  # noqa: E402
+from magicdec_jax.tuning import autotune, costmodel, profiles, shapes, stepfit  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax.cache import KVCache, ring_margin, ring_sizes  # noqa: E402
 from magicdec_jax.sharding import planner  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
 from magicdec_jax.model import Model, init_params  # noqa: E402
-from magicdec_jax.sampling import Sampling  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402
 
 _COMPILE = {"s": 0.0}
@@ -93,22 +93,21 @@ def time_step(params, cfg: ModelConfig, batch: int, kv_context: int, t: int, kin
 
 def decode_tokens_per_s(model: Model, draft, tree: Tree | None, batch: int, context: int, max_new: int,
                         vector, repeats: int) -> dict:
-  """Tokens/s of the engine's own compiled loop (engine._decode_loop: its XLA options, the draft's, and
+  """Tokens/s of the engine's own compiled loop (Engine.decode: its plan's XLA options, the draft's, and
   attention "auto") from a context-long (zero) cache: AR if draft is None, else `tree` (a chain is a
   tree). Before 2026-11-26 this called loop.decode bare (no engine options, XLA attention): the
   gpu_suite_h200_2026-11-26_*.json end-to-end figures are that path. vector: simulated acceptance vector
   (None: real acceptance). One state alive at a time."""
   cfg = model.config
   if draft is None:
-    spec, dparams, tree = None, None, Tree((-1,))
+    spec, tree = None, Tree((-1,))
   else:
-    spec, dparams = draft.spec, draft.params(model)
+    spec = draft.spec
   install_bernoulli(None, vector)
   compiling.clear()                           # the vector is a trace-time constant (the engine keeps an LRU)
   out_len = max_new + tree.num_nodes
-  slots = engine.cache_slots(context, max_new, tree.num_nodes)
-  draft_options = {} if draft is None else draft.xla_options()
-  options = compiling.engine_options(draft_options)
+  slots = plan.cache_slots(context, max_new, tree.num_nodes)
+  eng = common.loop_engine(model, draft, tree, batch=batch, context=context, max_new=max_new)
 
   def fresh():                                # the state is donated to decode: rebuild every input
     tokens = jnp.zeros((batch, context), jnp.int32)
@@ -126,8 +125,7 @@ def decode_tokens_per_s(model: Model, draft, tree: Tree | None, batch: int, cont
     s0 = fresh()
     c0 = _COMPILE["s"]
     t0 = time.perf_counter()
-    st = jax.block_until_ready(engine._decode_loop(model.params, dparams, s0, options=options, cfg=cfg,
-                                                   spec=spec, tree=tree, sampling=Sampling(), impl="auto"))
+    st = jax.block_until_ready(eng.decode(s0))
     dt = time.perf_counter() - t0
     if i == 0:
       compile_s = _COMPILE["s"] - c0
@@ -227,14 +225,10 @@ def fits(cfg, dcfg, batch, context, hw_bytes, extra_slots: int = 160) -> bool:
 
 
 def draft_objects(args, model: Model, small: Model):
-  return {
-      "self": (drafts.StreamingDraft(args.sink, args.window), args.alpha_self,
-               costmodel.Draft("self", sink=args.sink, window=args.window)),
-      "model": (drafts.ModelDraft(small, args.sink, args.window), args.alpha_model,
-                costmodel.Draft("model", draft_cfg=small.config, sink=args.sink, window=args.window)),
-      "snapkv": (drafts.SnapKVDraft(args.budget, args.snap_window), args.alpha_self,
-                 costmodel.Draft("snapkv", budget=args.budget, window=args.snap_window, sink=0)),
-  }
+  objs = {"self": (drafts.StreamingDraft(args.sink, args.window), args.alpha_self),
+          "model": (drafts.ModelDraft(small, args.sink, args.window), args.alpha_model),
+          "snapkv": (drafts.SnapKVDraft(args.budget, args.snap_window), args.alpha_self)}
+  return {name: (d, alpha, d.spec.cost()) for name, (d, alpha) in objs.items()}
 
 
 def _step_row(cfg, b, kv, t, sec, role):
@@ -441,7 +435,7 @@ def run(args) -> dict:
     _step_record(args, model, small, dobj, head, cfg, dcfg, b, ctx, bw, rows, budget, errors, doc, full=True)
   hw, doc["fitted_model"] = fit_from_steps(f"{dev.platform}:{dev.device_kind} (fitted)", rows, hw_bytes)
   if hw is not None:
-    prof = {"format": calibrate.PROFILE_FORMAT, "device": doc["env"]["device"], "jax_version": jax.__version__,
+    prof = {"format": profiles.PROFILE_FORMAT, "device": doc["env"]["device"], "jax_version": jax.__version__,
             "date": doc["env"]["date"], "model": doc["model_shape"], "dtype": cfg.dtype, "source": "gpu_suite",
             "measurements": [{"role": r.role, "batch": r.batch, "kv_context": r.kv_context,
                               "new_tokens": r.new_tokens, "seconds": r.seconds,
@@ -549,7 +543,7 @@ def main(argv=None):
   doc = run(args)
   path = common.finish(doc, args.output, f"gpu_suite_{common.device_tag()}.json")
   if "hardware_profile" in doc:           # usable as run.py --hardware=... / generate(hardware=...)
-    calibrate.save_profile(doc["hardware_profile"], os.path.splitext(path)[0] + ".profile.json")
+    profiles.save_profile(doc["hardware_profile"], os.path.splitext(path)[0] + ".profile.json")
   print(summary(doc), flush=True)
 
 

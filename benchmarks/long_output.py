@@ -6,7 +6,7 @@ stop token (every row generates exactly --new tokens), the same prompts, prefill
 rounds (the same executable: the limit is data), so each setting's tokens/s is known per --segment tokens of
 output: per segment, tokens/s of every setting, and which setting adaptive ran (its rounds per setting
 there). Adaptive's thresholds come from the cost model with --profile (a fitted hardware profile) and an
-acceptance vector measured first at the run's sampling settings (tuning/acceptance.profile on --acceptance-
+acceptance vector measured first at the run's sampling settings (measure/acceptance.profile on --acceptance-
 windows held-out windows that are not the prompts; --no-acceptance: the cost model's default alpha), and are
 reported with the schedule it ran. The settings run interleaved, --chunk-rounds rounds each in turn, so the
 load of a shared machine falls on all alike. Compilation is timed apart and left out of every figure.
@@ -24,10 +24,10 @@ import numpy as np
 
 from benchmarks import common
 from magicdec_jax import compile as compiling
-from magicdec_jax import engine, prefilled, schedule
+from magicdec_jax import engine, plan, prefilled, schedule
 from magicdec_jax.drafts import StreamingDraft
 from magicdec_jax.settings import decode_settings
-from magicdec_jax.tuning import acceptance
+from magicdec_jax.measure import acceptance
 
 PROFILE = "benchmarks/results/cpu_profile_smollm2_streaming4+256_bf16copy_2026-11-25_intel.json"
 
@@ -36,9 +36,8 @@ def run_setting(model, pre, st, chunk_rounds: int):
   """Decode the prefilled batch with settings `st` in chunks, yielding after each (the caller interleaves
   the settings chunk by chunk, so a shared machine's load falls on all of them alike); returns the time
   and mean tokens per row after each chunk."""
-  eng = engine.Engine(model, st)
   p = int(pre.tokens.shape[1])
-  eng.resolve_auto(pre.batch, p, p + st.max_new_tokens, p)
+  eng = engine.Engine(model, plan.make_plan(model, st, batch=pre.batch, shortest=p, longest=p))
   keys = engine.stream_keys(st.seed, range(pre.batch))
   c0 = compiling.compile_seconds()
   t0 = time.perf_counter()
@@ -48,12 +47,11 @@ def run_setting(model, pre, st, chunk_rounds: int):
   ring_s = time.perf_counter() - t0 - (compiling.compile_seconds() - c0)
   budget = jnp.full((pre.batch,), st.max_new_tokens, jnp.int32)
   state = eng.initial_state(pre.tokens, jnp.array(pre.lengths), budget, keys, target, ring)
-  fn, static = eng.decode_fn(), eng._decode_static()
-  t, compile_s, records = 0.0, 0.0, [(0.0, 0.0, [0] * eng.num_variants)]
+  t, compile_s, records = 0.0, 0.0, [(0.0, 0.0, [0] * eng.plan.num_variants)]
   while not bool(np.asarray(state.done).all()):
     state = schedule.with_limit(state, int(state.step) + chunk_rounds)
     c0, t0 = compiling.compile_seconds(), time.perf_counter()
-    state = fn(model.params, eng.draft_params, state, **static)
+    state = eng.decode(state)
     jax.block_until_ready(state.out)
     dc = compiling.compile_seconds() - c0
     t += time.perf_counter() - t0 - dc
@@ -64,13 +62,14 @@ def run_setting(model, pre, st, chunk_rounds: int):
   out = {"decode_s": t, "tokens_per_s": float(n_out.sum()) / t, "new_tokens": int(n_out.sum()),
          "ring_s": ring_s, "decode_compile_s": compile_s, "loop_rounds": int(state.step),
          "mean_accepted_length": float((acc.sum() + rounds.sum()) / rounds.sum()), "records": records}
-  if eng.variants is not None:
-    out["schedule"] = schedule.report(eng.variants, jax.device_get(state.sched))
-    out["settings"] = schedule.names(eng.variants)
+  variants = eng.plan.variants
+  if variants is not None:
+    out["schedule"] = schedule.report(variants, jax.device_get(state.sched))
+    out["settings"] = schedule.names(variants)
     if eng.learning is not None:
-      out["schedule"]["learning"] = eng.learning.report(eng.variants)
-  if eng.plan is not None:
-    out["plan"] = {k: v for k, v in eng.plan.items() if k != "schedule_points"}
+      out["schedule"]["learning"] = eng.learning.report(variants)
+  if eng.plan.report:
+    out["plan"] = {k: v for k, v in eng.plan.report.items() if k != "schedule_points"}
   return out
 
 
@@ -118,7 +117,7 @@ def prediction(model, batch: int, prompt: int, new: int, profile: str) -> dict:
   """The cost model's predicted speedup of each chain over plain decoding for a shape (whole-cache pricing)."""
   from magicdec_jax.tuning import autotune, costmodel
   hw = autotune.detect_hardware(profile)
-  slots = engine.cache_slots(engine.bucket(prompt), new, 4)
+  slots = plan.cache_slots(plan.bucket(prompt), new, 4)
   draft = StreamingDraft(sink=4, window=256, weights="bfloat16").cost()
   return {"prompt": prompt, "new": new, "cache_slots": slots, "alpha": autotune.DEFAULT_ALPHA,
           "predicted_speedup": {f"gamma={g}": costmodel.predicted_speedup(

@@ -19,7 +19,7 @@ from benchmarks import common
 from magicdec_jax import drafts, prefilled
 from magicdec_jax.layers import quant
 from magicdec_jax.layers.dense import weight_copy
-from magicdec_jax.tuning import calibrate
+from magicdec_jax.measure import calibrate
 
 WEIGHTS = ("bfloat16", "int8", "int4")
 SAMPLINGS = {"greedy": dict(temperature=0.0), "t0.8-topp0.95": dict(temperature=0.8, top_p=0.95)}

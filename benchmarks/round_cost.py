@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from benchmarks import common
 from magicdec_jax import drafts, loop
 from magicdec_jax.drafts import Prefill
-from magicdec_jax.tuning import calibrate
+from magicdec_jax.measure import calibrate
 from magicdec_jax.cache import KVCache, aligned_slots
 from magicdec_jax.layers.dense import narrow_weights
 from magicdec_jax.sampling import Sampling

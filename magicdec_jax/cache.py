@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import write_rows
 
-MAX_CHUNK = 256      # the longest prefill chunk (engine.MAX_CHUNK): a ring's room for one beyond its window
+MAX_CHUNK = 256      # the longest prefill chunk (plan.DecodePlan.chunk): a ring's room for one beyond its window
 SLOT_ALIGN = 128      # attention tile: XLA's GPU dot tiles and the Pallas kernel's block_k divide it
 CPU_SLOT_ALIGN = 16   # a CPU has no tile to fill: the logits' slot axis fills whole 16-lane float32 vectors
 Layers = tuple        # one jax.Array per layer

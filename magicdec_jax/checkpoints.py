@@ -23,6 +23,7 @@ from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
 from magicdec_jax.families import config_from_gguf, load_hf_config
 from magicdec_jax.model import Model
+from magicdec_jax.sharding import rules
 
 CONFIG_FILE = "magicdec_config.json"
 PARAMS_DIR = "params"
@@ -301,6 +302,13 @@ def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) 
     with open(os.path.join(directory, TEMPLATE_FILE)) as f:
       template = f.read()
   return Model(cfg, params, tok, template, name=os.path.basename(directory))
+
+
+def load_orbax_sharded(directory: str, mesh, dtype: str | None = None) -> Model:
+  """load_orbax with every param restored straight into its tensor-parallel shard on `mesh`
+  (sharding/rules.py): each device reads only its slice, no full host copy is ever made."""
+  cfg = _orbax_config(os.path.abspath(directory), dtype)
+  return load_orbax(directory, dtype, shardings=rules.abstract_param_shardings(cfg, mesh))
 
 
 def _restore_stacked(path: str, cfg: ModelConfig, shardings) -> dict | None:

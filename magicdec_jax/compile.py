@@ -169,20 +169,39 @@ def executable(key, lower: Callable[[], "jax.stages.Lowered"], options: Mapping[
 
 
 def jit_executable(name: str, fun: Callable, args: tuple, static: Mapping[str, Any], *,
-                   options: Mapping[str, Any] | None = None, donate_argnames: tuple[str, ...] = ()):
+                   options: Mapping[str, Any] | None = None, donate_argnames: tuple[str, ...] = (),
+                   in_shardings=None, out_shardings=None):
   """`fun(*args, **static)` compiled ahead of time (one executable per static values and argument shapes).
 
   fun: a plain function or a `jax.jit` one (its undecorated function is used; its own jit cache is never
-  touched). Call the result with `args` only.
+  touched). in_shardings: one sharding pytree per argument (the args must already be placed so);
+  out_shardings: the result's, or a function of the result's abstract value (`jax.eval_shape`, called
+  only when compiling). Call the result with `args` only.
   """
   raw = getattr(fun, "__wrapped__", fun)
   shardings = tuple(getattr(x, "sharding", None) for x in jax.tree.leaves(args))   # compiled for these
   key = (name, raw, _freeze(static), donate_argnames, signature(args), shardings)
 
   def lower():
-    return jax.jit(functools.partial(raw, **static), donate_argnames=donate_argnames).lower(*args)
+    fn = functools.partial(raw, **static)
+    placed = {}
+    if in_shardings is not None:
+      placed["in_shardings"] = in_shardings
+    if out_shardings is not None:
+      placed["out_shardings"] = out_shardings(jax.eval_shape(fn, *args)) if callable(out_shardings) \
+          else out_shardings
+    return jax.jit(fn, donate_argnames=donate_argnames, **placed).lower(*args)
 
   return executable(key, lower, options)
+
+
+def timed(fn: Callable, *args, **kwargs) -> tuple[Any, float, float]:
+  """fn(*args, **kwargs) waited for -> (its result, seconds without compilation, seconds compiling)."""
+  c0, t0 = compile_seconds(), time.perf_counter()
+  out = fn(*args, **kwargs)
+  jax.block_until_ready(out)
+  compiled = compile_seconds() - c0
+  return out, max(time.perf_counter() - t0 - compiled, 0.0), compiled
 
 
 def engine_options(xla_options: Mapping[str, Any] | None = None) -> dict[str, Any]:

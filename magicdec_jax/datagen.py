@@ -18,10 +18,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from magicdec_jax import engine, sampling, schedule
+from magicdec_jax import engine, sampling
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.model import Model
-from magicdec_jax.settings import DEFAULT_GAMMA, DecodeSettings, decode_settings
+from magicdec_jax.plan import DecodePlan, bucket, make_plan
+from magicdec_jax.settings import DecodeSettings, decode_settings
 from magicdec_jax.stream import Request, generate_stream
 
 # settings that only steer gamma / tree = "auto": the fingerprint holds the draft and tree auto chose instead
@@ -164,33 +165,26 @@ def _atomic_write(path: str, text: str):
   os.replace(tmp, path)
 
 
-def settings_used(model: Model, st: DecodeSettings, items: list[Item], batch_size: int, mesh) -> DecodeSettings:
-  """`st` with gamma / tree = "auto" resolved over every input record (so a resumed run picks the same): the
-  draft it keeps (None: plain decoding) and, for gamma="auto", the adaptive schedule's thresholds as a
-  forced `schedule` (tree="auto": the tree, fixed)."""
-  if not items:
-    return st
-  eng = engine.Engine(model, st, mesh=mesh)
-  longest = max(len(it.ids) for it in items)
-  eng.resolve_auto(batch_size, min(len(it.ids) for it in items), longest + st.max_new_tokens,
-                   eng.prompt_bucket(longest))
-  if eng.draft is None:
-    return st.replace(draft=None, tree=None, gamma=DEFAULT_GAMMA)
-  if eng.variants is not None and st.schedule is None:    # adaptive: its thresholds, as a forced schedule
-    forced = schedule.pairs(eng.variants, *eng.thresholds)
-    if forced is not None:
-      return st.replace(gamma="auto", tree=None, schedule=forced)
-  return st.replace(tree=eng.tree, gamma=DEFAULT_GAMMA, schedule=None)
+def plan_over(model: Model, st: DecodeSettings, items: list[Item], batch_size: int, mesh,
+              device_memory: int | None = None) -> DecodePlan:
+  """The run's plan, made over every input record (so a resumed run plans the same): gamma / tree = "auto"
+  resolved to the draft it keeps and its schedule. The thresholds stay as planned (no learning from the
+  run's own acceptance, which would make the schedule, and under rejection sampling the samples, depend
+  on timing)."""
+  ids = [it.ids for it in items] or [[0]]
+  return make_plan(model, st.replace(learn_acceptance=False), batch=batch_size, shortest=min(len(i) for i in ids),
+              longest=max(len(i) for i in ids), mesh=mesh, device_memory=device_memory)
 
 
-def fingerprint(model: Model, used: DecodeSettings, **job) -> dict:
-  """What shapes a record's samples: the model, the sampler, the settings used (draft and tree as
-  resolved, where they change the samples: rejection sampling, a tree or fast numerics), and the job's
-  own options. Greedy and invariant sampling of a chain with invariant numerics give plain decoding's
-  tokens bit for bit with any draft, so such a run may resume with another (settings.draft_shapes_samples)."""
+def fingerprint(model: Model, used: DecodePlan, **job) -> dict:
+  """What shapes a record's samples: the model, the sampler, the settings as planned (draft, tree and
+  schedule as resolved, where they change the samples: rejection sampling, a tree or fast numerics), and
+  the job's own options. Greedy and invariant sampling of a chain with invariant numerics give plain
+  decoding's tokens bit for bit with any draft, so such a run may resume with another
+  (DecodePlan.draft_shapes_samples)."""
   skip = AUTO_INPUTS + (() if used.draft_shapes_samples else ("draft", "tree", "schedule"))
   fp = {k: v for k, v in used.fingerprint().items() if k not in skip}
-  return {"model": model.name, "sampler": sampling.SAMPLER[used.sampling], **fp, **job}
+  return {"model": model.name, "sampler": sampling.SAMPLER[used.settings.sampling], **fp, **job}
 
 
 def _check_config(path: str, config: dict):
@@ -248,7 +242,7 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
       more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
       raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
     try:
-      used = settings_used(model, st, items, batch_size, mesh)
+      used = plan_over(model, st, items, batch_size, mesh, device_memory)
     except ValueError as e:
       raise DatagenError(str(e)) from None
     if process_count > 1:
@@ -261,13 +255,13 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
     done, cut = repair_output(output_path)
     out_f = _open_output(output_path)
     jobs = [(it, [s for s in range(num_samples) if (it.key, s) not in done]) for it in items]
-    jobs = sorted((j for j in jobs if j[1]), key=lambda j: (engine.bucket(len(j[0].ids)), j[0].line))
-    stats = _generate_jobs(model, jobs, out_f, dict(settings=used, batch_size=batch_size, refill_at=refill_at,
-                                                    mesh=mesh, device_memory=device_memory), progress, len(done))
+    jobs = sorted((j for j in jobs if j[1]), key=lambda j: (bucket(len(j[0].ids)), j[0].line))
+    stats = _generate_jobs(model, jobs, out_f, dict(decode_plan=used, batch_size=batch_size,
+                                                    refill_at=refill_at), progress, len(done))
   finally:
     out_f.close()
   wall = time.perf_counter() - t_start
-  depth_steps = stats["drafted"]
+  rate, mean = engine.acceptance(stats["accepted"], stats["drafted"], stats["steps"])
   summary = {
       "input": input_path, "output": output_path, "records_total": len(done) + stats["records"],
       "records_written": stats["records"], "records_skipped_existing": len(done),
@@ -275,8 +269,7 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
       "wall_s": wall, "generate_s": stats["gen_s"], "slot_utilization": stats["slot_utilization"],
       "tokens_per_s": stats["tokens"] / stats["gen_s"] if stats["gen_s"] > 0 else None,
       "verify_steps": stats["steps"], "accepted_tokens": stats["accepted"],
-      "acceptance_rate": stats["accepted"] / depth_steps if depth_steps else None,
-      "mean_accepted_length": (stats["accepted"] + stats["steps"]) / stats["steps"] if stats["steps"] else None,
+      "acceptance_rate": rate, "mean_accepted_length": mean,
   }
   _atomic_write(output_path + ".summary.json", json.dumps(summary, indent=1) + "\n")
   return summary

@@ -30,7 +30,8 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import engine, loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
-from magicdec_jax.prompts import prompt_ids
+from magicdec_jax.plan import bucket, cache_slots, make_plan
+from magicdec_jax.prompts import pad_prompts, prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
 
 MAX_TREE_NODES = 16     # room left in the cache for any chain / tree up to this many nodes
@@ -86,14 +87,10 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's context "
                      f"of {cfg.max_position_embeddings}")
   n = len(ids)
-  b = engine.bucket(n, 1)
+  b = bucket(n, 1)
   p = -(-longest // chunk) * chunk
-  num_slots = engine.cache_slots(p, max_new_tokens, max_tree_nodes, whole_blocks=True)   # either numerics
-  tokens = np.zeros((b, p), np.int32)
-  lengths = np.ones((b,), np.int32)
-  for i, row in enumerate(ids):
-    tokens[i, :len(row)] = row
-    lengths[i] = len(row)
+  num_slots = cache_slots(p, max_new_tokens, max_tree_nodes, whole_blocks=True)   # either numerics
+  tokens, lengths = pad_prompts(ids, b, p)
   shared = shared_chunks(ids, chunk) if share_prefix else 0
   compiling.ensure_persistent_cache()
   options = compiling.engine_options(options)
@@ -138,9 +135,8 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
 def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = None, options: dict | None = None,
            shrink_batch: bool = False, **kwargs) -> engine.GenerateResult:
   """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings and result
-  as `engine.generate`'s (max_new_tokens defaults to the prefill's room; gamma / tree must be fixed:
-  "auto" is resolved by generate); `stats["ring_s"]` is the time taken to build the draft's cache."""
-  engine.check_shrink_batch(shrink_batch)
+  as `engine.generate`'s (max_new_tokens defaults to the prefill's room; "auto" is planned for this
+  batch and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
   kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
   if options is not None:
     kwargs["xla_options"] = options
@@ -148,28 +144,25 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
   if not 1 <= st.max_new_tokens <= pre.max_new_tokens:
     raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got "
                      f"{st.max_new_tokens}")
-  eng = engine.Engine(model, st)
-  if isinstance(eng.tree, str):
-    raise ValueError("decode takes a fixed gamma or trees.Tree; 'auto' is resolved by generate")
-  if eng.tree.num_nodes > pre.target.num_slots - int(pre.tokens.shape[1]) - engine.bucket(pre.max_new_tokens):
-    raise ValueError(f"tree of {eng.tree.num_nodes} nodes does not fit the prefill's room")
   b, n = pre.batch, pre.num_prompts
+  lengths = np.asarray(pre.lengths)[:n]
+  p = make_plan(model, st, batch=n, shortest=int(lengths.min()), longest=int(lengths.max()), fixed_batch=True)
+  engine.check_shrink_batch(shrink_batch, p)
+  if p.tree.num_nodes > pre.target.num_slots - int(pre.tokens.shape[1]) - bucket(pre.max_new_tokens):
+    raise ValueError(f"tree of {p.tree.num_nodes} nodes does not fit the prefill's room")
+  eng = engine.Engine(model, p)
   budget = np.zeros((b,), np.int32)
   budget[:n] = st.max_new_tokens
-  keys = engine.stream_keys(st.seed, list(range(n)) + [2**31 - 1 - i for i in range(b - n)])
-  c0 = compiling.compile_seconds()
-  t0 = time.perf_counter()
-  target = jax.tree.map(jnp.copy, pre.target)
-  ring = eng.prefill_draft(target, pre.tokens, pre.lengths, pre.chunk)
-  jax.block_until_ready((target, ring))
-  t1 = time.perf_counter()
-  c1 = compiling.compile_seconds()
-  state = eng.initial_state(pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), keys, target, ring)
+  keys = engine.stream_keys(st.seed, range(n), b)
+
+  def ring():
+    target = jax.tree.map(jnp.copy, pre.target)
+    return target, eng.prefill_draft(target, pre.tokens, pre.lengths, pre.chunk)
+  (target, draft_ring), ring_s, ring_compile_s = compiling.timed(ring)
   # the out buffer is sized for the prefill's room, so a shorter budget reuses one executable
-  fin = eng.run(state, shrink_batch)
-  t2 = time.perf_counter()
-  c2 = compiling.compile_seconds()
-  res = eng.result(fin, n, pre.prefill_s, t2 - t1 - (c2 - c1))
-  res.stats.update(ring_s=t1 - t0 - (c1 - c0), compile_s=c2 - c0, prefill_compile_s=pre.compile_s,
-                   decode_compile_s=c2 - c1)
+  fin, decode_s, decode_compile_s = compiling.timed(lambda: eng.run(eng.initial_state(
+      pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), keys, target, draft_ring), shrink_batch))
+  res = eng.result(fin, n, pre.prefill_s, decode_s)
+  res.stats.update(ring_s=ring_s, compile_s=ring_compile_s + decode_compile_s, prefill_compile_s=pre.compile_s,
+                   decode_compile_s=decode_compile_s)
   return res

@@ -102,3 +102,14 @@ def prompt_ids(model: Model, prompts, lengths=None, attention_mask=None) -> list
   if lengths is not None or attention_mask is not None:
     raise ValueError("lengths / attention_mask apply to array prompts [B, T] only; lists are already ragged")
   return tokenize_prompts(model, prompts)
+
+
+def pad_prompts(ids: Sequence[Sequence[int]], rows: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+  """Token-id prompts -> right-padded tokens [rows, width] int32 and lengths [rows] int32 (padding rows:
+  one token, so every row has a position to decode from)."""
+  tokens = np.zeros((rows, width), np.int32)
+  lengths = np.ones((rows,), np.int32)
+  for i, p in enumerate(ids):
+    tokens[i, :len(p)] = p
+    lengths[i] = len(p)
+  return tokens, lengths

@@ -161,6 +161,7 @@ class Learning:
     self.tokens: dict[int, float] = {}
     self.interval, self.next_check, self.last_step = first_check, None, 0
     self.updates: list[dict] = []
+    self.thresholds = None          # the latest re-plan's (at, variant): where a later state starts from
 
   @property
   def alpha(self) -> float:
@@ -194,6 +195,7 @@ class Learning:
     self.next_check = step + self.interval
     ctx = int(context(state.lengths, state.done))
     th, band = self.replan(self.alpha, ctx)
+    self.thresholds = th
     rec = {"round": step, "context": ctx, "alpha": round(self.alpha, 4), "tried": int(self.evidence.tried)}
     if len(band) > 1:
       untried = [v for v in band if not self.seconds.get(v)]

@@ -36,7 +36,7 @@ ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at", "drafted")  
 
 @dataclasses.dataclass
 class Finished:
-  """The per-row results `engine.collect_result` reads, for every row of the original batch."""
+  """The per-row results `Engine.result` reads, for every row of the original batch."""
   out: np.ndarray          # [B, M]
   n_out: np.ndarray        # [B]
   rounds: np.ndarray       # [B]
@@ -67,7 +67,8 @@ def _with_refill(state: LoopState, refill_at: int) -> LoopState:
 
 def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batch: int = 1,
            options=None, **static) -> Finished:
-  """Run `decode_fn` (engine.decode_loop's signature) in shrinking stages until every row is done."""
+  """Run `decode_fn` (Engine.decode_fn's signature) in shrinking stages until every row is done; options:
+  the XLA options of the row gathers between stages."""
   if not isinstance(min_batch, int) or min_batch < 1:
     raise ValueError(f"min_batch must be an integer >= 1, got {min_batch!r}")
   b = int(state.lengths.shape[0])
@@ -80,7 +81,7 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
     can_shrink = cur > min_batch
     step0, t0, c0 = int(state.step), time.perf_counter(), compiling.compile_seconds()
     state = decode_fn(target_params, draft_params, _with_refill(state, cur - cur // 2 if can_shrink else cur),
-                      options=options, **static)
+                      **static)
     rounds = int(state.step) - step0
     fin.stages.append((cur, rounds, time.perf_counter() - t0 - (compiling.compile_seconds() - c0)))
     for name in ROW_RESULTS:

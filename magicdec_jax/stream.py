@@ -24,10 +24,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from magicdec_jax import compile as compiling
-from magicdec_jax import engine, schedule, sharding
+from magicdec_jax import engine, schedule
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.model import Model
-from magicdec_jax.prompts import tokenize_prompts
+from magicdec_jax.plan import DecodePlan, bucket, make_plan
+from magicdec_jax.prompts import pad_prompts, tokenize_prompts
 from magicdec_jax.settings import DecodeSettings, decode_settings
 
 
@@ -67,8 +68,9 @@ class Generator:
   decode / compile seconds). See `generate_stream` for the arguments."""
 
   def __init__(self, model: Model, requests: Iterable, *, settings: DecodeSettings | None = None,
-               batch_size: int = 8, refill_at: int = 1, prefill_batch: int | None = None, num_samples: int = 1,
-               max_prompt_tokens: int | None = None, mesh=None, device_memory: int | None = None, **kwargs):
+               decode_plan: DecodePlan | None = None, batch_size: int = 8, refill_at: int = 1,
+               prefill_batch: int | None = None, num_samples: int = 1, max_prompt_tokens: int | None = None,
+               mesh=None, device_memory: int | None = None, **kwargs):
     for name, v, lo in (("batch_size", batch_size, 1), ("refill_at", refill_at, 1),
                         ("num_samples", num_samples, 1), ("prefill_batch", prefill_batch or 1, 1),
                         ("max_prompt_tokens", max_prompt_tokens or 1, 1)):
@@ -76,17 +78,22 @@ class Generator:
         raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
     if refill_at > batch_size:
       raise ValueError(f"refill_at={refill_at} is larger than batch_size={batch_size}")
-    st = decode_settings(settings, **kwargs)
-    self.engine = engine.Engine(model, st, mesh=mesh, device_memory=device_memory)
     if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)) and max_prompt_tokens is None:
       max_prompt_tokens = max((len(self._ids(model, r, i)) for i, r in enumerate(requests)), default=1)
-    longest = max_prompt_tokens or model.config.max_position_embeddings - st.max_new_tokens
-    self.engine.resolve_auto(batch_size, 1, longest + st.max_new_tokens, self.engine.prompt_bucket(longest))
-    self.settings, self.plan = st, self.engine.plan
+    if decode_plan is None:
+      st = decode_settings(settings, **kwargs)
+      longest = max_prompt_tokens or model.config.max_position_embeddings - st.max_new_tokens
+      decode_plan = make_plan(model, st, batch=batch_size, shortest=1, longest=max(longest, 1), mesh=mesh,
+                         device_memory=device_memory)
+    elif settings is not None or kwargs or mesh is not None or device_memory is not None:
+      raise ValueError("give either decode_plan or settings / their keywords / mesh / device_memory, not both")
+    st = decode_plan.settings
+    self.plan, self.settings = decode_plan, st
+    self.engine = engine.Engine(model, decode_plan)
     self.model, self.seed = model, int(st.seed)
-    self.batch = sharding.pad_batch(batch_size, mesh)     # whole rows on every data shard
+    self.batch = self.plan.whole_rows(batch_size)     # whole rows on every data shard
     self.refill_at, self.num_samples = int(refill_at), int(num_samples)
-    self.prefill_batch = int(prefill_batch or min(self.batch, engine.bucket(-(-refill_at // num_samples), 1)))
+    self.prefill_batch = int(prefill_batch or min(self.batch, bucket(-(-refill_at // num_samples), 1)))
     self.max_prompt_tokens = max_prompt_tokens
     self._requests = enumerate(requests)
     self.stats = dict(records=0, new_tokens=0, rounds=0, row_rounds=0, active_row_rounds=0, slot_utilization=None,
@@ -117,7 +124,7 @@ class Generator:
       return None
     ids = self._ids(self.model, r, i)
     try:
-      self.engine.check_prompts([ids])
+      self.plan.check_prompts([ids])
     except ValueError as e:
       raise ValueError(f"request {i}: {e}") from None
     sids = r.stream_ids if isinstance(r, Request) else None
@@ -131,28 +138,20 @@ class Generator:
   # ---------------------------------------------------------------------------------------------- device
 
   def _timed(self, key: str, fn, *args, **kw):
-    c0, t0 = compiling.compile_seconds(), time.perf_counter()
-    out = fn(*args, **kw)
-    jax.block_until_ready(out)
-    dc = compiling.compile_seconds() - c0
-    self.stats[key] += time.perf_counter() - t0 - dc
-    self.stats["compile_s"] += dc
+    out, seconds, compiled = compiling.timed(fn, *args, **kw)
+    self.stats[key] += seconds
+    self.stats["compile_s"] += compiled
     return out
 
   def _new_state(self, p_cap: int):
-    num_slots = self.engine.num_slots(p_cap)
-    self.engine.check_memory(self.batch, num_slots, p_cap)
+    num_slots = self.plan.num_slots(p_cap)
+    self.plan.check_memory(self.batch, num_slots, p_cap)
     return self.engine.empty_state(self.batch, num_slots)
 
   def _prefill(self, jobs: list[_Job]):
     """One fixed-shape prefill of up to prefill_batch prompts -> (target, ring, tokens, lengths)."""
-    p_bucket = self.engine.prompt_bucket(max(len(j.ids) for j in jobs))
-    tokens = np.zeros((self.prefill_batch, p_bucket), np.int32)
-    lengths = np.ones((self.prefill_batch,), np.int32)
-    for r, j in enumerate(jobs):
-      tokens[r, :len(j.ids)] = j.ids
-      lengths[r] = len(j.ids)
-    tokens_j, lengths_j = jnp.asarray(tokens), jnp.asarray(lengths)
+    p_bucket = self.plan.prompt_bucket(max(len(j.ids) for j in jobs))
+    tokens_j, lengths_j = (jnp.asarray(x) for x in pad_prompts([j.ids for j in jobs], self.prefill_batch, p_bucket))
     target, ring = self._timed("prefill_s", self.engine.prefill, tokens_j, lengths_j, aligned_slots(p_bucket))
     self.stats["prefills"] += 1
     return target, ring, tokens_j, lengths_j
@@ -208,7 +207,7 @@ class Generator:
         if not queue:
           break
         jobs = list(itertools.islice(queue, self.prefill_batch))
-        need = self.engine.prompt_bucket(max(max(len(j.ids) for j in jobs), self.max_prompt_tokens or 0))
+        need = self.plan.prompt_bucket(max(max(len(j.ids) for j in jobs), self.max_prompt_tokens or 0))
         if state is not None and need > p_cap:
           if any(o is not None for o in occupant) or entries:
             break                                  # drain, then rebuild the state for longer prompts
@@ -231,10 +230,10 @@ class Generator:
       state = state.replace(refill_at=jnp.asarray(n_free + min(self.refill_at, b - n_free), jnp.int32))
       step0 = int(state.step)
       state = self._decode(state)
-      if self.engine.variants is not None:
-        self.stats["schedule"] = schedule.report(self.engine.variants, jax.device_get(state.sched))
+      if self.plan.variants is not None:
+        self.stats["schedule"] = schedule.report(self.plan.variants, jax.device_get(state.sched))
         if self.engine.learning is not None:
-          self.stats["schedule"]["learning"] = self.engine.learning.report(self.engine.variants)
+          self.stats["schedule"]["learning"] = self.engine.learning.report(self.plan.variants)
       done, n_out = np.asarray(state.done), np.asarray(state.n_out)
       rounds = np.asarray(state.rounds)
       self.stats["decode_calls"] += 1
@@ -261,7 +260,7 @@ class Generator:
     text = None
     if self.model.tokenizer is not None:
       text = self.model.tokenizer.decode(toks, skip_special_tokens=False)
-    reason = "eos" if toks and toks[-1] in self.engine.eos else "length"
+    reason = "eos" if toks and toks[-1] in self.plan.eos else "length"
     return StreamResult(job.index, sample, job.stream_ids[sample], job.tag, toks, text, reason,
                         engine.row_stat(len(toks), rounds, accepted, drafted))
 
@@ -287,7 +286,8 @@ def generate_stream(model: Model, requests: Iterable, *, batch_size: int = 8, re
   is a list; otherwise the cache grows to each new prompt-length bucket, draining the slots first).
   Decoding settings as `generate`'s: settings= (a DecodeSettings) and/or its fields as keywords
   (max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, draft, gamma, tree, attention_impl,
-  hardware, acceptance, auto_fallback, xla_options); mesh and device_memory as `generate`'s. Sample s of
+  hardware, acceptance, auto_fallback, xla_options); mesh and device_memory as `generate`'s; or
+  decode_plan: a plan.DecodePlan made already (datagen plans over its whole input once). Sample s of
   request i is the sample `generate(..., stream_ids=[id])` gives for its stream id.
   """
   return Generator(model, requests, batch_size=batch_size, refill_at=refill_at, **kwargs)

@@ -15,9 +15,11 @@ import jax
 import numpy as np
 
 import magicdec_jax as md
-from magicdec_jax import checkpoints, loop, sharding
+from magicdec_jax import checkpoints, engine, loop, plan, sharding
 from magicdec_jax import compile as compiling
+from magicdec_jax.prompts import pad_prompts
 from magicdec_jax.sharding import rules
+from magicdec_jax.tuning import hlo
 
 MESHES = ("data:1,model:8", "data:2,model:4", "data:4,model:2", "data:8,model:1")
 # SmolLM2 (30 layers: every compile is dear) on the meshes where its layout differs: attention replicated
@@ -92,31 +94,23 @@ def mesh_tokens(model, prompts, cases: dict, meshes=MESHES, refs: dict | None = 
 def collectives(model, prompts, mesh_spec: str, case: dict, max_new_tokens: int) -> dict:
   """Collective ops in the compiled sharded decode (and prefill) of one case, with all-gather shapes."""
   import re
-  from magicdec_jax import engine, loop
   mesh = sharding.make_mesh(mesh_spec)
   sm = sharding.shard_model(model, mesh)
-  # Build exactly the arguments generate() builds, via a tiny generate-shaped setup.
+  # the executables generate() compiles for this case: one plan, one engine on the mesh
   ids = [list(p) for p in prompts]
-  b = sharding.pad_batch(engine.bucket(len(ids), 1), mesh)
-  p_bucket, new_bucket = engine.bucket(max(map(len, ids))), engine.bucket(max_new_tokens)
-  eng = engine.Engine(model, md.DecodeSettings(max_new_tokens=max_new_tokens, draft=case["draft"],
-                                                 gamma=case.get("gamma", 4), tree=case.get("tree")))
-  spec, dparams, tree = eng.spec, eng.draft_params, eng.tree
-  tokens = np.zeros((b, p_bucket), np.int32)
-  lengths = np.ones((b,), np.int32)
-  for i, p in enumerate(ids):
-    tokens[i, :len(p)], lengths[i] = p, len(p)
-  static = dict(cfg=model.config, spec=spec, tree=tree, num_slots=p_bucket + new_bucket + tree.num_nodes + 1,
-                chunk=min(p_bucket, engine.MAX_CHUNK), impl="auto")    # generate()'s: the cached executables
-  pre_text = sharding.compiled_text("prefill", mesh, sm.params, dparams, tokens, lengths, **static)
-  target, ring = sharding.prefill(mesh, sm.params, dparams, tokens, lengths, **static)
-  keys = jax.random.split(jax.random.key(0), b)
-  state = loop.initial_state(jax.numpy.asarray(tokens), jax.numpy.asarray(lengths),
-                             jax.numpy.full((b,), max_new_tokens, np.int32), jax.numpy.asarray([-1], np.int32),
-                             keys, target, ring, new_bucket + tree.num_nodes, tree)
-  static.pop("num_slots"), static.pop("chunk")
-  dec_text = sharding.compiled_text("decode", mesh, sm.params, dparams, state, sampling=md.Sampling(),
-                                    **static)
+  st = md.DecodeSettings(max_new_tokens=max_new_tokens, draft=case["draft"], gamma=case.get("gamma", 4),
+                         tree=case.get("tree"))
+  p = plan.make_plan(sm, st, batch=len(ids), shortest=min(map(len, ids)), longest=max(map(len, ids)), mesh=mesh)
+  eng = engine.Engine(sm, p)
+  b, p_bucket = p.batch_rows(len(ids)), p.prompt_bucket(max(map(len, ids)))
+  tokens, lengths = pad_prompts(ids, b, p_bucket)
+  num_slots = p.num_slots(p_bucket)
+  pre_text = eng.compiled_text("prefill", tokens, lengths, num_slots)
+  target, ring = eng.prefill(tokens, lengths, num_slots)
+  state = eng.initial_state(tokens, lengths, np.full((b,), max_new_tokens, np.int32),
+                            jax.random.split(jax.random.key(0), b), target, ring)
+  target, ring = state.target, state.ring
+  dec_text = eng.compiled_text("decode", state)
   # a gathered cache layer: the all-gather's result is one layer's [B, K, S, D] buffer (target or ring), or
   # a shard of it; other big all-gathers (vocab-sharded logits for sampling) are expected
   cache_layer = {tuple(target.k[0].shape)} | ({tuple(ring.k[0].shape)} if ring is not None else set())
@@ -135,7 +129,7 @@ def collectives(model, prompts, mesh_spec: str, case: dict, max_new_tokens: int)
                                           for d in cache_layer):
       in_loop += "while/body" in name
       after_loop += "while/body" not in name
-  return {"prefill": sharding.count_collectives(pre_text), "decode": sharding.count_collectives(dec_text),
+  return {"prefill": hlo.count_collectives(pre_text), "decode": hlo.count_collectives(dec_text),
           "decode_by_op": where, "big_gathers": big_gathers, "cache_gathers_in_loop": in_loop, "cache_gathers_after_loop": after_loop,
           "cache_shard_shape": list(target.k[0].addressable_shards[0].data.shape),
           "cache_shape": list(target.k[0].shape)}
@@ -152,25 +146,24 @@ def per_device_bytes(tree) -> int:
 
 def planner_facts(model, prompts, mesh_spec: str) -> dict:
   """Planner figures vs direct counts of the shard bytes of params, target cache and draft ring."""
-  from magicdec_jax import engine
   mesh = sharding.make_mesh(mesh_spec)
   out = {}
   for name, draft in (("streaming", md.StreamingDraft(sink=1, window=4)),
                       ("model", md.ModelDraft(md.truncate_layers(model, 1), sink=1, window=4))):
-    eng = engine.Engine(model, md.DecodeSettings(max_new_tokens=16, draft=draft, gamma=2))
-    spec, dparams, tree = eng.spec, eng.draft_params, eng.tree
     sm = sharding.shard_model(model, mesh)
-    dparams = None if dparams is None else sharding.place_params(dparams, spec.config, mesh)
-    b = sharding.pad_batch(engine.bucket(len(prompts), 1), mesh)
-    p_bucket = engine.bucket(max(map(len, prompts)))
+    p = plan.make_plan(sm, md.DecodeSettings(max_new_tokens=16, draft=draft, gamma=2), batch=len(prompts), shortest=3,
+                  longest=max(map(len, prompts)), mesh=mesh)
+    eng = engine.Engine(sm, p)
+    dparams, tree = eng.draft_params, eng.tree
+    b = p.batch_rows(len(prompts))
+    p_bucket = plan.bucket(max(map(len, prompts)))
     num_slots = p_bucket + 16 + tree.num_nodes + 1
     tokens = np.ones((b, p_bucket), np.int32)
     lengths = np.full((b,), 3, np.int32)
-    target, ring = sharding.prefill(mesh, sm.params, dparams, tokens, lengths, cfg=model.config, spec=spec,
-                                    tree=tree, num_slots=num_slots, chunk=p_bucket, impl="auto")
-    plan = sharding.plan_memory(model.config, mesh, batch=b, max_context=num_slots, draft=draft,
+    target, ring = eng.prefill(tokens, lengths, num_slots)
+    mem = sharding.plan_memory(model.config, mesh, batch=b, max_context=num_slots, draft=draft,
                                 tree_nodes=tree.num_nodes, prompt_len=p_bucket, chunk=p_bucket)
-    out[name] = {"plan": {k: getattr(plan, k) for k in ("params", "draft_params", "target_kv", "draft_kv",
+    out[name] = {"plan": {k: getattr(mem, k) for k in ("params", "draft_params", "target_kv", "draft_kv",
                                                          "activations")},
                  "direct": {"params": per_device_bytes(sm.params),
                             "draft_params": 0 if dparams is None else per_device_bytes(dparams),
@@ -184,7 +177,7 @@ def orbax_facts(model, tmpdir: str, mesh_spec: str) -> dict:
   path = os.path.join(tmpdir, "ckpt")
   checkpoints.save_orbax(model, path)
   mesh = sharding.make_mesh(mesh_spec)
-  back = sharding.load_orbax_sharded(path, mesh)
+  back = checkpoints.load_orbax_sharded(path, mesh)
   lay = rules.layout_for(model.config, sharding.axis_sizes(mesh)[1])
   specs = rules.param_specs(model.params, lay)
   bad = []
@@ -212,8 +205,13 @@ def refusal_facts(model, prompts) -> dict:
     md.generate(model, prompts, max_new_tokens=4, mesh=mesh, device_memory=10_000)
     return {"refused": False}
   except ValueError as e:
-    return {"refused": True, "message": str(e), "seconds": time.perf_counter() - t,
-            "new_jits": compiling.compile_count() - before}
+    out = {"refused": True, "message": str(e), "seconds": time.perf_counter() - t,
+           "new_jits": compiling.compile_count() - before}
+  try:
+    md.generate(model, prompts, max_new_tokens=4, mesh=mesh, shrink_batch=True)
+  except ValueError as e:
+    out["shrink_refused"] = str(e)
+  return out
 
 
 class Timed(dict):

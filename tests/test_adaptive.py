@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from magicdec_jax import engine, schedule
+from magicdec_jax import plan, schedule
 from magicdec_jax.drafts import PromptLookupDraft, StreamingDraft
 from magicdec_jax.engine import generate
 from magicdec_jax.stream import generate_stream
@@ -142,8 +142,8 @@ def test_cost_model_schedule_switches_inside_the_call(monkeypatch, mode):
       return Tree((-1,)), {"speedup": 0.9, "hardware": "fake"}
     return (small_tree if want_tree else Tree.chain(1 if context < 45 else 3)), {"speedup": 1.5, "hardware": "fake"}
 
-  monkeypatch.setattr(engine.autotune, "choose", choose)
-  monkeypatch.setattr(engine, "attention_reads_live_range", lambda impl: True)
+  monkeypatch.setattr(plan.autotune, "choose", choose)
+  monkeypatch.setattr(plan, "attention_reads_live_range", lambda impl: True)
   model = target()
   prompts = _prompts(model)
   ref = generate(model, prompts, max_new_tokens=NEW, eos_token_id=EOS)
@@ -164,8 +164,8 @@ def _price_by_alpha(monkeypatch):
     a = acceptance_vector[0] if alpha is None else alpha
     return Tree.chain(1 if a < 0.6 else 3), {"speedup": 1.5, "hardware": "fake", "alpha": a}
 
-  monkeypatch.setattr(engine.autotune, "choose", choose)
-  monkeypatch.setattr(engine.autotune, "chain_band", lambda cfg, spec, b, c, *, alpha, **kw:
+  monkeypatch.setattr(plan.autotune, "choose", choose)
+  monkeypatch.setattr(plan.autotune, "chain_band", lambda cfg, spec, b, c, *, alpha, **kw:
                       [1 if alpha < 0.6 else 3])
 
 
@@ -250,9 +250,9 @@ def test_settings_the_cost_model_cannot_separate_are_measured(monkeypatch):
   """Where the cost model's band holds two settings (gamma 1 chosen, gamma 3 within its tie), the learning
   runs the other for one interval (rounds 32..96), then keeps the one measured fastest: the re-plan
   records say so, the rounds follow them, and the tokens are plain decoding's."""
-  monkeypatch.setattr(engine.autotune, "choose", lambda cfg, spec, batch, context, **kw: (
+  monkeypatch.setattr(plan.autotune, "choose", lambda cfg, spec, batch, context, **kw: (
       Tree.chain(1), {"speedup": 1.5, "hardware": "fake"}))
-  monkeypatch.setattr(engine.autotune, "chain_band", lambda *a, **kw: [1, 3])
+  monkeypatch.setattr(plan.autotune, "chain_band", lambda *a, **kw: [1, 3])
   model = target()
   prompts = _prompts(model)
   new = 300                          # rounds past 96 whatever the acceptance (at most 32 * 2 + 64 * 4 tokens)

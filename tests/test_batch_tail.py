@@ -4,6 +4,7 @@ import pytest
 
 from magicdec_jax import trees
 from magicdec_jax.tuning import batch_tail, costmodel, shapes
+from magicdec_jax.tuning.draft_cost import DraftCost
 
 
 def simulate_batch_rounds(alpha, gamma, new_tokens, batch, trials, seed=0):
@@ -66,9 +67,9 @@ def test_bad_values_are_named():
 def test_the_cost_model_prices_a_fixed_batchs_tail():
   """predicted_speedup(new_tokens=N) = N * T_AR / (E[slowest row's rounds] * T_round), E[...] simulated."""
   cfg, hw = shapes.llama31_8b(), costmodel.HARDWARE["h100"]
-  draft = costmodel.Draft("self", sink=16, window=512)
+  draft = DraftCost(16 + 512)
   b, n, a, g, new = 8, 16384, 0.8, 3, 64
-  t_round = g * draft.step_time(cfg, hw, b, n, 1) + costmodel.t_verify(cfg, hw, b, n, g + 1)
+  t_round = g * costmodel.t_draft(cfg, hw, draft, b, n, 1) + costmodel.t_verify(cfg, hw, b, n, g + 1)
   sim = simulate_batch_rounds(a, g, new, b, trials=20000)
   want = new * costmodel.t_ar(cfg, hw, b, n) / (sim.mean() * t_round)
   got = costmodel.predicted_speedup(cfg, hw, draft, b, n, gamma=g, alpha=a, new_tokens=new)

@@ -1,4 +1,4 @@
-"""magicdec_jax.tuning.calibrate + costmodel's fitted step-time model and chooser.
+"""magicdec_jax.measure.calibrate + costmodel's fitted step-time model and chooser.
 
 * held-out accuracy: time real forward steps of a tiny-but-not-trivial model (4 layers, d 256, vocab 2048,
   float32) over batch {1,2,4} x context {128,512,1024} x tokens {1,4,16} plus self-draft steps, fit on the
@@ -7,8 +7,10 @@
   (2 cores, other jobs): the noise is the median over shapes of median/min - 1 of the shape's own repeated
   timings, i.e. how far one shape's samples disagree with themselves; no model can predict a step closer
   than its own timings agree. The test prints both numbers. ~50 s of CPU.
-* the chooser (chain gamma, Sequoia tree size) against brute force on synthetic step-time tables.
-* profile JSON round trip, and every cost-model function accepting a FittedHardware.
+* the choosers (chain gamma: costmodel.choose_gamma_table; Sequoia tree: trees.hardware_aware_tree) against
+  brute force on synthetic step-time tables.
+* profile JSON round trip (tuning/profiles.py), and every cost-model function accepting a FittedHardware;
+  calibrate.cases_for: the steps it times for each draft.
 """
 import itertools
 import json
@@ -17,11 +19,12 @@ import jax
 import numpy as np
 import pytest
 
-from magicdec_jax.tuning import calibrate as C
+from magicdec_jax.measure import calibrate as C
 from magicdec_jax import testing
 from magicdec_jax.tuning import costmodel as cm
 from magicdec_jax import trees
-from magicdec_jax.tuning import shapes, stepfit
+from magicdec_jax.tuning import profiles, shapes, stepfit
+from magicdec_jax.tuning.draft_cost import DraftCost
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import init_params
 
@@ -86,12 +89,12 @@ def test_narrow_weight_steps_get_a_fit_of_their_own():
   assert fit["train_rel_err"]["max"] < 1e-6 and fit["narrow_rel_err"]["bfloat16"]["max"] < 1e-6
   hw = stepfit.FittedHardware.from_dict(fit)
   assert stepfit.FittedHardware.from_dict(hw.to_dict()) == hw
-  d = cm.Draft("self", sink=4, window=64, weights_dtype="bfloat16")
+  d = DraftCost(4 + 64, weights_dtype="bfloat16")
   want = float(stepfit.step_features(TINY, 4, 68, 1, "bfloat16") @ thin)
-  assert d.step_time(TINY, hw, 4, 4096, dtype="float32") == pytest.approx(want, rel=1e-6)
+  assert cm.t_draft(TINY, hw, d, 4, 4096, dtype="float32") == pytest.approx(want, rel=1e-6)
   half_bytes = float(stepfit.step_features(TINY, 4, 68, 1, "bfloat16") @ np.asarray(hw.coef))
   assert abs(half_bytes - want) / want > 0.5           # what the main fit alone would have said
-  assert cm.Draft("self", sink=4, window=64).step_time(TINY, hw, 4, 4096, dtype="float32") == pytest.approx(
+  assert cm.t_draft(TINY, hw, DraftCost(4 + 64), 4, 4096, dtype="float32") == pytest.approx(
       float(stepfit.step_features(TINY, 4, 68, 1, "float32") @ wide), rel=1e-6)
 
 
@@ -105,6 +108,30 @@ def test_calibrate_times_a_bfloat16_draft_copy():
   assert {"draft_self", "draft_self_bfloat16"} <= roles
   assert set(prof["fit"]["narrow"]) == {"bfloat16"} and "bfloat16" in prof["fit"]["narrow_rel_err"]
   assert [d["weights"] for d in prof["grid"]["drafts"]] == [None, "bfloat16"]
+
+
+def test_cases_for_each_draft():
+  """calibrate.cases_for: a draft's step from its cost descriptor and the network it runs: the ring it reads,
+  its own model where it has one, its weight copy (a float32 target's self draft also on a bfloat16 copy);
+  nothing for drafts that run no network through model.forward."""
+  from magicdec_jax import drafts, feature_head
+  target = testing.random_tiny_model(0)
+  assert target.config.dtype == "float32"
+  small = drafts.truncate_layers(target, 1)
+  got = {name: [(c.name, c.kv_tokens, c.cfg, c.params is not None, c.weights) for c in C.cases_for(d, target)]
+         for name, d in [("streaming", drafts.StreamingDraft(4, 64)),
+                         ("streaming_int8", drafts.StreamingDraft(4, 64, weights="int8")),
+                         ("snapkv", drafts.SnapKVDraft(budget=32, window=16)),
+                         ("model", drafts.ModelDraft(small, 2, 8, weights="int8")),
+                         ("feature", drafts.FeatureDraft(feature_head.init_head(target), 2, 8)),
+                         ("lookup", drafts.PromptLookupDraft(3))]}
+  assert got == {
+      "streaming": [("self", 68, None, False, None), ("self", 68, None, False, "bfloat16")],
+      "streaming_int8": [("self", 68, None, False, "int8")],
+      "snapkv": [("snapkv", 48, None, False, None), ("snapkv", 48, None, False, "bfloat16")],
+      "model": [("model", 10, small.config, True, "int8")],
+      "feature": [], "lookup": []}
+  assert C.cases_for(drafts.StreamingDraft(4, 64), target)[0].role == "draft_self"
 
 
 # ---- chooser vs brute force ------------------------------------------------------------------------------
@@ -150,8 +177,7 @@ def _tables(seed):
 def test_chooser_matches_brute_force(seed):
   t_ar, t_draft, t_verify, vec = _tables(seed)
   max_n = 7
-  got = cm.choose_speculation(t_ar, t_draft, t_verify, vec, max_gamma=6, sizes=range(1, max_n + 1),
-                              max_depth=max_n)
+  got = _choose(t_ar, t_draft, t_verify, vec, max_gamma=6, sizes=range(1, max_n + 1), max_depth=max_n)
   # chains: every gamma
   chain = max(Tree_e(trees.Tree.chain(g), vec) * t_ar / (g * t_draft(1) + t_verify(g + 1)) for g in range(1, 7))
   assert got["chain_speedup"] == pytest.approx(chain, rel=1e-12)
@@ -171,10 +197,18 @@ def test_chooser_matches_brute_force(seed):
 def test_chooser_exact_when_draft_cost_ignores_width():
   vec = [0.6, 0.2, 0.08]
   t_draft, t_verify = (lambda w: 0.1), (lambda n: 1.0 + 0.05 * (n - 1))
-  got = cm.choose_speculation(1.0, t_draft, t_verify, vec, sizes=range(1, 8), max_depth=7)
+  got = _choose(1.0, t_draft, t_verify, vec, sizes=range(1, 8), max_depth=7)
   best = max(trees.Tree(p).expected_tokens(vec) / (trees.Tree(p).max_depth * 0.1 + t_verify(n))
              for n in range(1, 8) for p in _plane_trees(n))
   assert got["tree_speedup"] == pytest.approx(best, rel=1e-9)
+
+
+def _choose(t_ar, t_draft, t_verify, vec, *, max_gamma=8, sizes=cm.DEFAULT_TREE_SIZES, max_depth=12) -> dict:
+  """The live choosers on one step-time table: the best chain (choose_gamma_table) and tree
+  (trees.hardware_aware_tree), with their speedups over t_ar per token."""
+  _, chain = cm.choose_gamma_table(t_ar, t_draft, t_verify, acceptance_vector=vec, max_gamma=max_gamma)
+  _, info = trees.hardware_aware_tree(vec, sizes, max_depth, t_draft, t_verify)
+  return {"chain_speedup": chain, "tree_speedup": t_ar / info["time_per_token"]}
 
 
 def Tree_e(tree, vec):
@@ -182,7 +216,7 @@ def Tree_e(tree, vec):
 
 
 def test_choose_gamma_with_vector_equals_alpha_form():
-  hw, cfg, d = cm.HARDWARE["h100"], shapes.llama31_8b(), cm.Draft("self")
+  hw, cfg, d = cm.HARDWARE["h100"], shapes.llama31_8b(), DraftCost(16 + 512)
   assert cm.choose_gamma(cfg, hw, d, 8, 32768, 0.8) == \
       pytest.approx(cm.choose_gamma(cfg, hw, d, 8, 32768, None, acceptance_vector=[0.8]))
 
@@ -191,19 +225,19 @@ def test_choose_gamma_with_vector_equals_alpha_form():
 
 def test_profile_round_trip_and_cost_functions(tmp_path):
   hw = stepfit.FittedHardware("fake", (1e-3, 1e-5, 1e-11, 0.0, 1e-12, 0.0, 3e-10, 1e-12), memory_bytes=80e9)
-  prof = {"format": C.PROFILE_FORMAT, "fit": hw.to_dict(), "measurements": []}
+  prof = {"format": profiles.PROFILE_FORMAT, "fit": hw.to_dict(), "measurements": []}
   path = str(tmp_path / "p.json")
-  C.save_profile(prof, path)
-  hw2, _ = C.load_profile(path)
+  profiles.save_profile(prof, path)
+  hw2, _ = profiles.load_profile(path)
   assert hw2 == hw
-  cfg, d = shapes.llama31_8b(), cm.Draft("self")
+  cfg, d = shapes.llama31_8b(), DraftCost(16 + 512)
   assert cm.t_ar(cfg, hw2, 8, 4096) == pytest.approx(hw.time_step(cfg, 8, 4096, 1, "bfloat16"))
   rows = cm.plan_table(cfg, hw2, [1, 8], [4096, 32768], d, alpha=0.8)
   assert all(r["gamma"] >= 1 and r["speedup"] > 0 for r in rows)
   assert cm.s_inflection(cfg, hw2, d, 3, 0.8) is None or cm.s_inflection(cfg, hw2, d, 3, 0.8) > 0
   (tmp_path / "bad.json").write_text(json.dumps({"acceptance_vector": [0.5]}))
   with pytest.raises(ValueError, match="not a hardware profile"):
-    C.load_profile(str(tmp_path / "bad.json"))
+    profiles.load_profile(str(tmp_path / "bad.json"))
 
 
 def test_auto_falls_back_to_autoregressive_when_speculation_is_predicted_to_lose():

@@ -21,7 +21,8 @@ from absl import app, flags
 from magicdec_jax import engine, testing
 from magicdec_jax.cli import datagen as cli_datagen, flags as cli_flags, generate as cli_generate, modes
 from magicdec_jax.cli import demo as cli_demo, plan as cli_plan
-from magicdec_jax.tuning import calibrate, costmodel, shapes
+from magicdec_jax.tuning import costmodel, profiles, shapes
+from magicdec_jax.tuning.draft_cost import DraftCost
 from magicdec_jax.tuning.autotune import detect_hardware
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +49,7 @@ def ar_text() -> str:
 
 def test_every_mode_is_registered_with_run_and_validate():
   here = os.path.join(ROOT, "magicdec_jax", "cli")
-  files = {m.name for m in pkgutil.iter_modules([here])} - {"flags", "modes"}
+  files = {m.name for m in pkgutil.iter_modules([here])} - {"flags", "modes", "draft_flags"}   # not modes
   assert set(modes.MODES) == files                          # one module per mode, each registered
   fv = modes.define_flags(flags.FlagValues())
   assert list(fv["mode"].parser.enum_values) == list(modes.MODES) and fv["mode"].default == "demo"
@@ -118,7 +119,7 @@ def _plan(argv, capsys) -> str:
   return capsys.readouterr().out
 
 
-def _table(draft: costmodel.Draft) -> str:
+def _table(draft: DraftCost) -> str:
   rows = costmodel.plan_table(shapes.model_shape("llama31_8b"), detect_hardware("h100"), [1, 8], [4096, 32768],
                               draft, alpha=0.8)
   return costmodel.format_plan(rows)
@@ -127,13 +128,12 @@ def _table(draft: costmodel.Draft) -> str:
 def test_plan_prices_every_draft_through_its_cost_model_view(capsys):
   out = _plan(["--draft=lookup"], capsys)
   assert "draft lookup (n-grams up to 3, no network)" in out and "S_inflection" in out
-  assert _table(costmodel.Draft("lookup", sink=0, window=0)) in out
+  assert _table(DraftCost(0, runs_network=False)) in out
   out = _plan(["--draft=streaming", "--sink=16", "--window=512"], capsys)   # as before the registry
   assert "draft self (sink 16, window 512)" in out
-  assert _table(costmodel.Draft("self", sink=16, window=512)) in out
+  assert _table(DraftCost(16 + 512)) in out
   out = _plan(["--draft=model", "--draft_layers=4", "--sink=16", "--window=512"], capsys)
-  assert _table(costmodel.Draft("model", draft_cfg=shapes.model_shape("llama31_8b").replace(num_layers=4),
-                                sink=16, window=512)) in out
+  assert _table(DraftCost(16 + 512, shapes.model_shape("llama31_8b").replace(num_layers=4))) in out
   out = _plan(["--draft=feature", "--sink=16", "--window=512"], capsys)     # no head needed to plan one
   assert "draft feature head (sink 16, window 512)" in out
   with pytest.raises(app.UsageError, match="--mode=plan with --draft=model needs --draft_layers"):
@@ -149,5 +149,5 @@ def test_demo_mode_passes_its_flags_and_finds_the_checkout(capsys):
   assert "batch 2 x 300-token prompts, 8 new tokens" in out and "identical greedy tokens: True" in out
   assert "sink 2 + window 16 tokens, bfloat16 weights" in out
   line = cli_demo.measured_crossover(ROOT, f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind}",
-                                     calibrate.host_cpu_model() if jax.default_backend() == "cpu" else None)
+                                     profiles.host_cpu_model() if jax.default_backend() == "cpu" else None)
   assert cli_demo.ROOT == ROOT and (line is None or line in out)

@@ -8,11 +8,12 @@ import pytest
 from magicdec_jax.tuning import costmodel as cm
 from magicdec_jax import trees
 from magicdec_jax.tuning import shapes
+from magicdec_jax.tuning.draft_cost import DraftCost
 
 CFG = shapes.llama31_8b()
 H100 = cm.HARDWARE["h100"]
 A100_OH = dataclasses.replace(cm.HARDWARE["a100"], step_overhead_s=2e-3)
-SELF = cm.Draft("self", window=512)
+SELF = DraftCost(16 + 512)
 
 
 @pytest.mark.parametrize("name,billions", [("llama31_8b", 8.03), ("llama32_1b", 1.236), ("llama2_7b", 6.738),
@@ -43,19 +44,19 @@ def test_step_time_increases_in_batch_and_context():
     assert (np.diff(tv) >= 0).all() and tv[0] == cm.t_ar(CFG, hw, 16, 8192)
 
 
-@pytest.mark.parametrize("draft", [SELF, cm.Draft("model", shapes.llama32_1b()), cm.Draft("snapkv", budget=1024)])
+@pytest.mark.parametrize("draft", [SELF, DraftCost(16 + 512, shapes.llama32_1b()), DraftCost(1024 + 512)])
 def test_draft_cost_independent_of_context(draft):
-  ts = [draft.step_time(CFG, H100, 32, n) for n in (4096, 16384, 131072)]
+  ts = [cm.t_draft(CFG, H100, draft, 32, n) for n in (4096, 16384, 131072)]
   assert ts[0] == ts[1] == ts[2]
-  assert draft.step_time(CFG, H100, 32, 100) < ts[0]  # short prompts: the cache is the whole context
-  assert cm.t_draft(draft.kind, CFG, H100, 32, 4096, draft_cfg=draft.draft_cfg, budget=draft.budget) == ts[0]
+  assert cm.t_draft(CFG, H100, draft, 32, 100) < ts[0]  # short prompts: the cache is the whole context
+  assert ts[0] == cm.step_time(draft.network_config(CFG), H100, 32, 4096, 1, kv_context=draft.kv_slots)
   # ... while the target's own decode step keeps growing with context.
   assert cm.t_ar(CFG, H100, 32, 131072) > 10 * cm.t_ar(CFG, H100, 32, 4096) / 2
 
 
 def test_small_draft_model_cheaper_than_self_spec():
-  small = cm.Draft("model", shapes.llama32_1b())
-  assert small.step_time(CFG, H100, 8, 32768) < SELF.step_time(CFG, H100, 8, 32768)
+  small = DraftCost(16 + 512, shapes.llama32_1b())
+  assert cm.t_draft(CFG, H100, small, 8, 32768) < cm.t_draft(CFG, H100, SELF, 8, 32768)
 
 
 def test_a_bf16_weight_copy_halves_a_float32_self_drafts_weight_bytes():
@@ -63,8 +64,8 @@ def test_a_bf16_weight_copy_halves_a_float32_self_drafts_weight_bytes():
   roofline prices it by bytes: matmul weights at 2 bytes each instead of 4 (by hand), the rest unchanged."""
   narrow = dataclasses.replace(SELF, weights_dtype="bfloat16")
   hw = dataclasses.replace(H100, step_overhead_s=0.0)
-  full_t = SELF.step_time(CFG, hw, 1, 8192, dtype="float32")
-  narrow_t = narrow.step_time(CFG, hw, 1, 8192, dtype="float32")
+  full_t = cm.t_draft(CFG, hw, SELF, 1, 8192, dtype="float32")
+  narrow_t = cm.t_draft(CFG, hw, narrow, 1, 8192, dtype="float32")
   saved_bytes = cm.matmul_params(CFG) * (4 - 2)
   assert full_t - narrow_t == pytest.approx(saved_bytes / hw.hbm_bytes_per_s, rel=0.05)
   assert cm.predicted_speedup(CFG, hw, narrow, 16, 32768, gamma=3, alpha=0.8, dtype="float32") > \
@@ -96,7 +97,7 @@ def test_tree_speedup_equals_chain_speedup_for_a_chain():
     as_tree = cm.predicted_speedup(CFG, H100, SELF, b, n, tree=trees.Tree.chain(4), acceptance_vector=[0.8])
     assert chain == pytest.approx(as_tree)
     e = cm.expected_tokens_chain(0.8, 4)
-    direct = e * cm.t_ar(CFG, H100, b, n) / (4 * SELF.step_time(CFG, H100, b, n) + cm.t_verify(CFG, H100, b, n, 5))
+    direct = e * cm.t_ar(CFG, H100, b, n) / (4 * cm.t_draft(CFG, H100, SELF, b, n) + cm.t_verify(CFG, H100, b, n, 5))
     assert chain == pytest.approx(direct)
 
 
@@ -117,7 +118,7 @@ def test_s_inflection_matches_grid(hw, gamma):
   si = cm.s_inflection(CFG, hw, SELF, gamma, 0.8)
   assert si == _brute_inflection(hw, gamma, 0.8, max(1, si - 300), si + 300)
   # The draft only gets cheaper than the target once the context exceeds its own cache (sink + window).
-  assert si > SELF.sink + SELF.window
+  assert si > SELF.kv_slots
 
 
 @pytest.mark.parametrize("hw", [H100, A100_OH])
@@ -134,7 +135,7 @@ def test_speedup_grows_with_batch_only_beyond_inflection(hw):
 
 def test_s_inflection_none_when_draft_not_cheaper():
   # A 'self' draft whose window covers the whole range never gets cheaper than the target.
-  wide = cm.Draft("self", window=1 << 21)
+  wide = DraftCost(16 + (1 << 21))
   assert cm.s_inflection(CFG, H100, wide, 3, 0.8, n_max=65536) is None
 
 

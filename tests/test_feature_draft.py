@@ -221,7 +221,7 @@ def test_draft_vocabulary_trains_and_stays_exact(tmp_path):
   outside = np.setdiff1d(np.arange(t.config.vocab_size), vocab)
   assert np.all(np.asarray(jax.nn.softmax(logits))[0, 0, outside] == 0.0)   # never proposed, q = 0 exactly
   spec = FeatureDraft(head, 2, 16).spec           # the cost model prices its LM head over the draft vocabulary
-  assert autotune.cost_draft(spec).draft_cfg.vocab_size == len(vocab) < t.config.vocab_size
+  assert autotune.cost_draft(spec).config.vocab_size == len(vocab) < t.config.vocab_size
   loaded = feature_head.load_head(str(tmp_path / "h"))
   assert loaded.vocab == vocab
   np.testing.assert_array_equal(np.asarray(loaded.params["vocab_head"]), np.asarray(head.params["vocab_head"]))

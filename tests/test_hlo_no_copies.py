@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from magicdec_jax import drafts, loop
+import magicdec_jax as md
+from magicdec_jax import drafts, engine, loop, plan
+from magicdec_jax.prompts import pad_prompts
 from magicdec_jax.tuning import hlo
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.config import ModelConfig
@@ -134,3 +136,24 @@ def test_detector_flags_an_extra_pass_over_the_cache():
   g = jax.jit(lambda x, c: jax.lax.while_loop(lambda t: t[0] < 4, clean, (0, x, c)))
   text = g.lower(jnp.ones((b, k, d)), cache).compile().as_text()
   assert not hlo.loop_body_cache_passes(text, {(b, k, s, d)})
+
+
+def test_the_engines_own_executable_copies_nothing():
+  """The executable the Engine runs (its plan's 1 x 1 mesh, in/out shardings, donated state) for a chain:
+  the same checks as the bare loop above, so compiling on a mesh adds no copy of a weight or a cache."""
+  model = Model(CFG, init_params(CFG, jax.random.key(0)))
+  st = md.DecodeSettings(max_new_tokens=NEW, draft=drafts.StreamingDraft(sink=2, window=8), gamma=3,
+                         numerics="fast")
+  p = plan.make_plan(model, st, batch=B, shortest=P, longest=P)
+  eng = engine.Engine(model, p)
+  tokens, lengths = pad_prompts([[1] * P] * B, B, p.prompt_bucket(P))
+  target, ring = eng.prefill(tokens, lengths, p.num_slots(p.prompt_bucket(P)))
+  state = eng.initial_state(tokens, lengths, jnp.full((B,), NEW, jnp.int32),
+                            jax.random.split(jax.random.key(0), B), target, ring)
+  text = eng.compiled_text("decode", state)
+  assert hlo.while_body_computations(text)[1], "no while loop found in the engine's decode"
+  shapes = big_shapes(model.params, state.target, state.ring)
+  bad = hlo.loop_body_copies(text, shapes)
+  assert not bad, "\n".join(f"{i.op} {i.shape}: {i.line[:200]}" for i in bad)
+  cache_shapes = {tuple(k.shape) for c in (state.target, state.ring) for k in c.k}
+  assert not hlo.loop_body_cache_passes(text, cache_shapes)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from absl import app, flags
 
-from magicdec_jax.tuning import acceptance
+from magicdec_jax.measure import acceptance
 from magicdec_jax.cli import bench as cli_bench, flags as cli_flags, modes as cli_modes
 from magicdec_jax import testing
 from magicdec_jax.drafts import ModelDraft, StreamingDraft

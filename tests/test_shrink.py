@@ -82,7 +82,7 @@ def test_bad_shrink_settings_are_refused_before_compiling():
   model = tiny_model(0)
   with pytest.raises(ValueError, match="shrink_batch must be True or False"):
     md.generate(model, [[1, 2, 3]], max_new_tokens=4, shrink_batch="yes")
-  with pytest.raises(ValueError, match="not supported with a mesh"):
+  with pytest.raises(ValueError, match="mesh must be"):
     md.generate(model, [[1, 2, 3]], max_new_tokens=4, shrink_batch=True, mesh=object())
   pre = prefilled.prefill(model, [[1, 2, 3]], max_new_tokens=4, chunk=16, progress=False)
   with pytest.raises(ValueError, match="shrink_batch must be True or False"):

@@ -20,7 +20,7 @@ from absl import app
 
 from magicdec_jax import textdata
 from magicdec_jax.cli import flags as cli_flags
-from magicdec_jax.tuning import sweep
+from magicdec_jax.measure import sweep
 
 GRID = (("batches", 1), ("contexts", 16), ("gammas", 1))    # the grid's list flags and their least values
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from magicdec_jax.cli import flags as cli_flags
-from magicdec_jax.tuning import calibrate
+from magicdec_jax.measure import calibrate
+from magicdec_jax.tuning import profiles
 
 
 def validate(fv) -> None:
@@ -20,7 +21,7 @@ def validate(fv) -> None:
 def run(fv, log) -> None:
   model = cli_flags.load_target(fv, log)
   d = cli_flags.build_draft(fv, model)
-  under_test = [] if d is None else d.calibration_cases(model)
+  under_test = [] if d is None else calibrate.cases_for(d, model)
   kw = {name: cli_flags.int_list(fv, name, 1) for name in ("batches", "contexts") if fv[name].present}
   kw["tokens"] = cli_flags.int_list(fv, "calibrate_tokens", 1)
   kw["draft_tokens"] = cli_flags.int_list(fv, "calibrate_draft_tokens", 1)
@@ -28,7 +29,7 @@ def run(fv, log) -> None:
   prof = calibrate.calibrate(model.params, model.config, drafts=under_test, model_name=model.name,
                              repeats=fv.calibrate_repeats, passes=fv.calibrate_passes,
                              acceptance_vector=vec, log=log, **kw)
-  calibrate.save_profile(prof, fv.output)
+  profiles.save_profile(prof, fv.output)
   fit = prof["fit"]
   ho = fit["holdout_rel_err"] or {}
   print(json.dumps({"profile": fv.output, "device": prof["device"], "measured_steps": len(prof["measurements"]),

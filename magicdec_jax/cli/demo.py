@@ -35,7 +35,8 @@ from absl import app
 
 from magicdec_jax import drafts, prefilled, textdata
 from magicdec_jax.cli import flags as cli_flags
-from magicdec_jax.tuning import calibrate, sweep
+from magicdec_jax.measure import sweep
+from magicdec_jax.tuning import profiles
 from magicdec_jax.model import Model
 
 CPU_SHAPE = (8, 4096)      # batch x prompt tokens: KV 1.5 GB vs 0.54 GB of weights
@@ -240,7 +241,7 @@ def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int
   print(f"  why: each step reads {weights_gb:.2f} GB of weights and {kv_gb:.2f} GB of KV cache; the draft reads "
         f"{draft_w} and only {sink + window} tokens of KV per row, the verify pass the whole cache once for "
         f"{gamma + 1} tokens.")
-  cpu_model = calibrate.host_cpu_model() if device.startswith("cpu") else None
+  cpu_model = profiles.host_cpu_model() if device.startswith("cpu") else None
   line = measured_crossover(root, device, cpu_model)
   print("  " + (line or "crossover: no context sweep recorded on this kind of device "
                 "(python benchmarks/context_sweep.py measures it)"))

@@ -10,7 +10,7 @@ import re
 from absl import app
 
 from magicdec_jax import feature_head, textdata
-from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.cli import draft_flags, flags as cli_flags
 from magicdec_jax.training import distill, distill_data, distill_feature
 
 
@@ -20,14 +20,16 @@ def validate(fv) -> None:
     cli_flags.readable_file("distill_data", p)
     if os.path.getsize(p) == 0:
       raise app.UsageError(f"--distill_data={p}: empty file")
-  if fv.draft_vocab and fv.draft != "feature":
-    raise app.UsageError(f"--draft_vocab={fv.draft_vocab} applies to --draft=feature only")
-  if fv.draft == "feature":
+  head = draft_flags.trains_head(fv)
+  if fv.draft_vocab and not head:
+    heads = "|".join(draft_flags.names(lambda e: e.trains_head))
+    raise app.UsageError(f"--draft_vocab={fv.draft_vocab} applies to --draft={heads} only")
+  if head:
     if fv.draft_layers or fv.draft_config or fv.draft_model:
-      raise app.UsageError("--mode=distill --draft=feature trains a new head: no --draft_layers, "
+      raise app.UsageError(f"--mode=distill --draft={fv.draft} trains a new head: no --draft_layers, "
                            "--draft_config or --draft_model")
     if fv.mesh:
-      raise app.UsageError("--mode=distill --draft=feature runs on one device (no --mesh)")
+      raise app.UsageError(f"--mode=distill --draft={fv.draft} runs on one device (no --mesh)")
   elif bool(fv.draft_layers) == bool(fv.draft_config):
     raise app.UsageError("--mode=distill needs exactly one of --draft_layers (the target's first N layers) "
                          "or --draft_config (a config JSON for a random draft)")
@@ -53,7 +55,7 @@ def validate(fv) -> None:
 def run(fv, log) -> None:
   model = cli_flags.load_target(fv, log)
   try:
-    steps, history = (_train_head if fv.draft == "feature" else _train_draft)(fv, log, model)
+    steps, history = (_train_head if draft_flags.trains_head(fv) else _train_draft)(fv, log, model)
   except ValueError as e:
     raise app.UsageError(f"distill: {e}") from None
   print(json.dumps({"out": fv.distill_out, "steps": steps, "history": history}, indent=1))

@@ -16,14 +16,15 @@ from typing import Sequence
 
 from absl import app, flags
 
-from magicdec_jax import checkpoints, config, drafts, feature_head, sampling, settings, sharding, testing, trees
+from magicdec_jax import checkpoints, config, drafts, pallas, sampling, settings, sharding, testing, trees
 from magicdec_jax import tokenizer as tok_lib
+from magicdec_jax.cli import draft_flags
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.tuning import calibrate, shapes
+from magicdec_jax.tuning import profiles, shapes
 
 DRAFTS = ("none",) + tuple(drafts.REGISTRY)
 HARDWARE = ("cpu", "a100", "h100", "h200")
-IMPLS = ("auto", "xla", "pallas_interpret", "pallas_triton")
+IMPLS = pallas.IMPLS       # every attention implementation the dispatch knows (pallas_mosaic included)
 RANDOM_PREFIX = testing.RANDOM_PREFIX   # test/debug model names: random-tiny or random-tiny:SEED
 
 
@@ -253,10 +254,7 @@ def validate(fv) -> None:
   app.UsageError naming the flag."""
   mode = fv.mode
   parse_gamma(fv.gamma)
-  if fv.draft == "lookup" and fv.tree:
-    raise app.UsageError(f"--draft=lookup proposes a chain (--gamma), not --tree={fv.tree}")
-  if fv.draft == "model" and not (fv.draft_model or fv.draft_layers):
-    raise app.UsageError("--draft=model needs --draft_model and/or --draft_layers")
+  draft_flags.check(fv)
   if fv.tree:
     parse_tree(fv.tree)
     if fv.draft == "none":
@@ -267,10 +265,12 @@ def validate(fv) -> None:
     raise app.UsageError(f"--process_id={fv.process_id} must be < --num_processes={fv.num_processes}")
   if fv.hardware is not None:
     check_hardware(fv.hardware)
-  if fv["distill_compute"].present and (mode != "distill" or fv.draft != "feature"):
-    raise app.UsageError(f"--distill_compute={fv.distill_compute} is for --mode=distill --draft=feature "
+  if fv["distill_compute"].present and (mode != "distill" or not draft_flags.trains_head(fv)):
+    heads = "|".join(draft_flags.names(lambda e: e.trains_head))
+    raise app.UsageError(f"--distill_compute={fv.distill_compute} is for --mode=distill --draft={heads} "
                          f"(got --mode={mode} --draft={fv.draft})")
-  if fv["draft_weights"].present and fv.draft_weights != "none" and not drafts.REGISTRY[fv.draft].weight_copies:
+  if fv["draft_weights"].present and fv.draft_weights != "none" and \
+      not getattr(drafts.REGISTRY.get(fv.draft), "weight_copies", False):
     takes = ", ".join(n for n, c in drafts.REGISTRY.items() if c.weight_copies)
     raise app.UsageError(f"--draft_weights={fv.draft_weights} is for --draft={takes} (got --draft={fv.draft})")
   if fv.shrink_batch and (mode not in ("generate", "demo") or fv.mesh):
@@ -282,14 +282,7 @@ def validate_draft(fv, head: bool = True) -> None:
   """The draft flags of a mode that uses the draft they describe (every mode but distill, which trains one):
   --draft_model / --draft_layers only where the draft takes them; --draft=feature a finished head
   (`head=False`: none needed, plan prices the default head's shape)."""
-  if fv.draft == "feature":
-    if fv.draft_layers or (head and not fv.draft_model):
-      raise app.UsageError("--draft=feature needs --draft_model=DIR (a trained head) and no --draft_layers")
-    if fv.draft_model and not os.path.isfile(os.path.join(fv.draft_model, feature_head.HEAD_FILE)):
-      raise app.UsageError(f"--draft_model={fv.draft_model}: no {feature_head.HEAD_FILE} there (not a "
-                           "finished feature head)")
-  elif fv.draft != "model" and (fv.draft_model or fv.draft_layers):
-    raise app.UsageError(f"--draft_model/--draft_layers only apply to --draft=model (got --draft={fv.draft})")
+  draft_flags.check_draft(fv, head)
 
 
 def validate_acceptance_file(fv) -> None:
@@ -322,7 +315,7 @@ def check_hardware(value: str):
                          "(run.py --mode=calibrate --output=PROFILE.json)")
   readable_file("hardware", value)
   try:
-    calibrate.load_profile(value)
+    profiles.load_profile(value)
   except ValueError as e:
     raise app.UsageError(f"--hardware={value}: {e}") from None
   return value
@@ -363,7 +356,7 @@ def load(name: str, mesh=None):
   the params end up in their shards (orbax dirs are restored straight into them)."""
   if mesh is not None:
     if os.path.isfile(os.path.join(name, checkpoints.CONFIG_FILE)):
-      return sharding.load_orbax_sharded(name, mesh)
+      return checkpoints.load_orbax_sharded(name, mesh)
     return sharding.shard_model(load(name), mesh)
   if name == RANDOM_PREFIX or name.startswith(RANDOM_PREFIX + ":"):
     seed = name.partition(":")[2] or "0"
@@ -413,11 +406,9 @@ def prompt_text(fv, model, prompt) -> str:
 
 
 def build_draft(fv, target):
-  """The draft object the flags describe (None for --draft=none): the draft's own `from_flags`."""
-  if fv.draft == "none":
-    return None
+  """The draft object the flags describe (None for --draft=none): its builder in cli/draft_flags.py."""
   try:
-    return drafts.REGISTRY[fv.draft].from_flags(fv, target, load)
+    return draft_flags.build(fv, target, load)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
 

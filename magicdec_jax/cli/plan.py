@@ -4,11 +4,8 @@
 are min(context, window)) and compared with the same shape priced all global; no weights are loaded."""
 from __future__ import annotations
 
-from absl import app
-
-from magicdec_jax import drafts
-from magicdec_jax.cli import flags as cli_flags
-from magicdec_jax.tuning import calibrate, costmodel, shapes
+from magicdec_jax.cli import draft_flags, flags as cli_flags
+from magicdec_jax.tuning import costmodel, profiles, shapes
 from magicdec_jax.tuning.autotune import detect_hardware
 
 PLAN_BATCHES = (1, 4, 8, 16, 32, 64)
@@ -21,29 +18,19 @@ def validate(fv) -> None:
   cli_flags.int_list(fv, "batches", 1)
   cli_flags.int_list(fv, "contexts", 1)
   cli_flags.refuse_no_draft(fv, "plans a draft")
-  if fv.draft == "model" and not fv.draft_layers:
-    raise app.UsageError("--mode=plan with --draft=model needs --draft_layers (the draft's depth)")
-
-
-def _describe(fv, draft: costmodel.Draft) -> str:
-  """The header's words for the draft: its cost-model kind and the flags that shape it."""
-  if draft.kind == "lookup":
-    return f"lookup (n-grams up to {fv.lookup_ngram}, no network)"
-  name = "feature head" if fv.draft == "feature" else draft.kind
-  return (f"{name} (sink {fv.sink}, window {fv.window}"
-          f"{', budget %d' % fv.budget if draft.kind == 'snapkv' else ''})")
+  draft_flags.cost(fv, shapes.model_shape(fv.model_shape))     # the flags price it from the shape alone
 
 
 def run(fv, log) -> None:
   cfg = shapes.model_shape(fv.model_shape)
   hw_name = fv.hardware or "h100"
   profile, datasheet = None, None
-  if calibrate.is_profile_path(hw_name):
-    profile = calibrate.load_profile(hw_name)[1]
+  if profiles.is_profile_path(hw_name):
+    profile = profiles.load_profile(hw_name)[1]
     cfg = shapes.model_shape(fv.model_shape, dtype=profile.get("dtype", cfg.dtype))   # as it was measured
     guess = next((k for k in ("h200", "h100", "a100") if k in profile.get("device", "").lower()), "h100")
     datasheet = detect_hardware(fv.datasheet or guess)
-  draft = drafts.REGISTRY[fv.draft].cost_from_flags(fv, cfg)
+  draft = draft_flags.cost(fv, cfg)
   vec = cli_flags.load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file else None
   if vec is None and profile is not None and profile.get("acceptance_vector"):
     vec = profile["acceptance_vector"]
@@ -54,7 +41,7 @@ def run(fv, log) -> None:
   alpha = None if vec else fv.alpha
   rows = costmodel.plan_table(cfg, hw, batches, contexts, draft, alpha=alpha, acceptance_vector=vec)
   print(f"plan: {fv.model_shape} on {hw_name if profile is None else 'profile ' + hw_name + ' (' + profile.get('device', '?') + ')'}, "
-        f"draft {_describe(fv, draft)}, "
+        f"draft {draft_flags.describe(fv, draft)}, "
         f"{'acceptance vector ' + (fv.acceptance_file or 'from the profile') if vec else 'alpha %.2f' % fv.alpha}")
   if datasheet is not None:
     ds = costmodel.plan_table(cfg, datasheet, batches, contexts, draft, alpha=alpha, acceptance_vector=vec)

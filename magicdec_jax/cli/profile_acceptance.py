@@ -8,9 +8,9 @@ import json
 from absl import app
 
 from magicdec_jax import textdata
-from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.cli import draft_flags, flags as cli_flags
 from magicdec_jax.sampling import Sampling
-from magicdec_jax.tuning import acceptance
+from magicdec_jax.measure import acceptance
 
 
 def validate(fv) -> None:
@@ -19,8 +19,10 @@ def validate(fv) -> None:
   cli_flags.writable_target("output", fv.output)
   if fv.input:
     cli_flags.readable_file("input", fv.input)
-  if fv.draft not in ("streaming", "model"):
-    raise app.UsageError("--mode=profile_acceptance needs --draft=streaming or --draft=model")
+  e = draft_flags.entry(fv)
+  if e is None or not e.profiles_acceptance:
+    raise app.UsageError("--mode=profile_acceptance needs " + " or ".join(
+        f"--draft={n}" for n in draft_flags.names(lambda e: e.profiles_acceptance)))
 
 
 def _windows(fv, model, n: int) -> tuple[list[list[int]], str]:

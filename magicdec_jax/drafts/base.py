@@ -4,10 +4,12 @@ A `Draft` is what the user passes (`generate(..., draft=StreamingDraft(4, 256))`
 `DraftSpec`) is the static, hashable part the compiled loop is specialised on (a jit static argument),
 `params(target)` its runtime weights (None where it runs the target's own or none). A draft without
 weights is its own spec (StreamingDraft, SnapKVDraft, PromptLookupDraft); ModelDraft and FeatureDraft
-hold a network and a spec. Everything the engine, the loop, the memory planner, the sharded runtime, the
-cost model, calibration and the command line need to know about a draft, they ask through these two
-classes' methods, so nothing outside `drafts/` asks which draft it is, and a new draft is one module
-plus one line in `drafts/__init__.py`'s registry.
+hold a network and a spec. What the engine, the loop, the memory planner and the sharded runtime need to
+know about a draft, they ask through these two classes' methods; the cost model gets plain numbers
+(`DraftSpec.cost()`, a `tuning.draft_cost.DraftCost`), measurement the network a draft runs (`forward_network`,
+`windowed_network`), and the command line builds drafts from flags in `cli/draft_flags.py`. So nothing
+outside `drafts/` asks which draft it is, and a new draft is one module plus one line in
+`drafts/__init__.py`'s registry (and one in the command line's, to be `--draft=<name>`).
 
 In the compiled loop a draft owns `LoopState.ring`, a pytree whose leaves all lead with the batch axis:
   * `empty_ring` -> a ring of free rows; `prefill_ring` fills it for prompts whose target cache is
@@ -34,7 +36,7 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask
 from magicdec_jax.sampling import Sampling, filter_logits, probabilities, sample_without_replacement
 from magicdec_jax.trees import Tree
-from magicdec_jax.tuning import calibrate, costmodel
+from magicdec_jax.tuning.draft_cost import DraftCost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,25 +117,16 @@ class Draft:
     """XLA compiler options the executables running this draft need (a caller's own options win)."""
     return {}
 
-  @classmethod
-  def from_flags(cls, fv, target, load_model: Callable[[str], Any]) -> "Draft":
-    """The draft `--draft=<name>` and its flags describe (fv: absl flag values, validated)."""
-    raise NotImplementedError(cls.__name__)
-
-  @classmethod
-  def cost_from_flags(cls, fv, cfg: ModelConfig) -> costmodel.Draft:
-    """The cost model's view of the draft the flags describe, from the target's shape alone (`--mode=plan`
-    loads no weights)."""
-    return cls.from_flags(fv, None, lambda name: None).spec.cost()
-
-  def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
-    """The draft steps `--mode=calibrate` times for the cost model (none: nothing to time)."""
-    return []
+  def forward_network(self, target) -> tuple[Any, ModelConfig] | None:
+    """(params, config) of the transformer its draft step runs through `model.forward`, in their own
+    precision (a weight copy is `spec.cost().weights_dtype`): the target's for self drafts, its model's
+    for a model draft; None where it runs none (a feature head, prompt lookup)."""
+    return None
 
   def windowed_network(self, target) -> tuple[Any, ModelConfig, int, int]:
-    """(params, config, sink, window) of the network this draft runs with sink + window attention, for
-    acceptance profiling (tuning/acceptance.py); ValueError where the draft is not one."""
-    raise ValueError(f"acceptance profiling needs a draft that runs a network over a sink + window cache "
+    """(params, config, sink, window) where that network attends over a StreamingLLM sink + window cache
+    (what an acceptance profile replays over a text); ValueError where the draft is not one."""
+    raise ValueError(f"windowed_network: needs a draft that runs a network over a sink + window cache "
                      f"(streaming or model), got {type(self).__name__}")
 
 
@@ -183,8 +176,9 @@ class DraftSpec:
     return jax.tree.map(lambda c, x: c.at[dst].set(x[rows].astype(c.dtype), mode="drop"), ring, new)
 
   # ---- tuning: cost model, memory planner, sharding -----------------------------------------------------
-  def cost(self) -> costmodel.Draft:
-    """The cost model's view of one draft step."""
+  def cost(self) -> DraftCost:
+    """One draft step as plain numbers (the network it runs, the KV it reads, its weights' bytes) for the
+    cost model, which prices them without asking which draft this is."""
     raise NotImplementedError
 
   def network_config(self, cfg: ModelConfig) -> ModelConfig | None:

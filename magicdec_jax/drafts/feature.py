@@ -37,7 +37,7 @@ from magicdec_jax.feature_head import FeatureHead
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
 from magicdec_jax.model import forward
 from magicdec_jax.trees import Tree
-from magicdec_jax.tuning import costmodel
+from magicdec_jax.tuning.draft_cost import DraftCost
 
 
 @flax.struct.dataclass
@@ -167,10 +167,10 @@ class FeatureSpec(DraftSpec):
 
   # ------------------------------------------------------------------------------------------ tuning
 
-  def cost(self) -> costmodel.Draft:
-    """A one-layer model draft whose LM head spans its own vocabulary."""
+  def cost(self) -> DraftCost:
+    """A one-layer network of its own over a sink + window ring, whose LM head spans its own vocabulary."""
     head = self.config if self.vocab is None else self.config.replace(vocab_size=len(self.vocab))
-    return costmodel.Draft("model", draft_cfg=head, sink=self.sink, window=self.window)
+    return DraftCost(self.sink + self.window, head, label="feature head")
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(weights=self.config, ring=self.config, ring_slots=self.sink + self.window + tree_nodes,
@@ -198,18 +198,6 @@ class FeatureDraft(Draft):
 
   def check_compatible(self, target) -> None:
     feature_head.check_compatible(self.head, target.config)
-
-  @classmethod
-  def from_flags(cls, fv, target, load_model):
-    """--draft_model: a head directory written by `--mode=distill --draft=feature`."""
-    return cls(feature_head.load_head(fv.draft_model), sink=fv.sink, window=fv.window)
-
-  @classmethod
-  def cost_from_flags(cls, fv, cfg: ModelConfig) -> costmodel.Draft:
-    """A head of the default shape on the target's layers (its whole vocabulary, or --draft_vocab)."""
-    head = feature_head.head_config(cfg)
-    return costmodel.Draft("model", draft_cfg=head.replace(vocab_size=fv.draft_vocab) if fv.draft_vocab else head,
-                           sink=fv.sink, window=fv.window)
 
   def __repr__(self) -> str:
     return f"FeatureDraft(layers={list(self.spec.layers)}, sink={self.spec.sink}, window={self.spec.window})"

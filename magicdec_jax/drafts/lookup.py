@@ -26,7 +26,7 @@ import numpy as np
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import Draft, DraftSpec, Footprint, Prefill, Round
 from magicdec_jax.trees import Tree
-from magicdec_jax.tuning import costmodel
+from magicdec_jax.tuning.draft_cost import DraftCost
 
 DEFAULT_MAX_NGRAM = 3
 
@@ -46,10 +46,6 @@ class PromptLookupDraft(DraftSpec, Draft):
         raise ValueError(f"PromptLookupDraft {field} must be an integer >= 1, got {v!r}")
     if self.min_ngram > self.max_ngram:
       raise ValueError(f"PromptLookupDraft min_ngram={self.min_ngram} is larger than max_ngram={self.max_ngram}")
-
-  @classmethod
-  def from_flags(cls, fv, target, load_model):
-    return cls(max_ngram=fv.lookup_ngram)
 
   # ---- ring: the token history -------------------------------------------------------------------------
   def empty_ring(self, cfg: ModelConfig, batch: int, tree: Tree, num_slots: int) -> jax.Array:
@@ -109,8 +105,8 @@ class PromptLookupDraft(DraftSpec, Draft):
     return history.at[jnp.arange(history.shape[0])[:, None], pos].set(toks, mode="drop")
 
   # ---- tuning ---------------------------------------------------------------------------------------------
-  def cost(self) -> costmodel.Draft:
-    return costmodel.Draft("lookup", sink=0, window=0)
+  def cost(self) -> DraftCost:
+    return DraftCost(0, runs_network=False, label="lookup")
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(row_bytes=4 * max_context)

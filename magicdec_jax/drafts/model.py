@@ -14,10 +14,10 @@ from magicdec_jax.drafts.base import (Draft, Footprint, Prefill, Round, check_po
                                       window_attention, windowed_mask)
 from magicdec_jax.drafts.ring import RingDraft
 from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW
-from magicdec_jax.drafts.weights import check_narrower, check_weights, copy_of, flag_weights
+from magicdec_jax.drafts.weights import check_narrower, check_weights, copy_of
 from magicdec_jax.layers import quant
 from magicdec_jax.model import Model, forward
-from magicdec_jax.tuning import calibrate, costmodel
+from magicdec_jax.tuning.draft_cost import DraftCost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +58,8 @@ class ModelSpec(RingDraft):
     linear, _ = jax.lax.scan(chunk, KVCache.zeros(self.config, b, n), jnp.arange(n // p.chunk, dtype=jnp.int32))
     return copy_from_linear(ring, self.sink, self.window, linear, p.lengths)
 
-  def cost(self) -> costmodel.Draft:
-    return costmodel.Draft("model", draft_cfg=self.config, sink=self.sink, window=self.window,
-                           weights_dtype=self.weights)
+  def cost(self) -> DraftCost:
+    return DraftCost(self.sink + self.window, self.config, self.weights, label="model")
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(weights=self.config, ring=self.config, ring_slots=self.sink + self.window + tree_nodes + 1,
@@ -99,25 +98,8 @@ class ModelDraft(Draft):
       raise ValueError(f"draft vocabulary size {self.model.config.vocab_size} differs from the target's "
                        f"{target.config.vocab_size}; a draft must share the target's tokenizer")
 
-  @classmethod
-  def from_flags(cls, fv, target, load_model):
-    """--draft_model (default: the target itself), cut to its first --draft_layers layers if given."""
-    dm = load_model(fv.draft_model) if fv.draft_model else target
-    if fv.draft_layers:
-      if fv.draft_layers > dm.config.num_layers:
-        raise ValueError(f"--draft_layers={fv.draft_layers}: the draft model has only "
-                         f"{dm.config.num_layers} layers (allowed: 1..{dm.config.num_layers})")
-      dm = truncate_layers(dm, fv.draft_layers)
-    return cls(dm, sink=fv.sink, window=fv.window, weights=flag_weights(fv))
-
-  @classmethod
-  def cost_from_flags(cls, fv, cfg: ModelConfig) -> costmodel.Draft:
-    """The target's shape cut to --draft_layers layers."""
-    return ModelSpec(cfg.replace(num_layers=fv.draft_layers), fv.sink, fv.window).cost()
-
-  def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
-    return [calibrate.DraftUnderTest("model", self.spec.sink + self.spec.window, self.model.config,
-                                     self.model.params, weights=self.spec.weights)]
+  def forward_network(self, target):
+    return self.model.params, self.model.config
 
   def windowed_network(self, target):
     self.check_compatible(target)

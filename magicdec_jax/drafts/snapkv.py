@@ -13,10 +13,10 @@ from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_sink_window, copy_from_linear
 from magicdec_jax.drafts.ring import RingDraft
-from magicdec_jax.drafts.weights import TargetWeightCopy, check_weights, flag_weights
+from magicdec_jax.drafts.weights import TargetWeightCopy, check_weights
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import forward
-from magicdec_jax.tuning import calibrate, costmodel
+from magicdec_jax.tuning.draft_cost import DraftCost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,10 +52,6 @@ class SnapKVDraft(TargetWeightCopy, RingDraft, Draft):
       raise ValueError(f"SnapKVDraft budget={self.budget} + window={self.window} is larger than the "
                        f"shortest prompt ({short} tokens; needs >= {need})")
 
-  @classmethod
-  def from_flags(cls, fv, target, load_model):
-    return cls(budget=fv.budget, window=fv.window, weights=flag_weights(fv))
-
   def prefill_ring(self, ring: RingCache, p: Prefill) -> RingCache:
     """The observation window's queries score every prompt slot; the top `budget` per (layer, KV head)
     fill the static slots, the recent window is copied as a StreamingDraft's is."""
@@ -87,13 +83,13 @@ class SnapKVDraft(TargetWeightCopy, RingDraft, Draft):
     new_pos = ring.pos.at[:, :self.budget].set(0)     # static slots: always visible
     return ring.replace(k=tuple(new_k), v=tuple(new_v), pos=new_pos)
 
-  def cost(self) -> costmodel.Draft:
-    return costmodel.Draft("snapkv", budget=self.budget, window=self.window, sink=0, weights_dtype=self.weights)
+  def cost(self) -> DraftCost:
+    return DraftCost(self.budget + self.window, weights_dtype=self.weights, label="snapkv")
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(ring=cfg, ring_slots=self.budget + self.window + tree_nodes,
                      row_bytes=4 * (self.budget + self.window), prefill_score_buffers=3,
                      weight_copy=self.weights)
 
-  def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
-    return [calibrate.DraftUnderTest("snapkv", self.budget + self.window, weights=self.weights)]
+  def forward_network(self, target):
+    return target.params, target.config

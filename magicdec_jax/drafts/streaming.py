@@ -12,8 +12,8 @@ from magicdec_jax.cache import RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_positions, check_sink_window, copy_from_linear
 from magicdec_jax.drafts.ring import RingDraft
-from magicdec_jax.drafts.weights import TargetWeightCopy, check_weights, flag_weights
-from magicdec_jax.tuning import calibrate, costmodel
+from magicdec_jax.drafts.weights import TargetWeightCopy, check_weights
+from magicdec_jax.tuning.draft_cost import DraftCost
 
 DEFAULT_SINK = 4
 DEFAULT_WINDOW = 256
@@ -46,26 +46,18 @@ class StreamingDraft(TargetWeightCopy, RingDraft, Draft):
 
   num_static = property(lambda self: self.sink)
 
-  @classmethod
-  def from_flags(cls, fv, target, load_model):
-    return cls(fv.sink, fv.window, weights=flag_weights(fv))
-
   def prefill_ring(self, ring: RingCache, p: Prefill) -> RingCache:
     return copy_from_linear(ring, self.sink, self.window, p.target, p.lengths)
 
-  def cost(self) -> costmodel.Draft:
-    return costmodel.Draft("self", sink=self.sink, window=self.window, weights_dtype=self.weights)
+  def cost(self) -> DraftCost:
+    return DraftCost(self.sink + self.window, weights_dtype=self.weights, label="self")
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
     return Footprint(ring=cfg, ring_slots=self.sink + self.window + tree_nodes,
                      row_bytes=4 * (self.sink + self.window), weight_copy=self.weights)
 
-  def calibration_cases(self, target) -> list[calibrate.DraftUnderTest]:
-    """This draft's step; a float32 target's also on a bfloat16 copy (what `auto` needs to price it)."""
-    cases = [calibrate.DraftUnderTest("self", self.sink + self.window, weights=self.weights)]
-    if self.weights is None and target.config.dtype == "float32":
-      cases.append(calibrate.DraftUnderTest("self", self.sink + self.window, weights="bfloat16"))
-    return cases
+  def forward_network(self, target):
+    return target.params, target.config
 
   def windowed_network(self, target):
     return target.params, target.config, self.sink, self.window

@@ -10,8 +10,9 @@ import jax.numpy as jnp
 
 from magicdec_jax.layers import quant
 from magicdec_jax.layers.dense import weight_copy
+from magicdec_jax.tuning.draft_cost import WEIGHT_COPIES
 
-DRAFT_WEIGHTS = (None, "bfloat16", "int8", "int4")
+DRAFT_WEIGHTS = (None,) + WEIGHT_COPIES
 
 
 def check_weights(weights, owner: str) -> None:
@@ -25,11 +26,6 @@ def check_narrower(weights, dtype: str, owner: str) -> None:
   if weights == "bfloat16" and jnp.dtype(weights).itemsize >= jnp.dtype(dtype).itemsize:
     raise ValueError(f"{owner} weights={weights!r} is not narrower than the model's {dtype}: draft with its "
                      f"own weights (weights=None)")
-
-
-def flag_weights(fv) -> str | None:
-  """--draft_weights as a draft's `weights` argument ("none" -> None)."""
-  return None if fv.draft_weights == "none" else fv.draft_weights
 
 
 _NARROW = {}    # (id of a params tree, kind) -> (those params, their copy): made once per model

@@ -62,7 +62,7 @@ def causal_chunk_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, cac
   qf = fold_queries(q, kh)                                                      # [B, K, T*G, D]
   kn, vn = jnp.swapaxes(k_new, 1, 2), jnp.swapaxes(v_new, 1, 2)                 # [B, K, T, D]
   rule = (d ** -0.5 if scale is None else scale, softcap, window)
-  if b > 1 and jax.sharding.get_abstract_mesh().empty:
+  if b > 1 and jax.sharding.get_abstract_mesh().size <= 1:     # one device (no mesh, or 1 x 1): row by row
     rows = jnp.arange(b, dtype=jnp.int32)
     o = jax.lax.map(lambda xs: _attend(xs[1][None], xs[2][None], xs[3][None], cache_k, cache_v, xs[0], start,
                                        *rule)[0], (rows, qf, kn, vn))

@@ -1,10 +1,10 @@
 """Run the Pallas tree-attention kernel per shard inside `jax.shard_map`.
 
-The dispatch (pallas.tree_attention) knows nothing of meshes: importing this module (the sharded runtime
-does) injects `maybe_shard_map` as its shard wrapper, so pallas never imports sharding.
+The dispatch (pallas.tree_attention) knows nothing of meshes: importing this module (the sharding
+package does) injects `maybe_shard_map` as its shard wrapper, so pallas never imports sharding.
 
 Why: a pallas_call has no SPMD partitioning rule; left to the partitioner it would be run on gathered,
-replicated operands. Under a ("data", "model") mesh (set by runtime.py via `jax.set_mesh`) the kernel
+replicated operands. Under a ("data", "model") mesh (set by the engine via `jax.set_mesh`) the kernel
 instead runs on each device's block: rows split over "data", heads over "model" as the partition rules
 split them. Attention is independent per (row, KV head), so the per-shard results are the global ones
 with no collective. In the "q_heads" layout (KV heads replicated, query heads split) each device slices
@@ -22,8 +22,8 @@ from magicdec_jax.sharding.rules import attention_split
 
 def _mesh():
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or set(mesh.axis_names) != {DATA, MODEL}:
-    return None
+  if mesh.empty or mesh.size == 1 or set(mesh.axis_names) != {DATA, MODEL}:
+    return None      # (one device: the kernel as it is, no shard_map)
   return mesh
 
 

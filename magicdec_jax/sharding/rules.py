@@ -186,3 +186,27 @@ def abstract_param_shardings(cfg: ModelConfig, mesh: Mesh) -> dict:
   structs = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, cfg.jnp_dtype), expected_shapes(cfg),
                          is_leaf=is_shape)
   return param_shardings(structs, cfg, mesh)
+
+
+def state_shardings(tree: Any, mesh: Mesh, cfg: ModelConfig, draft_cfg: ModelConfig | None) -> Any:
+  """NamedShardings for a LoopState, or a (target cache, draft ring) pair, by state_spec: the target's
+  caches by its own layout, the ring by the draft network's (draft_cfg None: the target's)."""
+  m = axis_sizes(mesh)[1]
+  target = layout_for(cfg, m)
+  ring = target if draft_cfg is None else layout_for(draft_cfg, m)
+  return shardings(tree, mesh, lambda keys, ndim: state_spec(keys, ndim, target, ring))
+
+
+def row_sharding(shape, mesh: Mesh) -> NamedSharding:
+  """A per-row array [B, ...]: rows over "data" (where the axis divides B)."""
+  return NamedSharding(mesh, fit(P(DATA), shape, mesh))
+
+
+def place_params(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
+  """params device_put into their shards (a no-op for arrays already placed so)."""
+  return jax.device_put(params, param_shardings(params, cfg, mesh))
+
+
+def shard_model(model, mesh: Mesh):
+  """A copy of `model` whose params live in their shards on `mesh` (do this once, not per call)."""
+  return dataclasses.replace(model, params=place_params(model.params, model.config, mesh))

@@ -41,7 +41,7 @@ import optax
 
 from magicdec_jax import checkpoints, drafts
 from magicdec_jax.training import trainer
-from magicdec_jax.tuning.acceptance import windowed_logits
+from magicdec_jax.measure.acceptance import windowed_logits
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, full_forward, init_params
 

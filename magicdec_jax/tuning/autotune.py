@@ -10,18 +10,13 @@ one, else the paper's self-speculation figure and the shipped Sequoia vector; me
 from __future__ import annotations
 
 import json
-import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 from magicdec_jax import trees
-from magicdec_jax.tuning import calibrate, costmodel, stepfit
-from magicdec_jax.cache import KVCache
+from magicdec_jax.tuning import costmodel, profiles, stepfit
+from magicdec_jax.tuning.draft_cost import DraftCost
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.layers.attention import PrefixTree
-from magicdec_jax.model import forward
 
 DEFAULT_ALPHA = 0.8
 # Nominal effective figures for a 2-core x86 CPU in float32 (an assumption, not a fit): fit your own with
@@ -34,8 +29,8 @@ def detect_hardware(name=None):
   """A Hardware / FittedHardware from a name, a profile path (*.json), an object, or the first device."""
   if isinstance(name, (costmodel.Hardware, stepfit.FittedHardware)):
     return name
-  if calibrate.is_profile_path(name):
-    return calibrate.load_profile(str(name))[0]
+  if profiles.is_profile_path(name):
+    return profiles.load_profile(str(name))[0]
   if name is None:
     kind = jax.devices()[0].device_kind.lower()
     name = next((k for k in ("h200", "h100", "a100") if k in kind), "cpu")
@@ -61,8 +56,8 @@ def load_acceptance(acceptance):
   return vec
 
 
-def cost_draft(draft) -> costmodel.Draft:
-  """The cost model's view of a draft (or its static spec): what the draft says of itself."""
+def cost_draft(draft) -> DraftCost:
+  """The cost model's view of a draft (or its static spec): the plain numbers it gives of one step."""
   return draft.spec.cost()
 
 
@@ -119,8 +114,8 @@ def chain_band(cfg: ModelConfig, spec, batch: int, context: int, *, hardware=Non
 def _vector(hardware, acceptance_vector):
   """The acceptance vector `choose` prices with: the given one, else a hardware profile's stored one."""
   vec = load_acceptance(acceptance_vector)
-  if vec is None and calibrate.is_profile_path(hardware):
-    vec = calibrate.load_profile(str(hardware))[1].get("acceptance_vector")
+  if vec is None and profiles.is_profile_path(hardware):
+    vec = profiles.load_profile(str(hardware))[1].get("acceptance_vector")
   return vec
 
 
@@ -145,35 +140,3 @@ def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new
   gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, a, max_gamma, dtype=cfg.dtype,
                                           tie=AUTO_TIE, new_tokens=new_tokens)
   return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": a, "hardware": hw.name}
-
-
-def measure_step(params, cfg: ModelConfig, batch: int, context: int, new_tokens: int = 1,
-                 repeats: int = 5) -> float:
-  """Median seconds of one target forward over `new_tokens` tokens per row against `context` cached ones."""
-
-  @jax.jit
-  def step(params, cache, tokens):
-    base = jnp.full((batch,), context, jnp.int32)
-    pos = base[:, None] + jnp.arange(new_tokens)[None, :]
-    spec = PrefixTree(base, jnp.tril(jnp.ones((new_tokens, new_tokens), bool)))
-    logits, cache = forward(params, cfg, tokens, pos, cache, pos, spec)
-    return logits, cache
-
-  cache = KVCache.zeros(cfg, batch, context + new_tokens)
-  tokens = jnp.zeros((batch, new_tokens), jnp.int32)
-  jax.block_until_ready(step(params, cache, tokens))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(step(params, cache, tokens))
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
-
-
-def calibrate_here(params, cfg: ModelConfig, shapes=((1, 512, 1), (8, 512, 1), (1, 2048, 1), (8, 2048, 1),
-                                                     (8, 2048, 5), (4, 1024, 17))) -> tuple[costmodel.Hardware, list]:
-  """Fit this device's effective bandwidth / flop rate / step overhead from measured step times."""
-  name = jax.devices()[0].device_kind
-  meas = [(costmodel.StepShape(cfg, b, n, t, dtype=cfg.dtype), measure_step(params, cfg, b, n, t))
-          for b, n, t in shapes]
-  return costmodel.calibrate(name, meas, combine="sum"), meas

@@ -20,6 +20,7 @@ import numpy as np
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.dense import copy_bytes_per_param
 from magicdec_jax.tuning import batch_tail
+from magicdec_jax.tuning.draft_cost import DraftCost
 from magicdec_jax import trees as trees_lib
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "int8": 1, "int4": 0.5}
@@ -158,7 +159,7 @@ class StepShape:
 def step_time(cfg: ModelConfig, hw: Hardware, batch: int, context: int, new_tokens: int,
               dtype: str = "bfloat16", kv_context: int | None = None, weights_dtype: str | None = None) -> float:
   """Seconds for one step as `hw` prices it: a Hardware by the roofline of step_bytes / step_flops plus its
-  step_overhead_s, a stepfit.FittedHardware (a measured profile, see magicdec_jax/tuning/calibrate.py) by its fitted
+  step_overhead_s, a stepfit.FittedHardware (a measured profile, see magicdec_jax/measure/calibrate.py) by its fitted
   linear model. weights_dtype: the step runs on a narrower copy of the weights."""
   return hw.time_step(cfg, batch, context if kv_context is None else kv_context, new_tokens, dtype,
                       weights_dtype)
@@ -176,52 +177,15 @@ def t_verify(cfg: ModelConfig, hw: Hardware, b: int, n: int, num_tokens: int, dt
 
 # ---- drafts ------------------------------------------------------------------------------------------------
 
-DRAFT_KINDS = ("self", "model", "snapkv", "lookup")
-
-
-@dataclasses.dataclass(frozen=True)
-class Draft:
-  """How the draft runs. kind: 'self' = target weights + StreamingLLM cache (sink + window); 'model' = a separate
-  draft model (draft_cfg) with a StreamingLLM cache; 'snapkv' = target weights + SnapKV cache (budget + window);
-  'lookup' = no network (prompt lookup: a token search priced at zero beside a model step)."""
-  kind: str = "self"
-  draft_cfg: ModelConfig | None = None
-  sink: int = 16
-  window: int = 512
-  budget: int = 512
-  weights_dtype: str | None = None    # a self draft on a narrower copy of the weights (StreamingDraft.weights)
-
-  def __post_init__(self):
-    if self.kind not in DRAFT_KINDS:
-      raise ValueError(f"draft kind must be one of {DRAFT_KINDS}, got {self.kind!r}")
-    if self.kind == "model" and self.draft_cfg is None:
-      raise ValueError("draft kind 'model' needs draft_cfg")
-
-  def kv_tokens(self, context: int) -> int:
-    if self.kind == "lookup":
-      return 0
-    full = self.sink + self.window if self.kind in ("self", "model") else self.budget + self.window
-    return min(int(context), full)
-
-  def model(self, cfg: ModelConfig) -> ModelConfig:
-    return self.draft_cfg if self.kind == "model" else cfg
-
-  def step_time(self, cfg: ModelConfig, hw: Hardware, b: int, n: int, num_tokens: int = 1,
-                dtype: str = "bfloat16") -> float:
-    """One draft step feeding num_tokens tokens per row (1 for a chain, a level's expanding nodes for a tree)."""
-    # a narrower weight copy: a profile's fit for it where calibrate timed one, else priced as a step of
-    # that dtype (its KV, sink + window tokens, is negligible)
-    if self.kind == "lookup":
-      return 0.0
-    return step_time(self.model(cfg), hw, b, n, num_tokens, dtype, kv_context=self.kv_tokens(n),
-                     weights_dtype=self.weights_dtype)
-
-
-def t_draft(kind: str, cfg: ModelConfig, hw: Hardware, b: int, n: int, *, draft_cfg: ModelConfig | None = None,
-            sink: int = 16, window: int = 512, budget: int = 512, num_tokens: int = 1,
+def t_draft(cfg: ModelConfig, hw: Hardware, draft: DraftCost, b: int, n: int, num_tokens: int = 1,
             dtype: str = "bfloat16") -> float:
-  """One draft step; see Draft for the kinds."""
-  return Draft(kind, draft_cfg, sink, window, budget).step_time(cfg, hw, b, n, num_tokens, dtype)
+  """One draft step feeding num_tokens tokens per row (1 for a chain, a level's expanding nodes for a tree):
+  a step of the draft's network against its own KV (draft.kv_tokens(n)), its weights at the copy's bytes
+  (a profile's fit for that copy where calibrate timed one); zero where it runs no network."""
+  if not draft.runs_network:
+    return 0.0
+  return step_time(draft.network_config(cfg), hw, b, n, num_tokens, dtype, kv_context=draft.kv_tokens(n),
+                   weights_dtype=draft.weights_dtype)
 
 
 DEFAULT_TREE_SIZES = (2, 4, 8, 16, 32, 64, 128)
@@ -247,7 +211,7 @@ def chain_tokens_per_round(alpha: float, gamma: int, batch: int = 1, new_tokens:
   return batch_tail.tokens_per_round(alpha, gamma, new_tokens, batch)
 
 
-def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, *,
+def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: DraftCost, batch: int, context: int, *,
                       gamma: int | None = None, alpha: float | None = None,
                       tree: trees_lib.Tree | None = None, acceptance_vector: Sequence[float] | None = None,
                       dtype: str = "bfloat16", new_tokens: int | None = None) -> float:
@@ -268,24 +232,24 @@ def predicted_speedup(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, 
     if acceptance_vector is None:
       raise ValueError("a tree needs acceptance_vector")
     e, widths, n_verify = tree.expected_tokens(acceptance_vector), tree.expanding_per_level, tree.num_nodes
-  t = sum(draft.step_time(cfg, hw, batch, context, int(w), dtype) for w in widths)
+  t = sum(t_draft(cfg, hw, draft, batch, context, int(w), dtype) for w in widths)
   t += t_verify(cfg, hw, batch, context, n_verify, dtype)
   return e * t_ar(cfg, hw, batch, context, dtype) / t
 
 
-def gamma_speedups(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, alpha: float | None,
+def gamma_speedups(cfg: ModelConfig, hw: Hardware, draft: DraftCost, batch: int, context: int, alpha: float | None,
                    max_gamma: int = 8, dtype: str = "bfloat16", acceptance_vector: Sequence[float] | None = None,
                    new_tokens: int | None = None) -> list[tuple[int, float]]:
   """[(gamma, predicted speedup)] for gamma 1..max_gamma (gamma_table on this model's step times)."""
   return gamma_table(
       t_ar(cfg, hw, batch, context, dtype),
-      lambda w: draft.step_time(cfg, hw, batch, context, w, dtype),
+      lambda w: t_draft(cfg, hw, draft, batch, context, w, dtype),
       lambda n: t_verify(cfg, hw, batch, context, n, dtype),
       alpha=alpha if acceptance_vector is None else None, acceptance_vector=acceptance_vector,
       max_gamma=max_gamma, batch=batch, new_tokens=new_tokens)
 
 
-def choose_gamma(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int, alpha: float,
+def choose_gamma(cfg: ModelConfig, hw: Hardware, draft: DraftCost, batch: int, context: int, alpha: float,
                  max_gamma: int = 8, dtype: str = "bfloat16",
                  acceptance_vector: Sequence[float] | None = None, tie: float = 0.0,
                  new_tokens: int | None = None) -> tuple[int, float]:
@@ -329,28 +293,13 @@ def choose_gamma_table(t_ar_s: float, t_draft, t_verify_fn, *, alpha: float | No
                                 max_gamma=max_gamma, batch=batch, new_tokens=new_tokens), tie)[0]
 
 
-def choose_speculation(t_ar_s: float, t_draft, t_verify_fn, acceptance_vector: Sequence[float], *,
-                       max_gamma: int = 8, sizes: Sequence[int] = DEFAULT_TREE_SIZES, max_depth: int = 12) -> dict:
-  """Best chain (gamma) and best Sequoia tree (size, depth) for one step-time table and acceptance vector.
-
-  Returns {"gamma", "chain_speedup", "tree", "tree_size", "tree_speedup", "choice": "chain" | "tree"}: both
-  speedups are over autoregressive decoding (t_ar_s per token) under the same table.
-  """
-  g, sg = choose_gamma_table(t_ar_s, t_draft, t_verify_fn, acceptance_vector=acceptance_vector,
-                             max_gamma=max_gamma)
-  tree, info = trees_lib.hardware_aware_tree(acceptance_vector, sizes, max_depth, t_draft, t_verify_fn)
-  st = t_ar_s / info["time_per_token"]
-  return {"gamma": g, "chain_speedup": sg, "tree": tree, "tree_size": info["size"], "tree_depth": tree.max_depth,
-          "tree_speedup": st, "choice": "tree" if st > sg * (1 + 1e-12) else "chain"}
-
-
-def choose_tree(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, context: int,
+def choose_tree(cfg: ModelConfig, hw: Hardware, draft: DraftCost, batch: int, context: int,
                 acceptance_vector: Sequence[float], sizes: Sequence[int] = DEFAULT_TREE_SIZES,
                 max_depth: int = 12, dtype: str = "bfloat16") -> tuple[trees_lib.Tree, dict]:
   """Hardware-aware Sequoia tree for (batch, context); info gains 'speedup' (vs. autoregressive)."""
   tree, info = trees_lib.hardware_aware_tree(
       acceptance_vector, sizes, max_depth,
-      t_draft=lambda w: draft.step_time(cfg, hw, batch, context, w, dtype),
+      t_draft=lambda w: t_draft(cfg, hw, draft, batch, context, w, dtype),
       t_verify=lambda n: t_verify(cfg, hw, batch, context, n, dtype))
   info = dict(info, speedup=t_ar(cfg, hw, batch, context, dtype) / info["time_per_token"])
   return tree, info
@@ -358,14 +307,14 @@ def choose_tree(cfg: ModelConfig, hw: Hardware, draft: Draft, batch: int, contex
 
 # ---- S_inflection ------------------------------------------------------------------------------------------
 
-def batch_gain(cfg: ModelConfig, hw: Hardware, draft: Draft, gamma: int, alpha: float, context: int,
+def batch_gain(cfg: ModelConfig, hw: Hardware, draft: DraftCost, gamma: int, alpha: float, context: int,
                batch_lo: int = 64, batch_hi: int = 128, dtype: str = "bfloat16") -> float:
   """S(batch_hi, n) - S(batch_lo, n): positive iff the (fixed-gamma) speedup grows with batch at this context."""
   s = lambda b: predicted_speedup(cfg, hw, draft, b, context, gamma=gamma, alpha=alpha, dtype=dtype)
   return s(batch_hi) - s(batch_lo)
 
 
-def s_inflection(cfg: ModelConfig, hw: Hardware, draft: Draft, gamma: int, alpha: float, *,
+def s_inflection(cfg: ModelConfig, hw: Hardware, draft: DraftCost, gamma: int, alpha: float, *,
                  batch_lo: int = 64, batch_hi: int = 128, n_min: int = 1, n_max: int = 1 << 20,
                  dtype: str = "bfloat16") -> int | None:
   """Smallest context n in [n_min, n_max] with batch_gain(n) > 0, i.e. where the speedup of a gamma chain is
@@ -394,7 +343,7 @@ def s_inflection(cfg: ModelConfig, hw: Hardware, draft: Draft, gamma: int, alpha
 # ---- plans -------------------------------------------------------------------------------------------------
 
 def plan_table(cfg: ModelConfig, hw: Hardware, batches: Sequence[int], contexts: Sequence[int],
-               draft: Draft, alpha: float | None = None, acceptance_vector: Sequence[float] | None = None, *,
+               draft: DraftCost, alpha: float | None = None, acceptance_vector: Sequence[float] | None = None, *,
                max_gamma: int = 8, tree_sizes: Sequence[int] = DEFAULT_TREE_SIZES, tree_max_depth: int = 12,
                dtype: str = "bfloat16") -> list[dict]:
   """One row per (batch, context): best chain gamma and its speedup, draft / verify cost relative to T_AR, the
@@ -411,12 +360,12 @@ def plan_table(cfg: ModelConfig, hw: Hardware, batches: Sequence[int], contexts:
       tar = t_ar(cfg, hw, b, n, dtype)
       tree, info = choose_tree(cfg, hw, draft, b, n, vec, tree_sizes, tree_max_depth, dtype)
       mem = param_bytes(cfg, dtype) + b * kv_read_tokens(cfg, n + tree.num_nodes) * kv_bytes_per_token(cfg, dtype)
-      if draft.kind == "model":
-        mem += param_bytes(draft.draft_cfg, dtype)
-      mem += b * draft.kv_tokens(n) * kv_bytes_per_token(draft.model(cfg), dtype)
+      if draft.config is not None:                  # a network of its own: its weights too
+        mem += param_bytes(draft.config, dtype)
+      mem += b * draft.kv_tokens(n) * kv_bytes_per_token(draft.network_config(cfg), dtype)
       rows.append(dict(
           batch=b, context=n, gamma=g, speedup=s,
-          draft_ratio=draft.step_time(cfg, hw, b, n, 1, dtype) / tar,
+          draft_ratio=t_draft(cfg, hw, draft, b, n, 1, dtype) / tar,
           verify_ratio=t_verify(cfg, hw, b, n, g + 1, dtype) / tar,
           t_ar_ms=tar * 1e3, tree_size=tree.num_nodes, tree_depth=tree.max_depth,
           tree_speedup=info["speedup"], fits=bool(mem <= hw.memory_bytes)))

@@ -190,3 +190,16 @@ def loop_body_cache_passes(text: str, shapes) -> list[Instr]:
       continue
     bad.append(ins)
   return bad
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def count_collectives(text: str) -> dict[str, int]:
+  """Collective ops in an HLO module's text: {"all-reduce": n, ...} (async start/done pairs count once)."""
+  out = {}
+  for op in COLLECTIVES:
+    n = len(re.findall(rf" {op}(?:-start)?\(", text))
+    if n:
+      out[op] = n
+  return out

@@ -2,8 +2,8 @@
 
 Where the roofline (costmodel.Hardware) prices a step from datasheet bandwidth and FLOP rate, a measured
 device is priced by t = coef . step_features(...): non-negative coefficients on terms that mean something on
-both a bandwidth-bound GPU and a compute-bound CPU (FEATURE_DOC). calibrate.py measures the steps and stores
-the fit in a profile; every cost-model function taking a `hw` accepts a FittedHardware (its time_step).
+both a bandwidth-bound GPU and a compute-bound CPU (FEATURE_DOC). measure/calibrate.py measures the steps and
+stores the fit in a profile; every cost-model function taking a `hw` accepts a FittedHardware (its time_step).
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@ the cache donated and written in place as in the decode loop) over a small grid:
 (the target's weights or a draft model against the draft's fixed-size cache, 1 or a tree level's tokens).
 `fit_profile` fits `stepfit.FittedHardware` to every measured step by non-negative least squares and
 reports its leave-one-out error (each step predicted by a fit that never saw it). `calibrate` does both and
-returns the profile; `load_profile` gives back a FittedHardware that every cost-model function (and
-`generate(..., hardware=PATH)`, `run.py --hardware=PATH`, `--mode=plan`) accepts.
+returns the profile; `tuning.profiles` saves it and loads it back as a FittedHardware that every cost-model
+function (and `generate(..., hardware=PATH)`, `run.py --hardware=PATH`, `--mode=plan`) accepts. `cases_for`
+says which steps of a draft to time, from the draft's cost descriptor and the network it runs.
 
 Timings are the minimum over `repeats` calls after one untimed call (compilation): on a shared CPU the
 minimum is the least disturbed estimate; the median is recorded too. Profile format: docs/tuning.md "Hardware
@@ -31,13 +32,13 @@ import numpy as np
 
 from magicdec_jax import feature_head
 from magicdec_jax.tuning import stepfit
+from magicdec_jax.tuning.profiles import PROFILE_FORMAT, host_cpu_model
 from magicdec_jax.cache import KVCache, aligned_slots, ring_margin
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
 from magicdec_jax.layers.dense import weight_copy
 from magicdec_jax.model import forward
 
-PROFILE_FORMAT = "magicdec-hardware-profile/1"
 DEFAULT_BATCHES = (1, 4, 8)
 DEFAULT_CONTEXTS = (256, 1024, 2048)
 DEFAULT_TOKENS = (1, 4, 16)          # target: AR (1) and verify sizes
@@ -49,8 +50,8 @@ NARROW_FEATURES = ("const", "weight_bytes", "matmul_flops", "activations")
 @dataclasses.dataclass(frozen=True)
 class DraftUnderTest:
   """A draft as calibrate times it: which model (None = the target's own weights), how many cache slots."""
-  name: str                   # "self", "snapkv", "model"
-  kv_tokens: int              # sink + window (StreamingLLM) or budget + window (SnapKV)
+  name: str                   # the draft's cost label: "self", "snapkv", "model"
+  kv_tokens: int              # the ring it reads: sink + window (StreamingLLM) or budget + window (SnapKV)
   cfg: ModelConfig | None = None
   params: object = None
   weights: str | None = None  # the draft on a narrower or quantized copy of its weights (StreamingDraft.weights)
@@ -58,6 +59,23 @@ class DraftUnderTest:
   @property
   def role(self) -> str:
     return f"draft_{self.name}" + (f"_{self.weights}" if self.weights else "")
+
+
+def cases_for(draft, target) -> list[DraftUnderTest]:
+  """The steps of `draft` (a drafts.Draft) that `calibrate` times against `target` (a Model): its network
+  (`forward_network`) against the ring its cost descriptor reads, on the weight copy it reads; a float32
+  target's self draft also on a bfloat16 copy (what `auto` needs to price the demo's default draft).
+  Nothing for a draft that runs no network through model.forward (prompt lookup, a feature head)."""
+  cost, net = draft.spec.cost(), draft.forward_network(target)
+  if net is None or not cost.runs_network:
+    return []
+  params, cfg = net
+  own = cost.config is not None
+  cases = [DraftUnderTest(cost.label, cost.kv_slots, cfg if own else None, params if own else None,
+                          weights=cost.weights_dtype)]
+  if not own and cost.weights_dtype is None and target.config.dtype == "float32":
+    cases.append(DraftUnderTest(cost.label, cost.kv_slots, weights="bfloat16"))
+  return cases
 
 
 @functools.lru_cache(maxsize=256)
@@ -234,19 +252,6 @@ def fit_profile(name: str, measurements: Sequence[dict], *, tile: int = 128,
   return out
 
 
-def host_cpu_model() -> str:
-  """The host CPU's model name ("AMD EPYC", "Intel(R) Xeon(R) ..."): CPU timings, and the crossover they
-  give, belong to a CPU model, not to jax's generic "cpu" device kind."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        if line.lower().startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine() or "unknown"
-
-
 def device_memory_bytes() -> float:
   dev = jax.devices()[0]
   try:
@@ -289,32 +294,3 @@ def calibrate(params, cfg: ModelConfig, *, drafts: Sequence[DraftUnderTest] = ()
   prof["loadavg_end"] = list(os.getloadavg())
   prof["total_s"] = time.perf_counter() - t0
   return prof
-
-
-def save_profile(profile: dict, path: str) -> str:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(profile, f, indent=1)
-    f.write("\n")
-  return path
-
-
-def load_profile(path: str) -> tuple[stepfit.FittedHardware, dict]:
-  """(FittedHardware, the whole profile dict) from a profile JSON; ValueError if it is not one."""
-  try:
-    with open(path) as f:
-      prof = json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
-    raise ValueError(f"{path}: cannot read a hardware profile ({e})") from None
-  if not isinstance(prof, dict) or prof.get("format") != PROFILE_FORMAT or "fit" not in prof:
-    raise ValueError(f"{path}: not a hardware profile (expected 'format': {PROFILE_FORMAT!r} and a 'fit' block; "
-                     "write one with `run.py --mode=calibrate`)")
-  try:
-    hw = stepfit.FittedHardware.from_dict(prof["fit"])
-  except (KeyError, TypeError, ValueError) as e:
-    raise ValueError(f"{path}: bad 'fit' block ({e})") from None
-  return hw, prof
-
-
-def is_profile_path(name) -> bool:
-  return isinstance(name, (str, os.PathLike)) and str(name).endswith(".json")
