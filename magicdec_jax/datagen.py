@@ -6,6 +6,12 @@ fsynced as soon as its sample finishes; on start a torn tail (a SIGKILL mid-writ
 every (id, sample) already in the output is skipped, so a resumed run ends with each exactly once. A
 sample's random stream depends only on (seed, id, sample index) (`stream_id`) and its own round count, so
 what a record holds never depends on which run, slot or neighbours produced it.
+
+Input formats: native lines `{"id", "prompt" | "messages"}` and OpenAI batch request lines
+(openai_batch.py: each request with its own max_tokens, stop, n, seed, temperature, top_p; one output line
+per choice in the batch output shape, bad requests as error lines). The loop compiles one temperature /
+top_p, so OpenAI requests are grouped by them and each group runs as its own `generate_stream` (its own
+plan and executables); the summary says how many groups ran.
 """
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from magicdec_jax import engine, sampling
+from magicdec_jax import engine, openai_batch, sampling
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.model import Model
 from magicdec_jax.plan import DecodePlan, bucket, make_plan
@@ -27,6 +33,7 @@ from magicdec_jax.stream import Request, generate_stream
 
 # settings that only steer gamma / tree = "auto": the fingerprint holds the draft and tree auto chose instead
 AUTO_INPUTS = ("gamma", "hardware", "acceptance", "auto_fallback", "learn_acceptance")
+INPUT_FORMATS = ("auto", "native", "openai")
 
 
 class DatagenError(ValueError):
@@ -40,6 +47,7 @@ class Item:
   key: str           # json.dumps(id): distinguishes 1 from "1"
   ids: list[int]     # prompt token ids (after chat rendering and truncation)
   truncated: int     # tokens dropped from the left
+  options: dict | None = None   # an OpenAI request's own options (openai_batch.to_native)
 
 
 def stream_id(record_id, sample: int) -> int:
@@ -66,9 +74,29 @@ def _prompt_text(model: Model, rec: dict, chat: bool, render_chat) -> str:
   return render_chat(model, [{"role": "user", "content": p}]) if chat else p
 
 
+def detect_format(path: str) -> str:
+  """"openai" if the first non-empty line of `path` is an object with "custom_id" and "body", else
+  "native"."""
+  try:
+    with open(path, "rb") as f:
+      for raw in f:
+        if raw.strip():
+          try:
+            return "openai" if openai_batch.is_openai(json.loads(raw)) else "native"
+          except ValueError:
+            return "native"
+  except OSError as e:
+    raise DatagenError(f"cannot read input {path}: {e.strerror or e}") from None
+  return "native"
+
+
 def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str = "none", chat: bool = False,
-                render_chat=None) -> tuple[list[Item], list[dict]]:
-  """Read and validate every line -> (items, errors). Errors are {'line', 'id', 'reason', 'text'}."""
+                render_chat=None, input_format: str = "native") -> tuple[list[Item], list[dict]]:
+  """Read and validate every line -> (items, errors). Errors are {'line', 'id', 'reason', 'text'}.
+  input_format "openai": each line an OpenAI batch request (openai_batch.to_native; 'id' is its
+  custom_id, its options in Item.options)."""
+  openai = input_format == "openai"
+  name = "custom_id" if openai else "id"
   if render_chat is None:
     render_chat = tok_lib.chat_prompt
   if model.tokenizer is None:
@@ -96,6 +124,14 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
         rec = json.loads(text)
       except json.JSONDecodeError as e:
         raise DatagenError(f"malformed JSON ({e.msg} at column {e.colno})") from None
+      options = None
+      if openai:
+        try:
+          rec, options = openai_batch.to_native(rec, max_new_tokens=max_new_tokens)
+        except openai_batch.RequestError as e:
+          if isinstance(rec, dict) and isinstance(rec.get("custom_id"), str):
+            rid = rec["custom_id"]
+          raise DatagenError(str(e)) from None
       if not isinstance(rec, dict):
         raise DatagenError(f"expected a JSON object, got {type(rec).__name__}")
       if "id" not in rec:
@@ -105,11 +141,11 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
         raise DatagenError(f"'id' must be a non-empty string or an integer, got {json.dumps(rid)}")
       key = json.dumps(rid)
       if key in seen:
-        raise DatagenError(f"duplicate id {key} (first on line {seen[key]})")
+        raise DatagenError(f"duplicate {name} {key} (first on line {seen[key]})")
       if ("prompt" in rec) == ("messages" in rec):
         raise DatagenError("needs exactly one of 'prompt' or 'messages'")
       seen[key] = n
-      ids = list(model.tokenizer.encode(_prompt_text(model, rec, chat, render_chat)).ids)
+      ids = list(model.tokenizer.encode(_prompt_text(model, rec, chat and not openai, render_chat)).ids)
       if not ids:
         raise DatagenError("empty prompt (no tokens)")
       cut = 0
@@ -120,7 +156,7 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
                              "(use --truncate=left)")
         cut = len(ids) - limit
         ids = ids[cut:]
-      items.append(Item(n, rid, key, ids, cut))
+      items.append(Item(n, rid, key, ids, cut, options))
     except DatagenError as e:
       errors.append({"line": n, "id": rid, "reason": str(e),
                      "text": raw[:200].decode("utf-8", errors="replace")})
@@ -140,12 +176,17 @@ def repair_output(path: str) -> tuple[set[tuple[str, int]], int]:
       break
     try:
       rec = json.loads(data[pos:nl].decode("utf-8"))
-      k = (json.dumps(rec["id"]), int(rec["sample"]))
-      if not isinstance(rec.get("token_ids"), list) or k in done:
+      if "custom_id" in rec:
+        keys = openai_batch.record_keys(rec)
+      else:
+        keys = [(json.dumps(rec["id"]), int(rec["sample"]))]
+        if not isinstance(rec.get("token_ids"), list):
+          raise ValueError
+      if any(k in done for k in keys):
         raise ValueError
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
       break
-    done.add(k)
+    done.update(keys)
     good_end = pos = nl + 1
   cut = len(data) - good_end
   if cut:
@@ -211,7 +252,8 @@ def _open_output(path: str):
 def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSettings | None = None,
         batch_size: int = 4, refill_at: int = 1, num_samples: int = 1, on_error: str = "fail",
         truncate: str = "none", chat: bool = False, progress: bool = True, process_index: int = 0,
-        process_count: int = 1, mesh=None, device_memory: int | None = None, **kwargs) -> dict:
+        process_count: int = 1, mesh=None, device_memory: int | None = None, input_format: str = "auto",
+        **kwargs) -> dict:
   """Generate every missing (id, sample) of `input_path` into `output_path`; returns the summary dict.
 
   Decoding settings as `generate`'s: settings= (a DecodeSettings) and/or its fields as keywords
@@ -221,6 +263,9 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
   (`fingerprint`, with "auto" resolved to the draft and tree it picks); otherwise DatagenError names
   what differs. With process_count > 1 this process takes every process_count-th record from
   process_index and writes shard_path(output_path, ...) (merged by merge_shards once every process is done).
+  input_format: "native", "openai" (OpenAI batch request lines: their own max_tokens / stop / n / seed /
+  temperature / top_p; bad requests become error lines in the output, whatever on_error says) or "auto"
+  (by the first line: detect_format).
   """
   try:
     st = decode_settings(settings, **kwargs)
@@ -232,12 +277,18 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
     raise DatagenError(f"on_error must be fail|skip and truncate none|left, got {on_error!r}, {truncate!r}")
   if os.path.abspath(input_path) == os.path.abspath(output_path):
     raise DatagenError("input and output are the same file")
+  if input_format not in INPUT_FORMATS:
+    raise DatagenError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
+  fmt = detect_format(input_path) if input_format == "auto" else input_format
+  if fmt == "openai" and process_count > 1:
+    raise DatagenError("OpenAI batch files run on one process (process_count=1)")
   t_start = time.perf_counter()
   out_f = _open_output(output_path)   # fail early on an unwritable path
   try:
-    items, errors = parse_input(input_path, model, max_new_tokens=st.max_new_tokens, truncate=truncate, chat=chat)
+    items, errors = parse_input(input_path, model, max_new_tokens=st.max_new_tokens, truncate=truncate, chat=chat,
+                                input_format=fmt)
     err_path = output_path + ".errors.jsonl"
-    if errors and on_error == "fail":
+    if errors and on_error == "fail" and fmt == "native":
       shown = "; ".join(f"line {e['line']}: {e['reason']}" for e in errors[:5])
       more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
       raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
@@ -248,19 +299,31 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
     if process_count > 1:
       items = split(items, process_index, process_count)
       errors = errors if process_index == 0 else []    # bad lines are reported once, by process 0
-    if on_error == "skip":
+    if on_error == "skip" and fmt == "native":
       _atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
-    _check_config(output_path, fingerprint(model, used, chat=chat, truncate=truncate, num_samples=num_samples))
+    job_opts = dict(chat=chat, truncate=truncate, num_samples=num_samples) if fmt == "native" else \
+        dict(input_format=fmt, truncate=truncate)
+    _check_config(output_path, fingerprint(model, used, **job_opts))
     out_f.close()
     done, cut = repair_output(output_path)
     out_f = _open_output(output_path)
-    jobs = [(it, [s for s in range(num_samples) if (it.key, s) not in done]) for it in items]
-    jobs = sorted((j for j in jobs if j[1]), key=lambda j: (bucket(len(j[0].ids)), j[0].line))
-    stats = _generate_jobs(model, jobs, out_f, dict(decode_plan=used, batch_size=batch_size,
-                                                    refill_at=refill_at), progress, len(done))
+    gen = dict(batch_size=batch_size, refill_at=refill_at)
+    if fmt == "openai":
+      stats = _run_openai(model, st, items, errors, done, out_f, gen, progress,
+                          dict(batch_size=batch_size, mesh=mesh, device_memory=device_memory))
+    else:
+      jobs = [(it, [s for s in range(num_samples) if (it.key, s) not in done]) for it in items]
+      jobs = sorted((j for j in jobs if j[1]), key=lambda j: (bucket(len(j[0].ids)), j[0].line))
+      requests = (Request(it.ids, stream_ids=[stream_id(it.id, s) for s in samples], tag=(it, samples))
+                  for it, samples in jobs)
+      bar = _bar(sum(len(j[1]) for j in jobs), len(done), progress)
+      stats = _generate_jobs(model, [(requests, dict(gen, decode_plan=used))],
+                             lambda it, s, res: _record(model, it, s, res), out_f, bar)
   finally:
     out_f.close()
   wall = time.perf_counter() - t_start
+  if fmt == "openai":
+    done = {k for k in done if k[0] != "error"}
   rate, mean = engine.acceptance(stats["accepted"], stats["drafted"], stats["steps"])
   summary = {
       "input": input_path, "output": output_path, "records_total": len(done) + stats["records"],
@@ -269,8 +332,11 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
       "wall_s": wall, "generate_s": stats["gen_s"], "slot_utilization": stats["slot_utilization"],
       "tokens_per_s": stats["tokens"] / stats["gen_s"] if stats["gen_s"] > 0 else None,
       "verify_steps": stats["steps"], "accepted_tokens": stats["accepted"],
-      "acceptance_rate": rate, "mean_accepted_length": mean,
+      "acceptance_rate": rate, "mean_accepted_length": mean, "input_format": fmt,
+      "sampling_groups": stats["groups"],
   }
+  if fmt == "openai":
+    summary["error_lines_written"] = stats["error_lines"]
   _atomic_write(output_path + ".summary.json", json.dumps(summary, indent=1) + "\n")
   return summary
 
@@ -285,32 +351,88 @@ def _record(model: Model, it: Item, sample: int, res) -> str:
                 "accepted_tokens": rs["accepted_tokens"]}}, ensure_ascii=False) + "\n"
 
 
-def _generate_jobs(model, jobs, out_f, gen, progress, already) -> dict:
-  """jobs: (item, missing sample indices), sorted by prompt bucket; the stream consumes them lazily (its
-  cache grows bucket by bucket). Each record is written, flushed and fsynced as its sample finishes."""
-  requests = (Request(it.ids, stream_ids=[stream_id(it.id, s) for s in samples], tag=(it, samples))
-              for it, samples in jobs)
-  stream = generate_stream(model, requests, **gen)
-  tot = dict(records=0, tokens=0, steps=0, accepted=0, drafted=0)
-  bar = tqdm(total=sum(len(j[1]) for j in jobs) + already, initial=already, unit="rec", disable=not progress,
-             dynamic_ncols=True)
-  for res in stream:
-    it, samples = res.tag
-    out_f.write(_record(model, it, samples[res.sample], res).encode("utf-8"))
-    out_f.flush()
-    os.fsync(out_f.fileno())
-    tot["records"] += 1
-    tot["tokens"] += len(res.tokens)
-    tot["steps"] += res.stats["verify_steps"]
-    tot["accepted"] += res.stats["accepted_tokens"]
-    tot["drafted"] += res.stats["drafted_tokens"]     # the row's own (a schedule's plain rounds draft none)
+def _bar(todo: int, already: int, progress: bool):
+  return tqdm(total=todo + already, initial=already, unit="rec", disable=not progress, dynamic_ncols=True)
+
+
+def _write(out_f, line: str):
+  out_f.write(line.encode("utf-8"))
+  out_f.flush()
+  os.fsync(out_f.fileno())
+
+
+def _generate_jobs(model, streams, line, out_f, bar) -> dict:
+  """streams: (requests, generate_stream keywords) each, run one after another; a request's tag is (item,
+  its missing sample indices), and the requests of a stream are sorted by prompt bucket (consumed lazily,
+  the cache grows bucket by bucket). line(item, sample, result) -> the output line, written, flushed and
+  fsynced as its sample finishes."""
+  tot = dict(records=0, tokens=0, steps=0, accepted=0, drafted=0, gen_s=0.0, row_rounds=0, active=0, groups=0)
+  for requests, gen in streams:
+    stream = generate_stream(model, requests, **gen)
+    for res in stream:
+      it, samples = res.tag
+      _write(out_f, line(it, samples[res.sample], res))
+      tot["records"] += 1
+      tot["tokens"] += len(res.tokens)
+      tot["steps"] += res.stats["verify_steps"]
+      tot["accepted"] += res.stats["accepted_tokens"]
+      tot["drafted"] += res.stats["drafted_tokens"]     # the row's own (a schedule's plain rounds draft none)
+      st = stream.stats
+      bar.update(1)
+      bar.set_postfix(tok_s=f"{st['tokens_per_s'] or 0:.1f}", util=f"{st['slot_utilization'] or 0:.2f}",
+                      acc="-" if not tot["drafted"] else f"{tot['accepted'] / tot['drafted']:.2f}")
     st = stream.stats
-    bar.update(1)
-    bar.set_postfix(tok_s=f"{st['tokens_per_s'] or 0:.1f}", util=f"{st['slot_utilization'] or 0:.2f}",
-                    acc="-" if not tot["drafted"] else f"{tot['accepted'] / tot['drafted']:.2f}")
+    tot["gen_s"] += st["prefill_s"] + st["insert_s"] + st["decode_s"]
+    tot["row_rounds"] += st["row_rounds"]
+    tot["active"] += st["active_row_rounds"]
+    tot["groups"] += st["records"] > 0 or st["decode_calls"] > 0
   bar.close()
-  st = stream.stats
-  tot.update(gen_s=st["prefill_s"] + st["insert_s"] + st["decode_s"], slot_utilization=st["slot_utilization"])
+  tot["slot_utilization"] = tot["active"] / tot["row_rounds"] if tot["row_rounds"] else None
+  return tot
+
+
+def _run_openai(model, st: DecodeSettings, items, errors, done, out_f, gen, progress, plan_kw) -> dict:
+  """OpenAI batch requests: error lines for the bad ones not yet written, then every missing (custom_id,
+  choice) in one stream per (temperature, top_p) group (the loop compiles one; its own plan and
+  executables). A request with a seed draws choice s from stream id s with that seed (two requests with
+  the same seed, prompt and settings give the same choices); without one, from stream_id(custom_id, s)
+  with the run's seed."""
+  n_err = 0
+  for e in errors:
+    if ("error", f"batch_req_line_{e['line']}") not in done:
+      _write(out_f, openai_batch.error_line(e["line"], e["id"], e["reason"]))
+      n_err += 1
+  groups: dict[tuple, list] = {}
+  for it in items:
+    o = it.options
+    t = st.temperature if o["temperature"] is None else o["temperature"]
+    p = st.top_p if o["top_p"] is None else o["top_p"]
+    groups.setdefault((t, 1.0 if t == 0 else p, o["logprobs"], o["top_logprobs"]), []).append(it)
+  streams, todo = [], 0
+  for (t, p, lp, top), group in sorted(groups.items()):
+    try:
+      g_st = st.replace(temperature=t, top_p=p, logprobs=lp, top_logprobs=top)
+      used = plan_over(model, g_st, group, mesh=plan_kw["mesh"], batch_size=plan_kw["batch_size"],
+                       device_memory=plan_kw["device_memory"])
+    except ValueError as e:
+      raise DatagenError(str(e)) from None
+    jobs = [(it, [s for s in range(it.options["n"]) if (it.key, s) not in done]) for it in group]
+    jobs = sorted((j for j in jobs if j[1]), key=lambda j: (bucket(len(j[0].ids)), j[0].line))
+    if not jobs:
+      continue
+    todo += sum(len(s) for _, s in jobs)
+    reqs = [Request(it.ids, tag=(it, s), seed=it.options["seed"], max_new_tokens=it.options["max_new_tokens"],
+                    stop=it.options["stop"],
+                    stream_ids=[x if it.options["seed"] is not None else stream_id(it.id, x) for x in s])
+            for it, s in jobs]
+    streams.append((reqs, dict(gen, decode_plan=used)))
+
+  def line(it, s, res):
+    text = res.text if res.finish_reason == "stop" else model.tokenizer.decode(
+        res.tokens[:-1] if res.finish_reason == "eos" else res.tokens, skip_special_tokens=False)
+    return openai_batch.output_line(model, it.id, it.options, len(it.ids), s, res, text)
+  tot = _generate_jobs(model, streams, line, out_f, _bar(todo, len(done), progress))
+  tot["error_lines"] = n_err
   return tot
 
 

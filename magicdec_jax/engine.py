@@ -41,6 +41,8 @@ class GenerateResult:
   finish_reasons: list[str]          # "eos" or "length"
   stats: dict[str, Any]              # whole-call figures (times, tokens/s, acceptance)
   row_stats: list[dict[str, Any]]    # per-prompt figures
+  logprobs: list[list[float]] | None = None     # per prompt, per new token: its log-probability (logprobs=True)
+  top_logprobs: list[list[list[tuple[int, float]]]] | None = None   # per token: (id, log-prob), most likely first
 
 
 def eos_array(eos: tuple[int, ...]) -> np.ndarray:
@@ -70,6 +72,29 @@ def row_stat(new_tokens: int, rounds: int, accepted: int, drafted: int) -> dict[
   rate, mean = acceptance(accepted, drafted, rounds)
   return {"new_tokens": new_tokens, "verify_steps": rounds, "accepted_tokens": accepted, "drafted_tokens": drafted,
           "acceptance_rate": rate, "mean_accepted_length": mean}
+
+
+def logprob_arrays(x) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+  """The log-probability buffers of a LoopState or shrink.Finished on the host: (logprob [B, M], top ids
+  [B, M, K], top log-probs [B, M, K]), the top ones None without alternatives; None: logprobs off."""
+  if x.out_logprob.shape[1] == 0:
+    return None
+  top = x.out_top_ids.shape[-1] > 0
+  return (np.asarray(x.out_logprob), np.asarray(x.out_top_ids) if top else None,
+          np.asarray(x.out_top_logprob) if top else None)
+
+
+def row_logprobs(arrays, row: int, n: int) -> tuple[list[float] | None, list[list[tuple[int, float]]] | None]:
+  """Row `row`'s first n tokens' (logprobs, top_logprobs) from `logprob_arrays` (None where not asked for).
+  Alternatives outside a top-k / top-p cut (probability 0, log -inf) are left out of a position's list."""
+  if arrays is None:
+    return None, None
+  lp, ids, top = arrays
+  chosen = lp[row, :n].astype(float).tolist()
+  if ids is None:
+    return chosen, None
+  return chosen, [[(int(t), float(v)) for t, v in zip(ids[row, i], top[row, i]) if np.isfinite(v)]
+                  for i in range(n)]
 
 
 def check_shrink_batch(shrink_batch, p: DecodePlan) -> None:
@@ -159,7 +184,8 @@ class Engine:
     the whole target cache: 0.6 s at SmolLM2 8 x 2048 on CPU, ten AR steps)."""
     eos = jnp.asarray(eos_array(self.plan.eos))
     args = (tokens, lengths, max_new, eos, keys, target, ring)
-    static = dict(out_len=self.plan.out_len(), tree=self.tree, num_variants=self.plan.num_variants)
+    static = dict(out_len=self.plan.out_len(), tree=self.tree, num_variants=self.plan.num_variants,
+                  logprobs=self.plan.settings.logprob_width)
     in_sh = (self._rows(tokens), self._rows(lengths), self._rows(max_new), self._replicated(), self._rows(keys),
              *self._state_sh((target, ring)))
     return self.with_schedule(self._run("initial_state", loop.initial_state, args, static, in_sh, self._state_sh,
@@ -169,7 +195,7 @@ class Engine:
     """`batch` free slots for continuous batching (stream.py), built straight into their shards."""
     args = (jnp.asarray(eos_array(self.plan.eos)),)
     static = self._static(batch=batch, num_slots=num_slots, out_len=self.plan.out_len(),
-                          num_variants=self.plan.num_variants)
+                          num_variants=self.plan.num_variants, logprobs=self.plan.settings.logprob_width)
     return self.with_schedule(self._run("empty_state", slots.empty_state, args, static, (self._replicated(),),
                                         self._state_sh))
 
@@ -269,7 +295,11 @@ class Engine:
     texts = None
     if self.model.tokenizer is not None:
       texts = [self.model.tokenizer.decode(t, skip_special_tokens=False) for t in toks]
-    return GenerateResult(toks, texts, reasons, stats, row_stats)
+    arrays = logprob_arrays(fin)
+    lp = [row_logprobs(arrays, i, len(toks[i])) for i in range(n)]
+    logprobs = None if not p.settings.logprobs else [c for c, _ in lp]
+    top = None if not p.settings.top_logprobs else [t for _, t in lp]
+    return GenerateResult(toks, texts, reasons, stats, row_stats, logprobs, top)
 
 
 def _segmented(decode_fn, bar, target_params, draft_params, state, **static):
@@ -290,7 +320,7 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
 
   Decoding settings: a `DecodeSettings` (settings=) and/or its fields as keywords (max_new_tokens,
   temperature, top_k, top_p, seed, eos_token_id, draft, gamma, tree, attention_impl, hardware, acceptance,
-  auto_fallback, xla_options; see settings.py). draft: None (autoregressive) or a drafts.Draft
+  auto_fallback, xla_options, logprobs, top_logprobs; see settings.py). draft: None (autoregressive) or a drafts.Draft
   (StreamingDraft, SnapKVDraft, ModelDraft, FeatureDraft, PromptLookupDraft); gamma: chain length, or
   "auto": adaptive speculation (schedule.py): every round of the loop picks plain decoding (with
   auto_fallback) or a chain of gamma 1..3 from the batch's current context, at thresholds the cost model
@@ -307,6 +337,13 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   go on with the rest in a batch half as large, and so on (shrink.py); same tokens; not with a mesh.
   progress: a tqdm bar (tokens, tokens/s) while decoding, the loop returning to the host every
   SEGMENT_ROUNDS rounds (same tokens); None: for max_new_tokens >= LONG_OUTPUT.
+
+  logprobs=True: `result.logprobs[i][j]` is new token j's log-probability under the distribution it was
+  drawn from (temperature 0: the model's log_softmax; else after temperature, top-k and top-p), read from
+  the target's logits in the verify pass, so speculation returns plain decoding's values (to float
+  rounding). top_logprobs=k (0..20, needs logprobs): `result.top_logprobs[i][j]` is that distribution's k
+  most likely tokens as (id, log-prob), most likely first (tokens a top-k / top-p cut removes left out).
+  Off (the default), the compiled loop is the one without them. Prompt tokens: `prompt_logprobs`.
 
   prompts: a list of strings or of token-id lists (ragged is fine), or an integer array [B, T] (numpy or
   jax) with `lengths` [B] or an HF-style `attention_mask` [B, T] (prompts.py).
@@ -358,3 +395,18 @@ def logits(model: Model, token_ids) -> np.ndarray:
   if len({len(t) for t in ids}) != 1:
     raise ValueError("logits() needs prompts of equal length")
   return np.asarray(full_forward(model.params, model.config, jnp.asarray(ids, jnp.int32)))
+
+
+def prompt_logprobs(model: Model, token_ids) -> list[list[float]]:
+  """Teacher-forced log-probabilities of prompt tokens under the model's raw distribution (log_softmax of
+  the full forward's logits): prompts as `generate`'s (text, ragged token-id lists or an array) -> per
+  prompt T - 1 floats, entry j that of token j + 1 given tokens 0..j (the first token has none). Ragged
+  prompts are right-padded into one forward (causal: padding after a token never changes its logits)."""
+  ids = prompt_ids(model, token_ids)
+  longest = max(map(len, ids))
+  tokens = np.zeros((len(ids), longest), np.int32)
+  for i, t in enumerate(ids):
+    tokens[i, :len(t)] = t
+  logp = jax.nn.log_softmax(full_forward(model.params, model.config, jnp.asarray(tokens))[:, :-1], axis=-1)
+  chosen = np.asarray(jnp.take_along_axis(logp, jnp.asarray(tokens[:, 1:, None]), axis=-1)[:, :, 0])
+  return [chosen[i, :len(t) - 1].astype(float).tolist() for i, t in enumerate(ids)]

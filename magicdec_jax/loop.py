@@ -52,6 +52,9 @@ class LoopState:
   accepted_at: jax.Array  # [B, D] accepted count per tree depth
   refill_at: jax.Array   # [] decode returns once this many rows are done (B: when all are; traced)
   sched: sched_lib.Sched  # adaptive speculation: thresholds (data), rounds per variant, switches
+  out_logprob: jax.Array      # [B, M] float32 log-probability of each `out` token ([B, 0]: logprobs off)
+  out_top_ids: jax.Array      # [B, M, K] int32 the K most likely tokens at each position ([B, 0, 0]: K = 0)
+  out_top_logprob: jax.Array  # [B, M, K] float32 their log-probabilities
 
 
 def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, lengths: jax.Array | None = None,
@@ -100,6 +103,21 @@ def draft_config(cfg: ModelConfig) -> ModelConfig:
   """The config a draft computes with: the target's, without fixed-shape numerics (only the target's
   numbers decide the tokens, so the draft keeps its fastest dots)."""
   return dataclasses.replace(cfg, numerics="fast") if cfg.invariant else cfg
+
+
+def path_logprobs(logits: jax.Array, path: jax.Array, emitted: jax.Array, sampling: Sampling, k: int):
+  """Log-probabilities of the tokens a round emits, from its verify pass: emitted token i [B, D+1] is
+  drawn at the accepted path's node path[:, i], whose target logits [B, N, V] give its distribution: the
+  raw log_softmax (greedy), else the log of the filtered distribution p it is sampled from (not the
+  residual a rejected position's token comes from: its probability under p is what a user asks for).
+  -> (logprob [B, D+1], and with k > 0 the k most likely tokens [B, D+1, k] and their log-probs)."""
+  at = jnp.take_along_axis(logits, path[:, :, None], axis=1).astype(jnp.float32)     # [B, D+1, V]
+  logp = jax.nn.log_softmax(at if sampling.greedy else filter_logits(at, sampling), axis=-1)
+  chosen = jnp.take_along_axis(logp, jnp.maximum(emitted, 0)[:, :, None], axis=2)[:, :, 0]
+  if k <= 0:
+    return chosen, None, None
+  top_lp, top_ids = jax.lax.top_k(logp, k)
+  return chosen, top_ids.astype(jnp.int32), top_lp
 
 
 def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec, tree: Tree,
@@ -155,6 +173,14 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   count = jnp.where(active, count, 0)
   write_at = jnp.where(i < count[:, None], state.n_out[:, None] + i, state.out.shape[1])
   out = state.out.at[rows[:, None], write_at].set(emitted, mode="drop")
+  lp = {}
+  if state.out_logprob.shape[1]:    # static shapes: without the buffers, the round computes none of this
+    k = state.out_top_ids.shape[2]
+    chosen, top_ids, top_lp = path_logprobs(logits, path, emitted, sampling, k)
+    lp["out_logprob"] = state.out_logprob.at[rows[:, None], write_at].set(chosen, mode="drop")
+    if k:
+      lp["out_top_ids"] = state.out_top_ids.at[rows[:, None], write_at].set(top_ids, mode="drop")
+      lp["out_top_logprob"] = state.out_top_logprob.at[rows[:, None], write_at].set(top_lp, mode="drop")
   n_out = state.n_out + count
   prev_tok = jnp.where(n > 0, jnp.take_along_axis(emitted, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0],
                        state.last)
@@ -167,7 +193,8 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
       rounds=state.rounds + active, accepted=state.accepted + jnp.where(active, n, 0),
       drafted=state.drafted + jnp.where(active, tree.max_depth, 0),
       accepted_at=state.accepted_at + jnp.pad(acc_at & active[:, None],
-                                              ((0, 0), (0, state.accepted_at.shape[1] - acc_at.shape[1]))))
+                                              ((0, 0), (0, state.accepted_at.shape[1] - acc_at.shape[1]))),
+      **lp)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "sampling", "impl", "variants", "variant"),
@@ -179,7 +206,9 @@ def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, s
   `state.sched.limit`: one `lax.while_loop`, no host round trip. Every active row emits >= 1 token a
   round, so no row runs more than M rounds. variants: the settings of an adaptive schedule (the state
   sized for `tree`, the widest): this executable runs `variants[variant]` and also returns before a round
-  for which the schedule picks another (schedule.run re-enters that one's executable); None: `tree`."""
+  for which the schedule picks another (schedule.run re-enters that one's executable); None: `tree`.
+  Log-probabilities are written where the state has room for them (initial_state's `logprobs`): the
+  buffers' static shapes decide, so a state without them compiles the loop without them."""
   max_rounds = state.out.shape[1]
   variants = (tree,) if variants is None else tuple(variants)
 
@@ -199,9 +228,14 @@ def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, s
 
 def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos: jax.Array,
                   keys: jax.Array, target: KVCache, ring: Any, out_len: int,
-                  tree: Tree, num_variants: int = 1) -> LoopState:
+                  tree: Tree, num_variants: int = 1, logprobs: int = -1) -> LoopState:
+  """The loop state of prefilled rows tokens [B, P] / lengths [B]. logprobs (static: settings.logprob_width)
+  sizes the log-probability buffers: -1 off ([B, 0] placeholders: the loop compiles as without them), 0 the
+  emitted tokens' only, k > 0 also k alternatives per position."""
   b = tokens.shape[0]
   rows = jnp.arange(b)
+  m = out_len if logprobs >= 0 else 0
+  k = max(logprobs, 0)
   return LoopState(
       out=jnp.full((b, out_len), -1, jnp.int32), n_out=jnp.zeros((b,), jnp.int32), lengths=lengths,
       last=tokens[rows, lengths - 1], prev=tokens[rows, jnp.maximum(lengths - 2, 0)],
@@ -209,4 +243,6 @@ def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos
       target=target, ring=ring, rounds=jnp.zeros((b,), jnp.int32), accepted=jnp.zeros((b,), jnp.int32),
       drafted=jnp.zeros((b,), jnp.int32),
       accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32), refill_at=jnp.asarray(b, jnp.int32),
-      sched=sched_lib.empty(num_variants))
+      sched=sched_lib.empty(num_variants), out_logprob=jnp.zeros((b, m), jnp.float32),
+      out_top_ids=jnp.zeros((b, m if k else 0, k), jnp.int32),
+      out_top_logprob=jnp.zeros((b, m if k else 0, k), jnp.float32))

@@ -24,6 +24,8 @@ from magicdec_jax.schedule import check_forced
 from magicdec_jax.trees import Tree
 
 DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
+MAX_TOP_LOGPROBS = 20    # the most alternatives per position top_logprobs may ask for (OpenAI's limit)
+OFF_DEFAULTS = ("logprobs", "top_logprobs")   # fingerprinted only when set (older data sets resume unchanged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +46,11 @@ class DecodeSettings:
   tokens exactly, in bfloat16 too; a tree's only to rounding) or "fast"
   (the backend's own shapes: equal to rounding; layers/invariant.py); None: invariant on CPU, fast on
   a GPU, where fixed shapes measured 2.07x slower (layers/invariant.DEFAULT_NUMERICS). The value is
-  decided when the settings are made, so `settings.numerics` is always one of the two."""
+  decided when the settings are made, so `settings.numerics` is always one of the two. logprobs: return
+  each emitted token's log-probability under the distribution it was drawn from (greedy: the model's
+  log_softmax; sampling: the temperature / top-k / top-p filtered distribution), read from the verify pass
+  (exact under speculation); top_logprobs: also the k (0..MAX_TOP_LOGPROBS) most likely tokens of that
+  distribution per position (needs logprobs). Both are compiled in: off, the loop is today's."""
   max_new_tokens: int
   temperature: float = 0.0
   top_k: int = 0
@@ -63,6 +69,8 @@ class DecodeSettings:
   schedule: Any = None                   # forced adaptive thresholds [(from_context, gamma), ...] (schedule.py)
   learn_acceptance: bool = True          # gamma="auto": re-plan a call from its own acceptance and speed
   numerics: str | None = None            # "invariant" (bitwise plain decoding's logits), "fast"; None: by backend
+  logprobs: bool = False                 # return each emitted token's log-probability
+  top_logprobs: int = 0                  # and the k most likely alternatives per position (needs logprobs)
 
   def __post_init__(self):
     if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
@@ -95,12 +103,25 @@ class DecodeSettings:
       check_forced(self.schedule)
       if self.draft is None or self.tree is not None:
         raise ValueError("schedule needs a draft and a chain (gamma), not a tree")
+    if not isinstance(self.logprobs, bool):
+      raise ValueError(f"logprobs must be True or False, got {self.logprobs!r}")
+    if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, (int, np.integer)) \
+        or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+      raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+    if self.top_logprobs and not self.logprobs:
+      raise ValueError(f"top_logprobs={self.top_logprobs} needs logprobs=True")
     if self.xla_options is not None and not isinstance(self.xla_options, Mapping):
       raise ValueError(f"xla_options must be a dict of XLA option name -> value, got {self.xla_options!r:.80}")
 
   @property
   def sampler(self) -> Sampling:
     return Sampling(float(self.temperature), int(self.top_k), float(self.top_p), self.sampling == "invariant")
+
+  @property
+  def logprob_width(self) -> int:
+    """loop.initial_state's static `logprobs` (the state's log-probability buffers): -1 off, 0 the emitted
+    tokens' only, k > 0 also k alternatives per position."""
+    return int(self.top_logprobs) if self.logprobs else -1
 
   @property
   def draft_shapes_samples(self) -> bool:
@@ -129,6 +150,8 @@ class DecodeSettings:
     out = {}
     for f in dataclasses.fields(self):
       v = getattr(self, f.name)
+      if f.name in OFF_DEFAULTS and v == f.default:
+        continue
       if isinstance(v, (np.integer, np.floating)):
         v = v.item()
       if isinstance(v, Mapping):

@@ -31,7 +31,8 @@ from magicdec_jax import compile as compiling
 from magicdec_jax.loop import LoopState
 
 SHARED_FIELDS = ("eos", "step", "refill_at", "sched")   # LoopState fields without a batch axis
-ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at", "drafted")   # what Finished keeps per row
+ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at", "drafted",    # what Finished keeps per row
+               "out_logprob", "out_top_ids", "out_top_logprob")
 
 
 @dataclasses.dataclass
@@ -43,6 +44,9 @@ class Finished:
   accepted: np.ndarray     # [B]
   accepted_at: np.ndarray  # [B, D]
   drafted: np.ndarray      # [B]
+  out_logprob: np.ndarray  # [B, M] ([B, 0]: log-probabilities off)
+  out_top_ids: np.ndarray  # [B, M, K] ([B, 0, 0]: no alternatives asked for)
+  out_top_logprob: np.ndarray  # [B, M, K]
   step: int                # rounds run, summed over the stages
   stages: list             # [(batch, rounds run at that batch, seconds without compilation), ...]
   gather_s: list = dataclasses.field(default_factory=list)   # seconds of each shrinking copy
@@ -72,9 +76,8 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
   if not isinstance(min_batch, int) or min_batch < 1:
     raise ValueError(f"min_batch must be an integer >= 1, got {min_batch!r}")
   b = int(state.lengths.shape[0])
-  fin = Finished(np.zeros(state.out.shape, np.int32), np.zeros((b,), np.int32), np.zeros((b,), np.int32),
-                 np.zeros((b,), np.int32), np.zeros(state.accepted_at.shape, np.int32), np.zeros((b,), np.int32),
-                 0, [])
+  fin = Finished(**{name: np.zeros(getattr(state, name).shape, getattr(state, name).dtype) for name in ROW_RESULTS},
+                 step=0, stages=[])
   rows = np.arange(b)            # original row of each slot of the current batch
   while True:
     cur = rows.size

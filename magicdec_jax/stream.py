@@ -10,11 +10,20 @@ batch (`prefill_batch` rows, prompt length bucketed) and writes them into the fr
 A row's random stream depends only on (seed, stream id) and its own round count (loop._round), so a
 sample's tokens are the same whatever slot, batch size, refill threshold or neighbours it gets, and the
 same as `generate(..., stream_ids=[id])`. n samples of one prompt are one prefill inserted into n slots.
+
+Requests as users write them: a `Request` may carry its own max_new_tokens (a row budget: data in the
+loop), seed (the seed of the insert call that places it: data too; one insert call per distinct seed of a
+refill), number of samples, stop token ids and stop strings. Stops are found on the host, not in the
+compiled loop: while any active row has stops the loop runs in segments of `stop_check_rounds` rounds (the
+segment limit is data, `schedule.with_limit`), the host decodes each such row's new tokens, and a row whose
+text now holds a stop string (a string split across tokens included) or whose tokens hold a stop id is
+marked done by `finish_rows` (one small donated executable) and its slot refilled as after EOS.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import itertools
 import time
 from typing import Any, Iterable, Iterator, Sequence
@@ -34,11 +43,28 @@ from magicdec_jax.settings import DecodeSettings, decode_settings
 
 @dataclasses.dataclass
 class Request:
-  """One prompt (text or token ids); stream_ids: one random-stream id per sample (default: request i gets
-  i * num_samples + s for sample s, so with one sample the ids of `generate`); tag: returned untouched."""
+  """One prompt (text or token ids) and its own settings (None: the run's).
+
+  stream_ids: one random-stream id per sample (default: request i gets i * num_samples + s for sample s,
+  so with one sample the ids of `generate`; samples past the Generator's num_samples get 2**31 + a hash
+  of (i, s)); with `seed` the default is 0 .. n-1, so sample s is `generate([prompt] * n, seed=seed)`'s
+  row s and depends on (seed, stream id) only. max_new_tokens: at most the run's (which sizes the
+  buffers). seed: in [0, 2**32), the PRNG seed of this request's streams (the run's seed otherwise).
+  num_samples: samples of this request (default the Generator's; len(stream_ids) when given).
+  stop: strings that end the output at their first occurrence in the decoded text (the tokens up to and
+  including the one completing it are kept; the text is cut before it, or after it with keep_stop);
+  stop_token_ids: ids that end it as EOS does (the text is cut before the id's text unless keep_stop);
+  finish_reason "stop". tag: returned untouched.
+  """
   prompt: Any
   stream_ids: Sequence[int] | None = None
   tag: Any = None
+  max_new_tokens: int | None = None
+  seed: int | None = None
+  num_samples: int | None = None
+  stop: Sequence[str] | None = None
+  stop_token_ids: Sequence[int] | None = None
+  keep_stop: bool = False
 
 
 @dataclasses.dataclass
@@ -49,8 +75,10 @@ class StreamResult:
   tag: Any
   tokens: list[int]          # new token ids
   text: str | None
-  finish_reason: str         # "eos" | "length"
+  finish_reason: str         # "eos" | "length" | "stop" (a stop string or stop token id)
   stats: dict[str, Any]      # engine.row_stat figures
+  logprobs: list[float] | None = None    # each new token's log-probability (settings.logprobs)
+  top_logprobs: list[list[tuple[int, float]]] | None = None   # per token: (id, log-prob), most likely first
 
 
 @dataclasses.dataclass
@@ -60,6 +88,43 @@ class _Job:
   stream_ids: list[int]
   tag: Any
   taken: int = 0             # samples already placed in a slot
+  max_new: int = 0           # token budget
+  seed: int = 0
+  stop: tuple[str, ...] = ()
+  stop_ids: frozenset = frozenset()
+  keep_stop: bool = False
+
+
+def finish_rows(state, mask):
+  """The state with rows `mask` [B] marked done (a stop the host found): the loop freezes them and counts
+  them toward refill_at, as after EOS."""
+  return state.replace(done=state.done | mask)
+
+
+def overflow_stream(index: int, sample: int) -> int:
+  """The default stream id of sample `sample` of request `index` past the Generator's num_samples: 2**31
+  plus 31 bits of a hash of (index, sample) (never a default id below 2**31, nor a padding row's)."""
+  digest = hashlib.sha256(f"{index}\x00{sample}".encode()).digest()
+  return 2**31 + (int.from_bytes(digest[:4], "big") & 0x7FFFFFFF)
+
+
+def find_stop(decode, toks: list[int], stop: Sequence[str], stop_ids, keep: bool,
+              start: int = 0) -> tuple[int, str] | None:
+  """The first stop in `toks` past the first `start` tokens (already searched): (tokens kept, text) or
+  None. A stop string ends the output at the token completing its first occurrence (the earliest
+  completed; of those, the earliest in the text); a stop id at that id. decode: token ids -> text."""
+  k_id = next((i + 1 for i in range(start, len(toks)) if toks[i] in stop_ids), None)
+  end = len(toks) if k_id is None else k_id
+  if stop and any(s in decode(toks[:end]) for s in stop):
+    for k in range(start + 1, end + 1):
+      text = decode(toks[:k])
+      found = [(text.find(s), -len(s)) for s in stop if s in text]
+      if found:
+        pos, neg = min(found)
+        return k, text[:pos - neg if keep else pos]
+  if k_id is None:
+    return None
+  return k_id, decode(toks[:k_id if keep else k_id - 1])
 
 
 class Generator:
@@ -70,10 +135,10 @@ class Generator:
   def __init__(self, model: Model, requests: Iterable, *, settings: DecodeSettings | None = None,
                decode_plan: DecodePlan | None = None, batch_size: int = 8, refill_at: int = 1,
                prefill_batch: int | None = None, num_samples: int = 1, max_prompt_tokens: int | None = None,
-               mesh=None, device_memory: int | None = None, **kwargs):
+               mesh=None, device_memory: int | None = None, stop_check_rounds: int = 1, **kwargs):
     for name, v, lo in (("batch_size", batch_size, 1), ("refill_at", refill_at, 1),
                         ("num_samples", num_samples, 1), ("prefill_batch", prefill_batch or 1, 1),
-                        ("max_prompt_tokens", max_prompt_tokens or 1, 1)):
+                        ("max_prompt_tokens", max_prompt_tokens or 1, 1), ("stop_check_rounds", stop_check_rounds, 1)):
       if not isinstance(v, (int, np.integer)) or v < lo:
         raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
     if refill_at > batch_size:
@@ -93,6 +158,7 @@ class Generator:
     self.model, self.seed = model, int(st.seed)
     self.batch = self.plan.whole_rows(batch_size)     # whole rows on every data shard
     self.refill_at, self.num_samples = int(refill_at), int(num_samples)
+    self.stop_check_rounds = int(stop_check_rounds)
     self.prefill_batch = int(prefill_batch or min(self.batch, bucket(-(-refill_at // num_samples), 1)))
     self.max_prompt_tokens = max_prompt_tokens
     self._requests = enumerate(requests)
@@ -127,13 +193,49 @@ class Generator:
       self.plan.check_prompts([ids])
     except ValueError as e:
       raise ValueError(f"request {i}: {e}") from None
-    sids = r.stream_ids if isinstance(r, Request) else None
-    if sids is None:
-      sids = [i * self.num_samples + s for s in range(self.num_samples)]
+    r = r if isinstance(r, Request) else Request(r)
+    try:
+      return self._job(i, ids, r)
+    except ValueError as e:
+      raise ValueError(f"request {i}: {e}") from None
+
+  def _job(self, i: int, ids: list[int], r: Request) -> _Job:
+    """The request's own settings, checked, with the run's as defaults."""
+    run_max = self.settings.max_new_tokens
+    max_new = run_max if r.max_new_tokens is None else r.max_new_tokens
+    if isinstance(max_new, bool) or not isinstance(max_new, (int, np.integer)) or not 1 <= max_new <= run_max:
+      raise ValueError(f"max_new_tokens must be an integer in [1, {run_max}] (the run's max_new_tokens sizes "
+                       f"the buffers), got {r.max_new_tokens!r}")
+    for name in ("seed", "num_samples"):
+      v = getattr(r, name)
+      if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                            or not (0 <= v < 2**32 if name == "seed" else v >= 1)):
+        raise ValueError(f"{name} must be an integer {'in [0, 2**32)' if name == 'seed' else '>= 1'}, got {v!r}")
+    n = self.num_samples if r.num_samples is None else int(r.num_samples)
+    sids = r.stream_ids
+    if sids is None and r.seed is not None:
+      sids = range(n)
+    elif sids is None:
+      sids = [i * self.num_samples + s if s < self.num_samples else overflow_stream(i, s) for s in range(n)]
     sids = [int(s) for s in sids]
     if not sids or any(not 0 <= s < 2**32 for s in sids):
-      raise ValueError(f"request {i}: stream_ids must be a non-empty list of ints in [0, 2**32), got {sids}")
-    return _Job(i, ids, sids, r.tag if isinstance(r, Request) else None)
+      raise ValueError(f"stream_ids must be a non-empty list of ints in [0, 2**32), got {sids}")
+    if r.num_samples is not None and len(sids) != n:
+      raise ValueError(f"num_samples={n} but {len(sids)} stream_ids")
+    stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or ())
+    if not all(isinstance(s, str) and s for s in stop):
+      raise ValueError(f"stop must be a list of non-empty strings, got {r.stop!r}")
+    if stop and self.model.tokenizer is None:
+      raise ValueError(f"stop strings need a tokenizer; model {self.model.name!r} has none")
+    stop_ids = list(r.stop_token_ids or ())
+    vocab = self.model.config.vocab_size
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and 0 <= t < vocab for t in stop_ids):
+      raise ValueError(f"stop_token_ids must be token ids in [0, {vocab}), got {r.stop_token_ids!r}")
+    if not isinstance(r.keep_stop, bool):
+      raise ValueError(f"keep_stop must be True or False, got {r.keep_stop!r}")
+    seed = self.seed if r.seed is None else int(r.seed)
+    return _Job(i, ids, sids, r.tag, max_new=int(max_new), seed=seed, stop=tuple(stop),
+                stop_ids=frozenset(int(t) for t in stop_ids), keep_stop=r.keep_stop)
 
   # ---------------------------------------------------------------------------------------------- device
 
@@ -157,17 +259,58 @@ class Generator:
     return target, ring, tokens_j, lengths_j
 
   def _insert(self, state, pre, entries):
-    """entries: (slot, prefilled row, stream id), padded to the batch size (one executable)."""
+    """entries: (slot, prefilled row, stream id, token budget, seed); one insert call per distinct seed
+    (the seed is data: one executable), each padded to the batch size."""
     b = self.batch
-    pad = [(b, 0, 0)] * (b - len(entries))
-    slot_a, row_a, sid_a = (np.asarray(x) for x in zip(*(entries + pad)))
-    max_new = np.where(slot_a < b, self.settings.max_new_tokens, 0).astype(np.int32)
-    return self._timed("insert_s", self.engine.insert, state, pre, jnp.asarray(slot_a, jnp.int32),
-                       jnp.asarray(row_a, jnp.int32), jnp.asarray(sid_a, jnp.uint32), jnp.asarray(max_new),
-                       jnp.asarray(self.seed, jnp.uint32))
+    for seed in sorted({e[4] for e in entries}):
+      group = [e[:4] for e in entries if e[4] == seed]
+      pad = [(b, 0, 0, 0)] * (b - len(group))
+      slot_a, row_a, sid_a, max_a = (np.asarray(x) for x in zip(*(group + pad)))
+      state = self._timed("insert_s", self.engine.insert, state, pre, jnp.asarray(slot_a, jnp.int32),
+                          jnp.asarray(row_a, jnp.int32), jnp.asarray(sid_a, jnp.uint32),
+                          jnp.asarray(max_a, jnp.int32), jnp.asarray(seed, jnp.uint32))
+    return state
 
-  def _decode(self, state):
-    return self._timed("decode_s", self.engine.decode, state)
+  def _decode(self, state, step: int, stopping: bool):
+    """Rounds until refill_at rows are done; while a row has stops, at most stop_check_rounds of them."""
+    limit = step + self.stop_check_rounds if stopping else schedule.NO_LIMIT
+    return self._timed("decode_s", self.engine.decode, schedule.with_limit(state, limit))
+
+  def _stops(self, state, occupant, done, n_out, checked):
+    """Search the new tokens of each row with stops -> (state, done, {slot: (tokens kept, text)}); rows
+    that stopped but are not done yet are marked done on the device (finish_rows)."""
+    rows = [s for s, o in enumerate(occupant) if o is not None and (o[0].stop or o[0].stop_ids)
+            and n_out[s] > checked[s]]
+    if not rows:
+      return state, done, {}
+    out = np.asarray(state.out)
+    decode = lambda t: self.model.tokenizer.decode(t, skip_special_tokens=False)    # noqa: E731
+    cuts = {}
+    for s in rows:
+      job = occupant[s][0]
+      cut = find_stop(decode, out[s, :n_out[s]].tolist(), job.stop, job.stop_ids, job.keep_stop, int(checked[s]))
+      checked[s] = n_out[s]
+      if cut is not None:
+        cuts[s] = cut
+    mask = np.zeros(done.shape, bool)
+    mask[[s for s in cuts if not done[s]]] = True
+    if mask.any():
+      eng = self.engine
+      sh = eng._state_sh(state)
+      state = self._timed("decode_s", eng._run, "finish_rows", finish_rows, (state, jnp.asarray(mask)), {},
+                          (sh, eng._replicated()), sh, donate=("state",))
+    return state, done | mask, cuts
+
+  @staticmethod
+  def _cut(res: StreamResult, cut) -> StreamResult:
+    """A result ended by a stop: its tokens (and per-token fields) up to the stop, its text cut."""
+    if cut is None:
+      return res
+    k, text = cut
+    upd = {name: getattr(res, name)[:k] for name in ("logprobs", "top_logprobs")
+           if getattr(res, name, None) is not None}
+    return dataclasses.replace(res, tokens=res.tokens[:k], text=text, finish_reason="stop",
+                               stats={**res.stats, "new_tokens": k, "generated_tokens": len(res.tokens)}, **upd)
 
   # ---------------------------------------------------------------------------------------------- host loop
 
@@ -176,6 +319,7 @@ class Generator:
     b = self.batch
     occupant: list[tuple[_Job, int] | None] = [None] * b
     seen_rounds = np.zeros((b,), np.int64)
+    checked = np.zeros((b,), np.int64)       # tokens of a row with stops already searched
     queue: collections.deque[_Job] = collections.deque()
     exhausted = False
     state, p_cap, pre, pre_jobs = None, 0, None, []
@@ -198,9 +342,9 @@ class Generator:
         if left:                                   # more samples of an already prefilled prompt
           r, j = left[0]
           s = free.pop(0)
-          entries.append((s, r, j.stream_ids[j.taken]))
+          entries.append((s, r, j.stream_ids[j.taken], j.max_new, j.seed))
           occupant[s] = (j, j.taken)
-          seen_rounds[s] = 0
+          seen_rounds[s] = checked[s] = 0
           j.taken += 1
           continue
         refill_queue()
@@ -229,7 +373,8 @@ class Generator:
         break
       state = state.replace(refill_at=jnp.asarray(n_free + min(self.refill_at, b - n_free), jnp.int32))
       step0 = int(state.step)
-      state = self._decode(state)
+      stopping = any(o is not None and (o[0].stop or o[0].stop_ids) for o in occupant)
+      state = self._decode(state, step0, stopping)
       if self.plan.variants is not None:
         self.stats["schedule"] = schedule.report(self.plan.variants, jax.device_get(state.sched))
         if self.engine.learning is not None:
@@ -242,27 +387,32 @@ class Generator:
       busy = np.asarray([o is not None for o in occupant])
       self.stats["active_row_rounds"] += int((rounds - seen_rounds)[busy].sum())
       seen_rounds = rounds.astype(np.int64)
+      state, done, cuts = self._stops(state, occupant, done, n_out, checked)
       finished = [s for s in range(b) if occupant[s] is not None and done[s]]
       if not finished:
         continue
       out, accepted, drafted = np.asarray(state.out), np.asarray(state.accepted), np.asarray(state.drafted)
+      lp = engine.logprob_arrays(state)
       results = [self._result(occupant[s], out[s, :n_out[s]].tolist(), int(rounds[s]), int(accepted[s]),
-                              int(drafted[s]))
+                              int(drafted[s]), engine.row_logprobs(lp, s, int(n_out[s])))
                  for s in finished]
+      results = [self._cut(res, cuts.get(s)) for res, s in zip(results, finished)]
       for s in finished:
         occupant[s] = None
       self._update_stats(results, t_start)
       yield from results
     self._update_stats([], t_start)
 
-  def _result(self, occ, toks: list[int], rounds: int, accepted: int, drafted: int) -> StreamResult:
+  def _result(self, occ, toks: list[int], rounds: int, accepted: int, drafted: int,
+              logprobs: tuple = (None, None)) -> StreamResult:
+    """The finished row's record; logprobs: its (logprobs, top_logprobs) (engine.row_logprobs)."""
     job, sample = occ
     text = None
     if self.model.tokenizer is not None:
       text = self.model.tokenizer.decode(toks, skip_special_tokens=False)
     reason = "eos" if toks and toks[-1] in self.plan.eos else "length"
     return StreamResult(job.index, sample, job.stream_ids[sample], job.tag, toks, text, reason,
-                        engine.row_stat(len(toks), rounds, accepted, drafted))
+                        engine.row_stat(len(toks), rounds, accepted, drafted), *logprobs)
 
   def _update_stats(self, results, t_start):
     s = self.stats
@@ -288,6 +438,9 @@ def generate_stream(model: Model, requests: Iterable, *, batch_size: int = 8, re
   (max_new_tokens, temperature, top_k, top_p, seed, eos_token_id, draft, gamma, tree, attention_impl,
   hardware, acceptance, auto_fallback, xla_options); mesh and device_memory as `generate`'s; or
   decode_plan: a plan.DecodePlan made already (datagen plans over its whole input once). Sample s of
-  request i is the sample `generate(..., stream_ids=[id])` gives for its stream id.
+  request i is the sample `generate(..., stream_ids=[id])` gives for its stream id (with the request's
+  seed and max_new_tokens where it has its own; `Request`). stop_check_rounds: while a row has stop
+  strings or stop ids, the loop returns to the host every this many rounds to search them (a row runs
+  at most this many rounds past its stop; each return costs a host round trip).
   """
   return Generator(model, requests, batch_size=batch_size, refill_at=refill_at, **kwargs)

@@ -1,10 +1,11 @@
 """Numerical parity with HF transformers' LlamaForCausalLM (torch, float32): random tiny configs covering
 GQA/MHA, llama3/linear RoPE scaling and tied/untied heads (logits and layer by layer), then SmolLM2 loaded
-by both libraries from the same GGUF (logits, greedy tokens, tokenizer, chat template)."""
+by both libraries from the same GGUF (logits, greedy tokens, tokenizer, chat template); speculative greedy
+decoding's log-probabilities against HF's teacher-forced log_softmax."""
 import numpy as np
 import pytest
 
-from magicdec_jax import Model, generate, logits
+from magicdec_jax import Model, StreamingDraft, generate, logits
 from magicdec_jax.checkpoints import known_model_path, load_model, params_from_hf_state_dict
 from magicdec_jax.families import config_from_hf
 from magicdec_jax.tokenizer import render_chat
@@ -106,6 +107,20 @@ def test_hf_dir_round_trip_logits(tmp_path):
   ids = token_ids(256, seed=2)
   np.testing.assert_allclose(logits(load_model(str(tmp_path)), ids), hf_forward(hf, ids)[0],
                              atol=TINY_TOL, rtol=0)
+
+
+def test_tiny_greedy_logprobs_match_hf():
+  """Speculative greedy decoding's log-probabilities (logprobs=True) equal HF's float32 teacher-forced
+  log_softmax over prompt + generated tokens."""
+  hf = hf_model(2, LLAMA3, False, seed=3)
+  ours = ours_from_hf(hf)
+  prompts = [t[:12] for t in token_ids(256, seed=3)]
+  res = generate(ours, prompts, max_new_tokens=12, logprobs=True, draft=StreamingDraft(sink=1, window=4), gamma=3)
+  for prompt, toks, lps in zip(prompts, res.tokens, res.logprobs):
+    with torch.no_grad():
+      want = torch.log_softmax(hf(torch.tensor([prompt + toks])).logits.float(), -1)[0].numpy()
+    np.testing.assert_allclose(lps, [want[len(prompt) - 1 + j, t] for j, t in enumerate(toks)], atol=TINY_TOL,
+                               rtol=0)
 
 
 # ----------------------------------------------------------------------------------- SmolLM2 (GGUF)

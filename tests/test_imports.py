@@ -116,7 +116,8 @@ def test_no_function_level_project_imports():
 # docs/layout.md.
 RUNGS = (
     ("plain values", ("config", "trees", "sampling", "tokenizer", "textdata", "compile", "tuning.batch_tail",
-                      "tuning.hlo", "sharding.mesh", "sharding.distributed", "training.distill_data")),
+                      "tuning.hlo", "sharding.mesh", "sharding.distributed", "training.distill_data",
+                      "openai_batch")),
     ("kernels and layers", ("pallas", "layers")),
     ("the model and the cost model", ("cache", "model", "families", "checkpoints", "feature_head", "prompts",
                                       "testing", "sharding", "tuning")),

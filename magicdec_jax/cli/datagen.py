@@ -32,7 +32,8 @@ def run(fv, log) -> None:
   try:
     summary = datagen.run(model, fv.input, fv.output, batch_size=fv.batch_size, refill_at=fv.refill_at,
                           num_samples=fv.num_samples_per_prompt, on_error=fv.on_error, truncate=fv.truncate,
-                          chat=fv.chat, progress=fv.progress, process_index=index, process_count=count, **kw)
+                          chat=fv.chat, progress=fv.progress, process_index=index, process_count=count,
+                          input_format=fv.input_format, **kw)
     if count > 1:        # every process has written its shard; process 0 merges them into --output
       distributed.barrier("datagen-shards-written")
       if index == 0:

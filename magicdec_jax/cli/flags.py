@@ -124,13 +124,18 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
                     "tokens, points up to 33000 batch tokens; ~25 min on a 2-core CPU); flags given explicitly "
                     "override it.", **d)
   # datagen.
-  flags.DEFINE_string("input", None, "datagen: input JSONL ({'id', 'prompt'} or {'id', 'messages'}); "
+  flags.DEFINE_string("input", None, "datagen: input JSONL ({'id', 'prompt'} or {'id', 'messages'}, or "
+                      "OpenAI batch request lines); "
                       "profile_acceptance: prompts to profile on (JSONL or one per line; default Shakespeare).", **d)
   flags.DEFINE_string("output", None, "datagen: output JSONL; profile_acceptance / calibrate: output JSON.", **d)
   flags.DEFINE_integer("num_samples_per_prompt", 1, "datagen: samples per prompt.", lower_bound=1,
                        upper_bound=1 << 16, **d)
   flags.DEFINE_enum("on_error", "fail", ["fail", "skip"], "datagen: bad input lines abort the run (fail, "
-                    "checked before generating) or go to OUT.errors.jsonl (skip).", **d)
+                    "checked before generating) or go to OUT.errors.jsonl (skip); an OpenAI batch file's bad "
+                    "requests are always error lines in the output.", **d)
+  flags.DEFINE_enum("input_format", "auto", ["auto", "native", "openai"], "datagen: input lines are "
+                    "{'id', 'prompt' | 'messages'} (native) or OpenAI batch requests {'custom_id', 'method', "
+                    "'url', 'body'} (openai); auto: by the first line.", **d)
   flags.DEFINE_enum("truncate", "none", ["none", "left"], "datagen: prompts longer than the context are an "
                     "error (none) or lose their oldest tokens (left).", **d)
   flags.DEFINE_boolean("progress", True, "Show progress (tqdm / log lines).", **d)

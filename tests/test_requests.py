@@ -1,0 +1,226 @@
+"""Requests as users write them: per-request max_new_tokens / seed / num_samples, stop strings and stop ids in
+`generate_stream`, and OpenAI batch files in datagen.
+
+References are independent of the stream: `generate` of each request alone with the matching settings (plain
+decoding or the same draft), its text cut with Python's `str.find`, and the choices of an OpenAI batch file
+against `generate` of each request alone.
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+import magicdec_jax as md
+from magicdec_jax import datagen, openai_batch, testing
+from magicdec_jax import tokenizer as tok_lib
+from magicdec_jax.engine import generate
+from magicdec_jax.stream import Request, generate_stream, overflow_stream
+
+PROMPTS = ["Hello there, friend", "To be or not", "abc", "The quick brown fox", "Once upon"]
+
+
+@functools.lru_cache(maxsize=None)
+def tiny():
+  return testing.random_tiny_model(0)
+
+
+def _ref(prompt, n=1, **kw):
+  return generate(tiny(), [prompt] * n, **kw)
+
+
+@pytest.mark.parametrize("draft", [None, "chain"])
+def test_per_request_max_new_seed_num_samples(draft):
+  """Each (request, sample) equals `generate` of that request alone with its own settings."""
+  gen = dict(temperature=0.9, seed=5)
+  if draft:
+    gen.update(draft=md.StreamingDraft(sink=2, window=8), gamma=2)
+  reqs = [Request(PROMPTS[0]), Request(PROMPTS[1], max_new_tokens=5), Request(PROMPTS[2], seed=77, num_samples=3),
+          Request(PROMPTS[3], seed=9, max_new_tokens=7, num_samples=1), Request(PROMPTS[4], num_samples=3)]
+  got = {(r.index, r.sample): r for r in generate_stream(tiny(), reqs, batch_size=3, num_samples=2,
+                                                           max_new_tokens=12, **gen)}
+  assert len(got) == 2 + 2 + 3 + 1 + 3
+  refs = {0: _ref(PROMPTS[0], 2, stream_ids=[0, 1], max_new_tokens=12, **gen),
+          1: _ref(PROMPTS[1], 2, stream_ids=[2, 3], max_new_tokens=5, **gen),
+          2: _ref(PROMPTS[2], 3, max_new_tokens=12, **dict(gen, seed=77)),
+          3: _ref(PROMPTS[3], 1, max_new_tokens=7, **dict(gen, seed=9)),
+          4: _ref(PROMPTS[4], 3, stream_ids=[8, 9, overflow_stream(4, 2)], max_new_tokens=12, **gen)}
+  assert got[(4, 2)].stream_id == overflow_stream(4, 2) >= 2**31
+  for (i, s), r in got.items():
+    assert r.tokens == refs[i].tokens[s], (i, s)
+    assert r.finish_reason == refs[i].finish_reasons[s]
+  assert all(len(got[(1, s)].tokens) <= 5 for s in range(2)) and len(got[(3, 0)].tokens) <= 7
+
+
+def test_per_request_bad_values():
+  with pytest.raises(ValueError, match=r"request 1: max_new_tokens must be an integer in \[1, 8\]"):
+    list(generate_stream(tiny(), [Request("a"), Request("b", max_new_tokens=9)], max_new_tokens=8))
+  with pytest.raises(ValueError, match=r"request 0: seed must be"):
+    list(generate_stream(tiny(), [Request("a", seed=-1)], max_new_tokens=8))
+  with pytest.raises(ValueError, match=r"request 0: stop must be"):
+    list(generate_stream(tiny(), [Request("a", stop=[""])], max_new_tokens=8))
+  with pytest.raises(ValueError, match=r"request 0: num_samples=2 but 1 stream_ids"):
+    list(generate_stream(tiny(), [Request("a", num_samples=2, stream_ids=[4])], max_new_tokens=8))
+
+
+def _ascii_stop(text: str, start: int) -> str:
+  """Two ASCII characters of `text` from `start` on (two byte tokens: a stop split across tokens)."""
+  for i in range(start, len(text) - 1):
+    if text[i].isascii() and text[i + 1].isascii() and text[i:i + 2].isprintable():
+      return text[i:i + 2]
+  raise AssertionError(f"no ASCII pair in {text!r}")
+
+
+def _completing(toks, stop):
+  """The reference count of tokens up to the one completing the first `stop` (decoded prefix by prefix)."""
+  dec = tiny().tokenizer.decode
+  return next(k for k in range(1, len(toks) + 1) if stop in dec(toks[:k], skip_special_tokens=False))
+
+
+@pytest.mark.parametrize("draft", [None, "chain"])
+def test_stop_strings_and_ids(draft):
+  """Split across tokens, at the first token, never reached, kept, a stop id: the text is the plain
+  decoding's cut at `str.find`, the tokens its prefix up to the completing token, and no row ran more than
+  one round past it."""
+  new, gamma = 24, 3
+  ref = generate(tiny(), PROMPTS[:4], max_new_tokens=new)          # plain greedy: the reference
+  gen = dict(max_new_tokens=new)
+  if draft:
+    gen.update(draft=md.StreamingDraft(sink=2, window=8), gamma=gamma)
+  t = ref.texts
+  stops = [_ascii_stop(t[0], 3), t[1][0], "\x01never\x02", _ascii_stop(t[3], 2)]
+  stop_id = ref.tokens[2][4]
+  reqs = [Request(PROMPTS[0], stop=[stops[0], "\x03unused"]), Request(PROMPTS[1], stop=[stops[1]]),
+          Request(PROMPTS[2], stop=[stops[2]], stop_token_ids=[stop_id]),
+          Request(PROMPTS[3], stop=stops[3], keep_stop=True), Request(PROMPTS[0], stop=[stops[2]])]
+  got = {r.index: r for r in generate_stream(tiny(), reqs, batch_size=2, **gen)}
+  per_round = 1 if draft is None else gamma + 1
+  for i in (0, 1, 3):
+    r, stop, text = got[i], stops[i], t[i]
+    pos = text.find(stop)
+    assert pos >= 0 and r.finish_reason == "stop"
+    assert r.text == (text[:pos + len(stop)] if i == 3 else text[:pos])
+    k = _completing(ref.tokens[i], stop)
+    assert r.tokens == ref.tokens[i][:k]
+    assert k <= r.stats["generated_tokens"] <= k + per_round - 1
+  assert got[1].text == "" and len(got[1].tokens) == 1              # the stop matched at the first token
+  k = ref.tokens[2].index(stop_id) + 1                                # the stop id
+  assert got[2].finish_reason == "stop" and got[2].tokens == ref.tokens[2][:k]
+  assert got[2].text == tiny().tokenizer.decode(ref.tokens[2][:k - 1], skip_special_tokens=False)
+  assert got[4].tokens == ref.tokens[0] and got[4].text == t[0]      # never reached
+  assert got[4].finish_reason == ref.finish_reasons[0]
+
+
+# ------------------------------------------------------------------------------------------ OpenAI batch
+
+def _line(cid, url, body):
+  return {"custom_id": cid, "method": "POST", "url": url, "body": body}
+
+
+CHAT, COMP = "/v1/chat/completions", "/v1/completions"
+MSGS = [{"role": "user", "content": "Tell me a story"}]
+
+
+def _write(path, lines):
+  with open(path, "w") as f:
+    for ln in lines:
+      f.write((ln if isinstance(ln, str) else json.dumps(ln)) + "\n")
+  return str(path)
+
+
+def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path):
+  model = tiny()
+  greedy = generate(model, ["The quick brown fox"], max_new_tokens=10)
+  stop = next(c for c in greedy.texts[0][1:] if c.isascii() and c.isprintable())
+  good = [_line("g1", COMP, {"prompt": "Hello world", "max_tokens": 6}),
+          _line("s1", CHAT, {"messages": MSGS, "max_tokens": 9, "temperature": 0.8, "n": 2, "seed": 4}),
+          _line("s2", COMP, {"prompt": "To be", "temperature": 0.8, "n": 2}),
+          _line("st", COMP, {"prompt": "The quick brown fox", "stop": stop, "max_tokens": 10})]
+  bad = [{"method": "POST", "url": COMP, "body": {"prompt": "x"}},
+         _line("t", COMP, {"prompt": "x", "max_tokens": "5"}),
+         _line("u", COMP, {"prompt": "x", "foo": 1}),
+         _line("g1", COMP, {"prompt": "again"}),
+         _line("lp", "/v1/embeddings", {"prompt": "x"})]
+  inp = _write(tmp_path / "in.jsonl", good[:2] + bad[:3] + good[2:] + bad[3:])
+  out = str(tmp_path / "out.jsonl")
+  kw = dict(max_new_tokens=10, batch_size=3, seed=3, progress=False)
+  s = datagen.run(model, inp, out, **kw)
+  assert s["input_format"] == "openai" and s["sampling_groups"] == 2 and s["bad_lines"] == 5
+  lines = open(out).read().splitlines()
+  recs = [json.loads(x) for x in lines]
+  errs = {r["id"]: r for r in recs if r["error"] is not None}
+  assert len(errs) == 5 and all(r["response"] is None for r in errs.values())
+  msgs = sorted(r["error"]["message"] for r in errs.values())
+  for frag in ("'custom_id'", "body.max_tokens", "'foo'", "duplicate custom_id \"g1\"",
+               "'url'"):
+    assert any(frag in m for m in msgs), (frag, msgs)
+  choices = {(r["custom_id"], r["response"]["body"]["choices"][0]["index"]): r for r in recs if r["error"] is None}
+  assert set(choices) == {("g1", 0), ("s1", 0), ("s1", 1), ("s2", 0), ("s2", 1), ("st", 0)}
+  # each choice against `generate` of its request alone
+  dec = lambda toks: model.tokenizer.decode(toks[:-1] if toks and toks[-1] == 256 else toks,   # noqa: E731
+                                            skip_special_tokens=False)
+  chat_prompt = tok_lib.chat_prompt(model, MSGS)
+  refs = {"g1": _ref("Hello world", max_new_tokens=6, stream_ids=[datagen.stream_id("g1", 0)], seed=3),
+          "s1": _ref(chat_prompt, 2, max_new_tokens=9, temperature=0.8, seed=4),
+          "s2": _ref("To be", 2, max_new_tokens=10, temperature=0.8, seed=3,
+                     stream_ids=[datagen.stream_id("s2", s) for s in range(2)])}
+  for (cid, s), r in choices.items():
+    body = r["response"]["body"]
+    ch = body["choices"][0]
+    text = ch["message"]["content"] if cid == "s1" else ch["text"]
+    assert body["object"] == ("chat.completion" if cid == "s1" else "text_completion")
+    if cid == "st":
+      assert text == greedy.texts[0][:greedy.texts[0].find(stop)] and ch["finish_reason"] == "stop"
+      continue
+    assert text == dec(refs[cid].tokens[s]), (cid, s)
+    assert body["usage"]["completion_tokens"] == len(refs[cid].tokens[s])
+    assert ch["finish_reason"] == ("length" if refs[cid].finish_reasons[s] == "length" else "stop")
+  # resume after a torn line: only the missing choices are generated again
+  with open(out + ".config.json") as f:
+    config = f.read()
+  out2 = str(tmp_path / "out2.jsonl")
+  keep = 7
+  with open(out2, "w") as f:
+    f.write("\n".join(lines[:keep]) + "\n" + lines[keep][:25])
+  with open(out2 + ".config.json", "w") as f:
+    f.write(config)
+  kept_choices = sum(1 for x in recs[:keep] if x["error"] is None)
+  s2 = datagen.run(model, inp, out2, **kw)
+  assert s2["records_written"] == 6 - kept_choices and s2["torn_bytes_repaired"] == 25
+  assert sorted(open(out2).read().splitlines()) == sorted(lines)
+  assert datagen.run(model, inp, out2, **kw)["records_written"] == 0
+
+
+def test_openai_logprobs_are_plain_decodings(tmp_path):
+  """An OpenAI request with logprobs / top_logprobs: each token's log-probability and alternatives in the
+  output line equal plain decoding's (generate with logprobs, no draft) for that request alone."""
+  model = tiny()
+  inp = _write(tmp_path / "in.jsonl", [_line("lp", COMP, {"prompt": "Hello world", "max_tokens": 6,
+                                                           "logprobs": True, "top_logprobs": 2})])
+  out = str(tmp_path / "out.jsonl")
+  datagen.run(model, inp, out, max_new_tokens=6, batch_size=2, seed=3, progress=False,
+              draft=md.StreamingDraft(sink=1, window=4), gamma=2)
+  (rec,) = [json.loads(x) for x in open(out).read().splitlines()]
+  lp = rec["response"]["body"]["choices"][0]["logprobs"]
+  ref = generate(model, ["Hello world"], max_new_tokens=6, logprobs=True, top_logprobs=2)
+  assert len(lp["token_logprobs"]) == len(ref.tokens[0])
+  assert max(abs(a - b) for a, b in zip(lp["token_logprobs"], ref.logprobs[0])) < 1e-5
+  for got, want in zip(lp["top_logprobs"], ref.top_logprobs[0]):
+    want = {model.tokenizer.decode([t], skip_special_tokens=False): v for t, v in want}
+    assert set(got) == set(want) and all(abs(got[k] - want[k]) < 1e-5 for k in want)
+
+
+def test_openai_request_validation():
+  ok = _line("a", COMP, {"prompt": "x", "n": 2, "stop": ["\n"], "seed": -1})
+  rec, opts = openai_batch.to_native(ok, max_new_tokens=8)
+  assert rec == {"id": "a", "prompt": "x"} and opts["n"] == 2 and opts["seed"] == 2**32 - 1
+  for line, field in [(_line("a", COMP, {"prompt": "x", "max_tokens": 9}), "max_tokens"),
+                      (_line("a", COMP, {"messages": MSGS}), "messages"),
+                      (_line("a", CHAT, {"messages": MSGS, "temperature": "hot"}), "temperature"),
+                      (_line("a", COMP, {"prompt": "x", "stop": [1]}), "stop"),
+                      ({**_line("a", COMP, {"prompt": "x"}), "method": "GET"}, "method"),
+                      (_line(7, COMP, {"prompt": "x"}), "custom_id")]:
+    with pytest.raises(openai_batch.RequestError) as e:
+      openai_batch.to_native(line, max_new_tokens=8)
+    assert e.value.field == field and field in str(e.value)
