@@ -171,6 +171,16 @@ def _invariant_sampling(doc, out, mod, stdout):
   assert out.with_suffix(".png").exists()
 
 
+@case("logprobs_cost")
+def _logprobs_cost(doc, out, mod, stdout):
+  """Every (sampling, decoder) point measured with logprobs off / on / top-5; the tokens never change."""
+  _env_ok(doc)
+  assert {(p["sampling"], p["decoder"]) for p in doc["points"]} == \
+      {(s, d) for s in ("greedy", "t0.8_top_p0.95") for d in ("plain", "magicdec")}
+  for p in doc["points"]:
+    assert p["same_tokens"] and p["on_over_off_tokens_per_s"] > 0 and p["top5_over_off_tokens_per_s"] > 0
+
+
 @case("round_cost")
 def _round_cost(doc, out, mod, stdout):
   (row,) = doc["rows"]
