@@ -123,6 +123,7 @@ class Engine:
     if p.draft is not None:
       dcfg = self.draft_cfg if self.draft_cfg is not None else self.cfg
       self.draft_params = rules.place_params(p.draft.params(model), dcfg, self.mesh)
+    self.param_sh = self._params_sh()      # the placed params' shardings: fixed, so computed once
     self.learning: schedule.Learning | None = None
     if p.learn:
       self.learning = schedule.Learning(p.prior_alpha, self._replan,
@@ -149,12 +150,18 @@ class Engine:
   def _replicated(self) -> NamedSharding:
     return NamedSharding(self.mesh, P())
 
+  def _executable(self, name: str, fun, args: tuple, static: dict, in_sh: tuple, out_sh, donate: tuple = ()):
+    """(fun's executable for these shapes, compiled once (compile.py), and args placed per in_sh); call
+    under `jax.set_mesh(self.mesh)`."""
+    args = jax.device_put(args, in_sh)
+    return compiling.jit_executable(name, fun, args, static, options=self.plan.xla_options,
+                                    donate_argnames=donate, in_shardings=in_sh, out_shardings=out_sh), args
+
   def _run(self, name: str, fun, args: tuple, static: dict, in_sh: tuple, out_sh, donate: tuple = ()):
-    """fun(*args, **static) on the mesh: args placed per in_sh, compiled once per shape (compile.py)."""
+    """fun(*args, **static) on the mesh."""
     with jax.set_mesh(self.mesh):
-      args = jax.device_put(args, in_sh)
-      return compiling.jit_executable(name, fun, args, static, options=self.plan.xla_options,
-                                      donate_argnames=donate, in_shardings=in_sh, out_shardings=out_sh)(*args)
+      exe, args = self._executable(name, fun, args, static, in_sh, out_sh, donate)
+      return exe(*args)
 
   def _static(self, **extra) -> dict:
     return dict(cfg=self.cfg, spec=self.spec, tree=self.tree, **extra)
@@ -168,14 +175,14 @@ class Engine:
   def _prefill_call(self, tokens, lengths, num_slots):
     static = self._static(num_slots=num_slots, chunk=self.plan.chunk(int(tokens.shape[1])), impl=self.plan.impl)
     return ((self.target_params, self.draft_params, tokens, lengths), static,
-            (*self._params_sh(), self._rows(tokens), self._rows(lengths)))
+            (*self.param_sh, self._rows(tokens), self._rows(lengths)))
 
   def prefill_draft(self, target, tokens: jax.Array, lengths: jax.Array, chunk: int):
     """The draft's ring for prompts whose target cache is already prefilled (prefilled.py)."""
     if self.spec is None:
       return None
     args = (self.target_params, self.draft_params, target, tokens, lengths)
-    in_sh = (*self._params_sh(), self._state_sh((target,))[0], self._rows(tokens), self._rows(lengths))
+    in_sh = (*self.param_sh, self._state_sh((target,))[0], self._rows(tokens), self._rows(lengths))
     return self._run("prefill_draft", loop.prefill_draft, args, self._static(chunk=chunk), in_sh,
                      lambda ring: self._state_sh((None, ring))[1])
 
@@ -213,7 +220,7 @@ class Engine:
     """loop.decode on the mesh; the LoopState is donated (caches updated in place)."""
     st = self._state_sh(state)
     return self._run("decode", loop.decode, (target_params, draft_params, state), static,
-                     (*self._params_sh(), st), st, donate=("state",))
+                     (*self.param_sh, st), st, donate=("state",))
 
   def compiled_text(self, kind: str, *args) -> str:
     """The optimized HLO of "prefill" (tokens, lengths, num_slots) or "decode" (a LoopState) as this
@@ -224,15 +231,12 @@ class Engine:
     elif kind == "decode":
       st = self._state_sh(args[0])
       call, static, in_sh = (self.target_params, self.draft_params, args[0]), self._decode_static(), \
-          (*self._params_sh(), st)
+          (*self.param_sh, st)
       fun, out_sh, donate = loop.decode, st, ("state",)
     else:
       raise ValueError(f"kind must be 'prefill' or 'decode', got {kind!r}")
     with jax.set_mesh(self.mesh):
-      call = jax.device_put(call, in_sh)
-      return compiling.jit_executable(kind, fun, call, static, options=self.plan.xla_options,
-                                      donate_argnames=donate, in_shardings=in_sh,
-                                      out_shardings=out_sh).as_text()
+      return self._executable(kind, fun, call, static, in_sh, out_sh, donate)[0].as_text()
 
   def with_schedule(self, state: loop.LoopState) -> loop.LoopState:
     """The state with the plan's thresholds (the latest re-plan's where the call learns; fixed settings:
