@@ -4,8 +4,12 @@ A self-draft re-reads the target's weights for every draft token, so on a GPU at
 costs a full weight read (issue 46). A draft may instead read a copy of those matrices in
   * "int8": symmetric, one scale per output channel (the max |w| over the contracted axis / 127);
   * "int4": symmetric, one scale per `INT4_GROUP` consecutive inputs of an output channel (max |w| / 7;
-    a smaller power-of-two group where the contracted size needs it), two values packed per byte (the
-    low nibble holds the even input, the high nibble the odd one).
+    a smaller power-of-two group where the contracted size needs it; `INT4_GROUP = 0`: one scale per
+    output channel, applied after the dot as for int8), stored as XLA's native 4-bit integers (`jnp.int4`,
+    two to a byte in device memory: the HLO layout `s4[...]{...:E(4)}`), so the conversion is a plain
+    convert XLA can fuse into a matmul's operand. On XLA:CPU (jax 0.10.2) an int4 array placed on a mesh
+    reports an unpacked layout that the engine's ahead-of-time executables refuse, so there the int4
+    values are stored one to an int8 (`INT4_STORAGE`): the same numbers, a byte each.
 The target still verifies with its own weights, so the output is the target's exactly; the draft's
 precision moves only its acceptance.
 
@@ -22,10 +26,11 @@ On one H100 (LLaMA-3.1-8B shape, 8 x 32K, self-draft chain 3 at simulated accept
 bfloat16 draft 1.18x; "dequant" without Triton GEMMs materializes the bfloat16 matrix (a draft step 21 ms
 against 10 for bfloat16). So on a GPU int8 is "dequant" and a quantized draft asks for Triton GEMMs
 (`xla_options`; the target's matmuls then use them too, as in the 1.44x run).
-int4 matrices are unpacked and scaled group by group into a bfloat16 operand ("dequant" only): on XLA:CPU
-that costs more than a bfloat16 dot (measured 23.3 ms for the shape above; a grouped integer dot 59.6 ms);
-on the H100 the unpacking did not fuse (XLA concatenated the unpacked halves: 54 ms a round, 0.50x plain
-decoding). int4 pays off only where the unpacking fuses into the matmul, which is not the case yet.
+int4 matrices are converted and scaled group by group into a bfloat16 operand ("dequant" only; with one
+scale per channel, converted only and scaled after the dot). On XLA:CPU that costs more than a bfloat16
+dot (measured 23.3 ms for the shape above with the earlier uint8 packing). On the H100 (2026-11-26) the
+earlier layout, two values packed by hand into a uint8, did not fuse: XLA concatenated the unpacked
+halves, 54 ms a round, 0.50x plain decoding; hence the native 4-bit storage.
 
 Every matrix is kept as the 2-D matrix its matmul reads (`dense` below): q/k/v [D, N*H], o [N*H, D],
 gate/up [D, F], down [F, D], lm_head [D, V] (contracted on axis 0) and the embedding [V, D] (contracted on
@@ -46,6 +51,7 @@ INT8_MAX, INT4_MAX = 127, 7
 INT8_DOTS = ("int", "dequant")
 INT8_DOT = {"cpu": "int", "gpu": "dequant"}   # backend -> one of INT8_DOTS (see above); else DEFAULT_INT8_DOT
 DEFAULT_INT8_DOT = "int"
+INT4_STORAGE = {"cpu": jnp.int8}      # backend -> container of int4 values (default: native jnp.int4; see above)
 XLA_OPTIONS = {"gpu": {"xla_gpu_enable_triton_gemm": True}}   # what a quantized draft's executables need
 # parameter name -> number of leading axes contracted (-1: the last axis is contracted)
 CONTRACTED = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1, "lm_head": 1, "embed": -1}
@@ -53,9 +59,9 @@ CONTRACTED = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1, "lm
 
 @flax.struct.dataclass
 class QuantizedWeight:
-  """A matrix stored as integers + float32 scales. q: int8 [K, N] ("int8") or uint8 [K/2, N] ("int4", packed
-  along K), with K the contracted size; scale: [N] ("int8") or [K/group, N] ("int4"); both transposed
-  ([N, K...]) when `axis` is 1 (the embedding)."""
+  """A matrix stored as integers + float32 scales. q: int8 ("int8") or int4 ("int4"; INT4_STORAGE) [K, N], with K the
+  contracted size; scale: [N] ("int8") or [K/group, N] ("int4"); both transposed ([N, K...]) when `axis` is
+  1 (the embedding)."""
   q: jax.Array
   scale: jax.Array
   kind: str = flax.struct.field(pytree_node=False)
@@ -83,6 +89,11 @@ class QuantizedWeight:
     return (k, n) if self.axis == 0 else (n, k)
 
   @property
+  def per_channel(self) -> bool:
+    """One scale per output channel (int8; int4 with one group): the scale multiplies the dot's output."""
+    return self.kind == "int8" or self.scale.ndim == 1 or self.scale.shape[self.axis] == 1
+
+  @property
   def leading_contracted(self) -> int:
     """How many leading axes of the logical shape the stored matrix contracts (axis 0: q / k / v 1, o 2)."""
     k = self.matrix_shape[0]
@@ -106,7 +117,7 @@ class QuantizedWeight:
     s = jnp.take(self.scale, ids, axis=0)
     if self.kind == "int8":
       return (q.astype(jnp.float32) * s[..., None]).astype(dtype)
-    vals = unpack_int4(q, axis=-1).astype(jnp.float32)
+    vals = q.astype(jnp.float32)
     g = vals.shape[-1] // s.shape[-1]
     vals = vals.reshape(*vals.shape[:-1], s.shape[-1], g) * s[..., None]
     return vals.reshape(*vals.shape[:-2], -1).astype(dtype)
@@ -115,31 +126,15 @@ class QuantizedWeight:
 def _dequantize_k_major(q, scale, kind, dtype):
   if kind == "int8":
     return (q.astype(jnp.float32) * scale).astype(dtype)
-  vals = unpack_int4(q, axis=0).astype(jnp.float32)                     # [K, N]
+  vals = q.astype(jnp.float32)                                          # [K, N]
   k, n = vals.shape
   g = k // scale.shape[0]
   return (vals.reshape(scale.shape[0], g, n) * scale[:, None]).reshape(k, n).astype(dtype)
 
 
-def pack_int4(v: jax.Array, axis: int) -> jax.Array:
-  """int values in [-8, 7] -> uint8 with two per byte along `axis` (even index low nibble, odd high)."""
-  v = jnp.moveaxis(v.astype(jnp.int32) + 8, axis, 0)
-  if v.shape[0] % 2:
-    raise ValueError(f"int4 packing needs an even length along the packed axis, got {v.shape[0]}")
-  packed = (v[0::2] | (v[1::2] << 4)).astype(jnp.uint8)
-  return jnp.moveaxis(packed, 0, axis)
-
-
-def unpack_int4(p: jax.Array, axis: int) -> jax.Array:
-  """The inverse of pack_int4: uint8 [..., K/2, ...] -> int8 [..., K, ...] in [-8, 7]."""
-  p = jnp.moveaxis(p, axis, 0).astype(jnp.int8)
-  lo, hi = (p & 15) - 8, ((p >> 4) & 15) - 8
-  out = jnp.stack([lo, hi], axis=1).reshape(2 * p.shape[0], *p.shape[1:])
-  return jnp.moveaxis(out.astype(jnp.int8), 0, axis)
-
-
-def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int = INT4_GROUP) -> tuple[jax.Array, jax.Array]:
-  """A 2-D matrix contracted along `axis` -> (q, scale) as QuantizedWeight stores them."""
+def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """A 2-D matrix contracted along `axis` -> (q, scale) as QuantizedWeight stores them. group: int4's group
+  size (None: INT4_GROUP; 0: the whole contracted axis, one scale per output channel)."""
   if kind not in QUANT_KINDS:
     raise ValueError(f"quantized weights must be one of {QUANT_KINDS}, got {kind!r}")
   w = jnp.asarray(w, jnp.float32)
@@ -151,16 +146,18 @@ def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int = INT4_GR
     scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
     return jnp.clip(jnp.round(w / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8), scale
   k, n = w.shape
+  group = INT4_GROUP if group is None else group
+  group = k if group <= 0 else min(group, k)
   while k % group:                      # the largest power of two <= group dividing the contracted size
     group //= 2
   wg = w.reshape(k // group, group, n)
   amax = jnp.max(jnp.abs(wg), axis=1)                                    # [K/g, N]
   scale = jnp.where(amax > 0, amax / INT4_MAX, 1.0)
   q = jnp.clip(jnp.round(wg / scale[:, None]), -INT4_MAX, INT4_MAX).reshape(k, n)
-  return pack_int4(q, 0), scale
+  return q.astype(INT4_STORAGE.get(jax.default_backend(), jnp.int4)), scale
 
 
-def quantize_weight(name: str, w: jax.Array, kind: str, group: int = INT4_GROUP) -> QuantizedWeight:
+def quantize_weight(name: str, w: jax.Array, kind: str, group: int | None = None) -> QuantizedWeight:
   """One named parameter (see CONTRACTED) -> its QuantizedWeight."""
   if name not in CONTRACTED:
     raise ValueError(f"quantized draft weights: no rule for the {w.ndim}-D parameter {name!r} "
@@ -174,7 +171,7 @@ def quantize_weight(name: str, w: jax.Array, kind: str, group: int = INT4_GROUP)
   return QuantizedWeight(q, s, kind=kind, shape=tuple(w.shape), axis=axis, dtype=str(jnp.dtype(w.dtype)))
 
 
-def quantize_params(params, kind: str, group: int = INT4_GROUP):
+def quantize_params(params, kind: str, group: int | None = None):
   """A copy of a params tree with every matrix (ndim >= 2) quantized; vectors (norm scales, biases) kept."""
   def one(path, x):
     if x.ndim < 2:
@@ -185,8 +182,9 @@ def quantize_params(params, kind: str, group: int = INT4_GROUP):
 
 
 def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, compute_dtype) -> jax.Array:
-  """einsum(eq, x, w) with w quantized: int8 as a dot against the integers (exact in bfloat16) scaled per
-  output channel afterwards; int4 against the dequantized matrix. Accumulates in float32."""
+  """einsum(eq, x, w) with w quantized: a weight with one scale per output channel (int8, per-channel int4)
+  as a dot against the integers (exact in bfloat16) scaled afterwards; group-wise int4 against the
+  dequantized matrix. Accumulates in float32."""
   lhs, out = eq.split("->")
   ws = lhs.split(",")[1]
   if len(ws) != 2 or tuple(w.shape) != w.matrix_shape:
@@ -196,15 +194,15 @@ def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, comput
   # the output channel (the weight's uncontracted axis) is the output's last; x is contracted on its last
   if out[-1] != ws[1 - w.axis] or xs[-1] != ws[w.axis] or out[:-1] != xs[:-1]:
     raise ValueError(f"quantized dense expects 'X...K,(KN|NK)->X...N', got {eq!r}")
-  if w.kind == "int8":
-    if int8_dot() == "int":
+  if w.kind == "int8" or w.per_channel:
+    if w.kind == "int8" and int8_dot() == "int":
       amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
       sx = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
       xq = jnp.round(x.astype(jnp.float32) / sx).astype(jnp.int8)
       y = jnp.einsum(eq, xq, w.q, preferred_element_type=jnp.int32).astype(jnp.float32) * sx
     else:
       y = jnp.einsum(eq, x.astype(compute_dtype), w.q.astype(compute_dtype), preferred_element_type=jnp.float32)
-    return (y * w.scale).astype(out_dtype)
+    return (y * w.scale.reshape(-1)).astype(out_dtype)
   xc = x.astype(compute_dtype)
   return jnp.einsum(eq, xc, w.dequantize(compute_dtype), preferred_element_type=jnp.float32).astype(out_dtype)
 
@@ -219,6 +217,7 @@ def xla_options(kind: str | None) -> dict:
   return dict(XLA_OPTIONS.get(jax.default_backend(), {})) if kind in QUANT_KINDS else {}
 
 
-def weight_bytes_per_param(kind: str, group: int = INT4_GROUP) -> float:
-  """Bytes read per matrix element, scales included (float32 scales)."""
-  return {"int8": 1.0, "int4": 0.5 + 4.0 / group}[kind]
+def weight_bytes_per_param(kind: str, group: int | None = None) -> float:
+  """Bytes read per matrix element, scales included (float32 scales; int4 group as in quantize_matrix)."""
+  group = INT4_GROUP if group is None else group
+  return {"int8": 1.0, "int4": 0.5 + (4.0 / group if group > 0 else 0.0)}[kind]
