@@ -176,7 +176,6 @@ class Bench:
       self.res["runs"].append(rec); self.save(); print(label, "skipped (deadline)", flush=True)
       return rec
     cfg = dataclasses.replace(model.config, numerics=numerics)
-    options = compiling.engine_options() if options is None else options
     spec = None if draft is None else draft.spec
     install_bernoulli(None, (alpha,) if draft is not None else None)
     compiling.clear()
@@ -204,7 +203,8 @@ class Bench:
       return out
 
     rec = {"part": part, "label": label, "batch": batch, "context": context, "impl": impl, "numerics": numerics,
-           "alpha": alpha, "gamma": tree.max_depth, "options": options, "slots": slots, **(extra or {})}
+           "alpha": alpha, "gamma": tree.max_depth, "options": options, "plan_xla_options": eng.plan.xla_options,
+           "slots": slots, **(extra or {})}
     try:
       t0 = time.perf_counter()
       once(n1)

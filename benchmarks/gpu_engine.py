@@ -52,7 +52,7 @@ from magicdec_jax.model import Model, init_params  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402
 from magicdec_jax.tuning import shapes  # noqa: E402
 
-PARTS = ("headline", "quant", "batch1", "shard", "identity", "invariant", "previous")
+PARTS = ("headline", "quant", "batch1", "shard", "identity", "invariant", "previous", "quant_rerun")
 PREVIOUS_OPTIONS = {"xla_gpu_enable_triton_gemm": False}          # before issue 44: dot merger on
 TRITON = {"xla_gpu_enable_triton_gemm": True}
 INT4_GROUPS = (64, 128, 0)                                        # 0: one scale per output channel
@@ -86,6 +86,26 @@ def part_headline(b: Bench, target: Model, small: Model, B: int, C: int):
       if f"{k}_floor_ms" in fl:
         b.res["parts"]["headline"][f"ar_share_of_{k}_floor"] = fl[f"{k}_floor_ms"] / step
     b.save()
+
+
+def part_quant_rerun(b: Bench, target: Model, small: Model, tcfg, C: int, shard_c: int):
+  """The quantized drafts end to end with the plan's own options (the draft's Triton GEMMs kept)."""
+  sd = lambda w: drafts.StreamingDraft(16, 512, weights=w)
+  runs = [b.run("quant_rerun", "AR", target, None, Tree((-1,)), None, 8, C, profile=False),
+          b.run("quant_rerun", "self chain3 int8", target, sd("int8"), Tree.chain(3), 0.8, 8, C),
+          b.run("quant_rerun", "1B chain3 int8", target, drafts.ModelDraft(small, 16, 512, weights="int8"),
+                Tree.chain(3), 0.7, 8, C),
+          b.run("quant_rerun", "self chain2 int8", target, sd("int8"), Tree.chain(2), 0.8, 8, C)]
+  with int4_group_as(0):
+    runs.append(b.run("quant_rerun", "self chain3 int4 gchannel", target, sd("int4"), Tree.chain(3), 0.8, 8, C))
+  b.ratios("quant_rerun", "AR", runs)
+  scfg = tcfg.replace(num_heads=tcfg.num_heads // 8, num_kv_heads=max(1, tcfg.num_kv_heads // 8),
+                      intermediate_size=tcfg.intermediate_size // 8)
+  shard = Model(scfg, init_params(scfg, jax.random.key(5)), name="shard")
+  B = 8 if b.args.smoke else 64
+  rows = [b.run("quant_rerun_shard", f"AR b{B}", shard, None, Tree((-1,)), None, B, shard_c, profile=False),
+          b.run("quant_rerun_shard", f"self chain3 int8 b{B}", shard, sd("int8"), Tree.chain(3), 0.8, B, shard_c)]
+  b.ratios("quant_rerun_shard", f"AR b{B}", rows)
 
 
 def part_previous(b: Bench, target: Model, B: int, C: int):
@@ -317,6 +337,8 @@ def run_part(b, part, smoke, target, small, tcfg, C, C1, shard_c, shard_b):
     part_shard(b, tcfg, shard_c, shard_b, tp=2 if smoke else 8)
   elif part == "identity":
     part_identity(b, smoke)
+  elif part == "quant_rerun":
+    part_quant_rerun(b, target, small, tcfg, C, shard_c)
   elif part == "invariant":
     rows = [b.run("invariant", "AR", target, None, Tree((-1,)), None, 8, C, numerics="invariant"),
             b.run("invariant", "self chain3", target, drafts.StreamingDraft(16, 512), Tree.chain(3), 0.8, 8, C,
