@@ -82,8 +82,9 @@ def kernel_profile(call, tag: str) -> dict:
 
 @contextlib.contextmanager
 def int4_group_as(group):
-  """layers/quant.INT4_GROUP set to `group` (None: unchanged; 0: one scale per output channel) inside the
-  block; the drafts' cached weight copies are dropped on entry and exit so that each group gets its own."""
+  """layers/quant.INT4_GROUP (the override of the backend's group) set to `group` (None: unchanged; 0: one
+  scale per output channel) inside the block; the drafts' cached weight copies are dropped on entry and
+  exit so that each group gets its own."""
   old = quant.INT4_GROUP
   draft_weights._NARROW.clear()
   if group is not None:

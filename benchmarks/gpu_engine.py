@@ -128,12 +128,14 @@ def int4_placement_check() -> dict:
     mesh = plan.one_device_mesh()
     sh = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()), qw)
     placed = jax.device_put(qw, sh)
-    x = jnp.ones((4, 256), jnp.bfloat16)
+    x = jax.random.normal(jax.random.key(3), (4, 256), jnp.bfloat16)
     fn = lambda q, a: quant.quantized_dense("TD,DF->TF", a, q, jnp.float32, jnp.bfloat16)
     exe = compiling.jit_executable("int4_check", fn, (placed, x), {}, in_shardings=(sh, None))
-    got = np.asarray(exe(placed, x))
-    want = np.asarray(x, np.float32) @ np.asarray(qw.dequantize(jnp.float32))
-    out = {"ok": bool(np.allclose(got, want, rtol=2e-2, atol=2e-2)), "dtype": str(placed.q.dtype),
+    got = np.asarray(exe(placed, x), np.float64)
+    want = np.asarray(x, np.float64) @ np.asarray(qw.dequantize(jnp.float32), np.float64)
+    # bf16 operands land near 1e-3 (an elementwise allclose refused a correct result on the H100, 2026-11-27)
+    rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    out = {"ok": rel < 1e-2, "relative_error": rel, "dtype": str(placed.q.dtype),
            "layout": str(getattr(placed.q, "format", None))[:200]}
   except Exception as e:                                           # noqa: BLE001 (recorded)
     out = {"ok": False, "error": repr(e)[:500]}
@@ -182,7 +184,7 @@ def part_quant(b: Bench, target: Model, B: int, C: int, window: int = 512, sink:
   b.res["parts"]["quant_steps"] = steps
   b.save()
   int4 = [(v["median_ms"], v["int4_group"]) for k, v in steps.items() if k.startswith("draft int4") and "median_ms" in v]
-  best = min(int4)[1] if int4 else quant.INT4_GROUP
+  best = min(int4)[1] if int4 else quant.int4_group()
   runs = [b.run("quant", "AR", target, None, Tree((-1,)), None, B, C, profile=False)]
   with int4_group_as(best):
     runs.append(b.run("quant", f"self chain3 int4 g{best or 'channel'}", target,

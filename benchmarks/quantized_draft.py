@@ -36,8 +36,12 @@ def main(argv=None) -> str:
   ap.add_argument("--samplings", default=",".join(SAMPLINGS))
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--step_repeats", type=int, default=20)
+  ap.add_argument("--int4_group", type=int, default=None,
+                  help="int4 group size (layers/quant.INT4_GROUP; 0: one scale per output channel; default by backend)")
   a = common.parse(ap, argv, shape="4x96", new=16, repeats=1, window=32, step_repeats=3)
   b, p = common.shape_list(a.shape)[0]
+  if a.int4_group is not None:
+    quant.INT4_GROUP = a.int4_group
   model, source = common.model(a.smoke)
   cfg = model.config
   kinds = a.weights.split(",")
@@ -75,7 +79,7 @@ def main(argv=None) -> str:
   doc = {"benchmark": "quantized_draft", "env": common.env_info(), "command": common.command(), "model": source,
          "dtype": cfg.dtype, "text": text, "batch": b, "prompt_tokens": p, "new_tokens": a.new, "gamma": a.gamma,
          "draft": f"StreamingDraft({a.sink}, {a.window}, weights=...)", "int8_dot": quant.int8_dot(),
-         "int4_group": quant.INT4_GROUP, "repeats": a.repeats, "draft_step": steps, "decode": out}
+         "int4_group": quant.int4_group(), "repeats": a.repeats, "draft_step": steps, "decode": out}
   tag = f"{b}x{p}" + ("_smoke" if a.smoke else "")
   return common.finish(doc, a.output, f"quantized_draft_{tag}_{common.device_tag()}.json")
 

@@ -70,6 +70,17 @@ def test_int4_group_shrinks_to_divide_the_contracted_size():
   assert s.shape == (3, 8)
 
 
+@pytest.mark.parametrize("backend,groups", [("gpu", 1), ("cpu", 2)])
+def test_int4_groups_by_backend(backend, groups, monkeypatch):
+  """On a GPU one scale per output channel (a grouped scale does not fuse into the matmul there: measured
+  on one H100, docs/gpu.md); elsewhere groups of 64 inputs."""
+  monkeypatch.setattr(quant.jax, "default_backend", lambda: backend)
+  w = jnp.asarray(np.random.default_rng(5).standard_normal((128, 8)), jnp.float32)
+  qw = quant.quantize_weight("gate", w, "int4")
+  assert qw.scale.shape == (groups, 8) and qw.per_channel == (groups == 1)
+  assert quant.weight_bytes_per_param("int4") == (0.5 if groups == 1 else 0.5 + 4 / 64)
+
+
 def test_int4_is_stored_as_native_four_bit_integers(monkeypatch):
   """Every int4 value survives the storage; XLA lays the matrix out at 4 bits an element (E(4)), which is
   what a GPU matmul can read with the conversion fused into its operand (the CPU's int8 container set

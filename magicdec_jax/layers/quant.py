@@ -3,13 +3,15 @@
 A self-draft re-reads the target's weights for every draft token, so on a GPU at long context a draft step
 costs a full weight read (issue 46). A draft may instead read a copy of those matrices in
   * "int8": symmetric, one scale per output channel (the max |w| over the contracted axis / 127);
-  * "int4": symmetric, one scale per `INT4_GROUP` consecutive inputs of an output channel (max |w| / 7;
-    a smaller power-of-two group where the contracted size needs it; `INT4_GROUP = 0`: one scale per
-    output channel, applied after the dot as for int8), stored as XLA's native 4-bit integers (`jnp.int4`,
-    two to a byte in device memory: the HLO layout `s4[...]{...:E(4)}`), so the conversion is a plain
-    convert XLA can fuse into a matmul's operand. On XLA:CPU (jax 0.10.2) an int4 array placed on a mesh
-    reports an unpacked layout that the engine's ahead-of-time executables refuse, so there the int4
-    values are stored one to an int8 (`INT4_STORAGE`): the same numbers, a byte each.
+  * "int4": symmetric, one scale per `int4_group()` consecutive inputs of an output channel (max |w| / 7;
+    a smaller power-of-two group where the contracted size needs it). A group of 0 means one scale per
+    output channel, applied after the dot as for int8: the default on a GPU (INT4_GROUPS), where a scale
+    multiplied in before the dot does not fuse into the matmul; 64 elsewhere. The values are stored as
+    XLA's native 4-bit integers (`jnp.int4`, two to a byte in device memory: the HLO layout
+    `s4[...]{...:E(4)}`), so the conversion is a plain convert XLA fuses into a matmul's operand. On
+    XLA:CPU (jax 0.10.2) an int4 array placed on a mesh reports an unpacked layout that the engine's
+    ahead-of-time executables refuse, so there the values are stored one to an int8 (`INT4_STORAGE`): the
+    same numbers, a byte each.
 The target still verifies with its own weights, so the output is the target's exactly; the draft's
 precision moves only its acceptance.
 
@@ -28,9 +30,10 @@ against 10 for bfloat16). So on a GPU int8 is "dequant" and a quantized draft as
 (`xla_options`; the target's matmuls then use them too, as in the 1.44x run).
 int4 matrices are converted and scaled group by group into a bfloat16 operand ("dequant" only; with one
 scale per channel, converted only and scaled after the dot). On XLA:CPU that costs more than a bfloat16
-dot (measured 23.3 ms for the shape above with the earlier uint8 packing). On the H100 (2026-11-26) the
-earlier layout, two values packed by hand into a uint8, did not fuse: XLA concatenated the unpacked
-halves, 54 ms a round, 0.50x plain decoding; hence the native 4-bit storage.
+dot. On the H100 (2026-11-26) the earlier layout, two values packed by hand into a uint8, did not fuse
+(XLA concatenated the unpacked halves: 0.50x plain decoding). Native int4 with one scale per channel
+(2026-11-27, same shape and method) fused: a chain-3 round's GEMMs 13.2 ms against 17.9 with int8, 1.61x
+plain decoding; grouped scales cost a draft step 19.8 / 21.5 ms (groups of 64 / 128) against 8.2 for int8.
 
 Every matrix is kept as the 2-D matrix its matmul reads (`dense` below): q/k/v [D, N*H], o [N*H, D],
 gate/up [D, F], down [F, D], lm_head [D, V] (contracted on axis 0) and the embedding [V, D] (contracted on
@@ -46,7 +49,9 @@ import jax
 import jax.numpy as jnp
 
 QUANT_KINDS = ("int8", "int4")
-INT4_GROUP = 64
+INT4_GROUPS = {"gpu": 0}              # backend -> int4 group size (0: per output channel); else DEFAULT_INT4_GROUP
+DEFAULT_INT4_GROUP = 64
+INT4_GROUP: int | None = None         # an override of the backend's group for this process (benchmarks)
 INT8_MAX, INT4_MAX = 127, 7
 INT8_DOTS = ("int", "dequant")
 INT8_DOT = {"cpu": "int", "gpu": "dequant"}   # backend -> one of INT8_DOTS (see above); else DEFAULT_INT8_DOT
@@ -134,7 +139,7 @@ def _dequantize_k_major(q, scale, kind, dtype):
 
 def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int | None = None) -> tuple[jax.Array, jax.Array]:
   """A 2-D matrix contracted along `axis` -> (q, scale) as QuantizedWeight stores them. group: int4's group
-  size (None: INT4_GROUP; 0: the whole contracted axis, one scale per output channel)."""
+  size (None: int4_group(); 0: the whole contracted axis, one scale per output channel)."""
   if kind not in QUANT_KINDS:
     raise ValueError(f"quantized weights must be one of {QUANT_KINDS}, got {kind!r}")
   w = jnp.asarray(w, jnp.float32)
@@ -146,7 +151,7 @@ def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int | None = 
     scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
     return jnp.clip(jnp.round(w / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8), scale
   k, n = w.shape
-  group = INT4_GROUP if group is None else group
+  group = int4_group() if group is None else group
   group = k if group <= 0 else min(group, k)
   while k % group:                      # the largest power of two <= group dividing the contracted size
     group //= 2
@@ -212,6 +217,11 @@ def int8_dot() -> str:
   return INT8_DOT.get(jax.default_backend(), DEFAULT_INT8_DOT)
 
 
+def int4_group() -> int:
+  """The int4 group size on the default backend: INT4_GROUP if set, else INT4_GROUPS (0: per channel)."""
+  return INT4_GROUP if INT4_GROUP is not None else INT4_GROUPS.get(jax.default_backend(), DEFAULT_INT4_GROUP)
+
+
 def xla_options(kind: str | None) -> dict:
   """XLA options for executables in which a draft multiplies `kind` weights (none for float copies)."""
   return dict(XLA_OPTIONS.get(jax.default_backend(), {})) if kind in QUANT_KINDS else {}
@@ -219,5 +229,5 @@ def xla_options(kind: str | None) -> dict:
 
 def weight_bytes_per_param(kind: str, group: int | None = None) -> float:
   """Bytes read per matrix element, scales included (float32 scales; int4 group as in quantize_matrix)."""
-  group = INT4_GROUP if group is None else group
+  group = int4_group() if group is None else group
   return {"int8": 1.0, "int4": 0.5 + (4.0 / group if group > 0 else 0.0)}[kind]
