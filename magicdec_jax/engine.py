@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ from magicdec_jax.model import Model, full_forward
 from magicdec_jax.plan import DecodePlan, make_plan
 from magicdec_jax.plan import replan as plan_replan
 from magicdec_jax.prompts import pad_prompts, prompt_ids
+from magicdec_jax.sampling import RowSampling
 from magicdec_jax.settings import DecodeSettings, decode_settings
 from magicdec_jax.sharding import rules
 
@@ -107,6 +108,11 @@ def check_shrink_batch(shrink_batch, p: DecodePlan) -> None:
                      "multiple of the data shards)")
 
 
+def _initial_state(tokens, lengths, max_new, eos, keys, target, ring, row_sampling, **static) -> loop.LoopState:
+  """loop.initial_state with the rows' sampling settings positional (the engine passes its arrays so)."""
+  return loop.initial_state(tokens, lengths, max_new, eos, keys, target, ring, row_sampling=row_sampling, **static)
+
+
 class Engine:
   """Executes `plan` for `model`: its params placed on the plan's mesh once, each step compiled once per
   shape (compile.py's LRU) with the partition rules' shardings; a learning plan's re-plans are kept in
@@ -186,16 +192,25 @@ class Engine:
     return self._run("prefill_draft", loop.prefill_draft, args, self._static(chunk=chunk), in_sh,
                      lambda ring: self._state_sh((None, ring))[1])
 
-  def initial_state(self, tokens, lengths, max_new, keys, target, ring) -> loop.LoopState:
+  def row_sampling(self, n: int) -> RowSampling:
+    """n rows of the plan's own sampling settings (what a row without its own gets)."""
+    return RowSampling.uniform(self.plan.settings.sampler, n)
+
+  def initial_state(self, tokens, lengths, max_new, keys, target, ring,
+                    row_sampling: RowSampling | None = None) -> loop.LoopState:
     """The loop state of a freshly prefilled batch, the caches donated into it (not donated, XLA copies
-    the whole target cache: 0.6 s at SmolLM2 8 x 2048 on CPU, ten AR steps)."""
+    the whole target cache: 0.6 s at SmolLM2 8 x 2048 on CPU, ten AR steps). row_sampling: each row's
+    sampling settings (None: the plan's)."""
     eos = jnp.asarray(eos_array(self.plan.eos))
+    if row_sampling is None:
+      row_sampling = self.row_sampling(tokens.shape[0])
     args = (tokens, lengths, max_new, eos, keys, target, ring)
     static = dict(out_len=self.plan.out_len(), tree=self.tree, num_variants=self.plan.num_variants,
                   logprobs=self.plan.settings.logprob_width)
     in_sh = (self._rows(tokens), self._rows(lengths), self._rows(max_new), self._replicated(), self._rows(keys),
              *self._state_sh((target, ring)))
-    return self.with_schedule(self._run("initial_state", loop.initial_state, args, static, in_sh, self._state_sh,
+    args, in_sh = (*args, row_sampling), (*in_sh, jax.tree.map(self._rows, row_sampling))
+    return self.with_schedule(self._run("initial_state", _initial_state, args, static, in_sh, self._state_sh,
                                         donate=("target", "ring")))
 
   def empty_state(self, batch: int, num_slots: int) -> loop.LoopState:
@@ -206,11 +221,15 @@ class Engine:
     return self.with_schedule(self._run("empty_state", slots.empty_state, args, static, (self._replicated(),),
                                         self._state_sh))
 
-  def insert(self, state, prefilled, slot_ids, rows, stream_ids, max_new, seed) -> loop.LoopState:
+  def insert(self, state, prefilled, slot_ids, rows, stream_ids, max_new, seed,
+             row_sampling: RowSampling | None = None) -> loop.LoopState:
     """Prefilled rows (target, ring, tokens, lengths) into free slots of the donated state (slots.insert):
-    the caches keep their shardings, the small arrays are replicated."""
+    the caches keep their shardings, the small arrays are replicated. row_sampling [n]: each entry's
+    sampling settings (None: the plan's)."""
     target, ring, *rest = prefilled
-    rest = (*rest, slot_ids, rows, stream_ids, max_new, seed)
+    if row_sampling is None:
+      row_sampling = self.row_sampling(slot_ids.shape[0])
+    rest = (*rest, slot_ids, rows, stream_ids, max_new, seed, row_sampling)
     st = self._state_sh(state)
     in_sh = (st, *self._state_sh((target, ring)), *(self._replicated() for _ in rest))
     return self._run("insert", slots.insert, (state, target, ring, *rest), {"spec": self.spec}, in_sh, st,
@@ -317,9 +336,41 @@ def _segmented(decode_fn, bar, target_params, draft_params, state, **static):
       return schedule.with_limit(state, schedule.NO_LIMIT)
 
 
+ROW_SAMPLING_KEYS = ("temperature", "top_k", "top_p")
+
+
+def with_row_sampling(st: DecodeSettings, rows: Sequence[Mapping[str, Any]] | None, n: int):
+  """(settings, RowSampling [n] or None) for `row_sampling`: one dict per prompt of its own temperature /
+  top_k / top_p over the run's, each checked as Sampling checks them; the settings turn per_row_sampling
+  on. None: (st, None)."""
+  if rows is None:
+    return st, None
+  rows = list(rows)
+  if len(rows) != n:
+    raise ValueError(f"row_sampling has {len(rows)} entries for {n} prompts")
+  run = dataclasses.replace(st.sampler, per_row=False)
+  out = []
+  for i, r in enumerate(rows):
+    if not isinstance(r, Mapping) or set(r) - set(ROW_SAMPLING_KEYS):
+      raise ValueError(f"row_sampling[{i}] must be a dict of {ROW_SAMPLING_KEYS}, got {r!r:.80}")
+    try:
+      out.append(dataclasses.replace(run, **r))
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"row_sampling[{i}]: {e}") from None
+  return st.replace(per_row_sampling=True), RowSampling.of(out)
+
+
+def pad_row_sampling(rs: RowSampling, b: int) -> RowSampling:
+  """rs [n] padded to b rows (greedy padding rows)."""
+  n = rs.temperature.shape[0]
+  pad = RowSampling.placeholder(b - n)
+  return jax.tree.map(lambda x, y: jnp.concatenate([x, y]), rs, pad)
+
+
 def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, stream_ids: Sequence[int] | None = None,
              mesh=None, device_memory: int | None = None, lengths=None, attention_mask=None,
-             shrink_batch: bool = False, progress: bool | None = None, **kwargs) -> GenerateResult:
+             shrink_batch: bool = False, progress: bool | None = None,
+             row_sampling: Sequence[Mapping[str, Any]] | None = None, **kwargs) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 
   Decoding settings: a `DecodeSettings` (settings=) and/or its fields as keywords (max_new_tokens,
@@ -349,12 +400,16 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   most likely tokens as (id, log-prob), most likely first (tokens a top-k / top-p cut removes left out).
   Off (the default), the compiled loop is the one without them. Prompt tokens: `prompt_logprobs`.
 
+  row_sampling: one dict per prompt of its own temperature / top_k / top_p (missing keys: the run's);
+  greedy and sampled prompts then share the batch and one compiled loop (per_row_sampling).
+
   prompts: a list of strings or of token-id lists (ragged is fine), or an integer array [B, T] (numpy or
   jax) with `lengths` [B] or an HF-style `attention_mask` [B, T] (prompts.py).
   """
   st = decode_settings(settings, **kwargs)
   ids = prompt_ids(model, prompts, lengths=lengths, attention_mask=attention_mask)
   n = len(ids)
+  st, rows_s = with_row_sampling(st, row_sampling, n)
   stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
@@ -378,7 +433,8 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
     bar = tqdm.tqdm(total=n * st.max_new_tokens, unit="tok", desc="generate", leave=False)
 
   def decode():
-    state = eng.initial_state(tokens, row_lengths, jnp.asarray(max_new), keys, target, ring)
+    state = eng.initial_state(tokens, row_lengths, jnp.asarray(max_new), keys, target, ring,
+                              None if rows_s is None else pad_row_sampling(rows_s, b))
     return eng.run(state, shrink_batch, bar)
   try:
     fin, decode_s, decode_compile_s = compiling.timed(decode)

@@ -27,7 +27,8 @@ from magicdec_jax.drafts.base import DraftSpec, Prefill, Round
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.layers.prefill_attention import CausalChunk
 from magicdec_jax.model import forward
-from magicdec_jax.sampling import Sampling, filter_logits, position_noise, probabilities
+from magicdec_jax.sampling import (RowSampling, Sampling, filter_logits, greedy_scores, position_noise,
+                                   probabilities)
 from magicdec_jax.trees import Tree
 from magicdec_jax.verify import accept
 
@@ -55,6 +56,7 @@ class LoopState:
   out_logprob: jax.Array      # [B, M] float32 log-probability of each `out` token ([B, 0]: logprobs off)
   out_top_ids: jax.Array      # [B, M, K] int32 the K most likely tokens at each position ([B, 0, 0]: K = 0)
   out_top_logprob: jax.Array  # [B, M, K] float32 their log-probabilities
+  row_sampling: RowSampling   # [B] each row's temperature / top-k / top-p (read when Sampling.per_row)
 
 
 def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, lengths: jax.Array | None = None,
@@ -105,14 +107,17 @@ def draft_config(cfg: ModelConfig) -> ModelConfig:
   return dataclasses.replace(cfg, numerics="fast") if cfg.invariant else cfg
 
 
-def path_logprobs(logits: jax.Array, path: jax.Array, emitted: jax.Array, sampling: Sampling, k: int):
+def path_logprobs(logits: jax.Array, path: jax.Array, emitted: jax.Array, sampling: Sampling, k: int,
+                  rows: RowSampling | None = None):
   """Log-probabilities of the tokens a round emits, from its verify pass: emitted token i [B, D+1] is
   drawn at the accepted path's node path[:, i], whose target logits [B, N, V] give its distribution: the
   raw log_softmax (greedy), else the log of the filtered distribution p it is sampled from (not the
   residual a rejected position's token comes from: its probability under p is what a user asks for).
+  Per-row sampling (rows): each row's own, greedy rows the raw log_softmax.
   -> (logprob [B, D+1], and with k > 0 the k most likely tokens [B, D+1, k] and their log-probs)."""
   at = jnp.take_along_axis(logits, path[:, :, None], axis=1).astype(jnp.float32)     # [B, D+1, V]
-  logp = jax.nn.log_softmax(at if sampling.greedy else filter_logits(at, sampling), axis=-1)
+  logp = jax.nn.log_softmax(at if sampling.greedy else greedy_scores(at, filter_logits(at, sampling, rows),
+                                                                     sampling, rows), axis=-1)
   chosen = jnp.take_along_axis(logp, jnp.maximum(emitted, 0)[:, :, None], axis=2)[:, :, 0]
   if k <= 0:
     return chosen, None, None
@@ -132,8 +137,9 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   if sampling.noisy_argmax:     # invariant: the noise of the tokens at positions L .. L + D, shared by all
     noise = position_noise(state.keys, state.lengths[:, None] + jnp.arange(tree.max_depth + 1)[None, :],
                            cfg.vocab_size)
+  rows_s = state.row_sampling if sampling.per_row else None
   r = Round(tree, sampling, target_params, draft_config(cfg), draft_params, state.last, state.prev, state.lengths,
-            draft_keys, noise=noise)
+            draft_keys, noise=noise, rows=rows_s)
   if spec is None or tree.num_nodes == 1:    # plain decoding (with a draft: a plain round of a schedule)
     node_tokens = state.last[:, None]
   else:
@@ -149,10 +155,12 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   if sampling.greedy:
     path, n, nxt, acc_at = accept(tree, True, logits, None, node_tokens, verify_keys)
   elif sampling.noisy_argmax:   # the target's token at each node: argmax of filtered logits + that noise
-    scores = filter_logits(logits, sampling) + noise[:, np.asarray(tree.depths)]
-    path, n, nxt, acc_at = accept(tree, True, scores, None, node_tokens, verify_keys)
-  else:
-    path, n, nxt, acc_at = accept(tree, False, probabilities(logits, sampling), q, node_tokens, verify_keys)
+    scores = filter_logits(logits, sampling, rows_s) + noise[:, np.asarray(tree.depths)]
+    path, n, nxt, acc_at = accept(tree, True, greedy_scores(logits, scores, sampling, rows_s), None, node_tokens,
+                                  verify_keys)
+  else:   # (per-row greedy rows: one-hot p and q, so acceptance is the greedy comparison)
+    path, n, nxt, acc_at = accept(tree, False, probabilities(logits, sampling, rows_s), q, node_tokens,
+                                  verify_keys)
   if not tree.is_chain:   # move the accepted path's K/V to consecutive (virtual) slots (a chain already is)
     k, v = target.gather(base[:, None] + path)
     target = target.put(base[:, None] + jnp.arange(path.shape[1])[None, :], k, v)
@@ -176,7 +184,7 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   lp = {}
   if state.out_logprob.shape[1]:    # static shapes: without the buffers, the round computes none of this
     k = state.out_top_ids.shape[2]
-    chosen, top_ids, top_lp = path_logprobs(logits, path, emitted, sampling, k)
+    chosen, top_ids, top_lp = path_logprobs(logits, path, emitted, sampling, k, rows_s)
     lp["out_logprob"] = state.out_logprob.at[rows[:, None], write_at].set(chosen, mode="drop")
     if k:
       lp["out_top_ids"] = state.out_top_ids.at[rows[:, None], write_at].set(top_ids, mode="drop")
@@ -228,10 +236,12 @@ def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, s
 
 def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos: jax.Array,
                   keys: jax.Array, target: KVCache, ring: Any, out_len: int,
-                  tree: Tree, num_variants: int = 1, logprobs: int = -1) -> LoopState:
+                  tree: Tree, num_variants: int = 1, logprobs: int = -1,
+                  row_sampling: RowSampling | None = None) -> LoopState:
   """The loop state of prefilled rows tokens [B, P] / lengths [B]. logprobs (static: settings.logprob_width)
   sizes the log-probability buffers: -1 off ([B, 0] placeholders: the loop compiles as without them), 0 the
-  emitted tokens' only, k > 0 also k alternatives per position."""
+  emitted tokens' only, k > 0 also k alternatives per position. row_sampling: each row's sampling settings
+  (read only by a per-row Sampling; None: greedy placeholders)."""
   b = tokens.shape[0]
   rows = jnp.arange(b)
   m = out_len if logprobs >= 0 else 0
@@ -245,4 +255,5 @@ def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos
       accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32), refill_at=jnp.asarray(b, jnp.int32),
       sched=sched_lib.empty(num_variants), out_logprob=jnp.zeros((b, m), jnp.float32),
       out_top_ids=jnp.zeros((b, m if k else 0, k), jnp.int32),
-      out_top_logprob=jnp.zeros((b, m if k else 0, k), jnp.float32))
+      out_top_logprob=jnp.zeros((b, m if k else 0, k), jnp.float32),
+      row_sampling=RowSampling.placeholder(b) if row_sampling is None else row_sampling)

@@ -133,14 +133,15 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
 
 
 def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = None, options: dict | None = None,
-           shrink_batch: bool = False, **kwargs) -> engine.GenerateResult:
-  """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings and result
-  as `engine.generate`'s (max_new_tokens defaults to the prefill's room; "auto" is planned for this
-  batch and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
+           shrink_batch: bool = False, row_sampling=None, **kwargs) -> engine.GenerateResult:
+  """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings, row_sampling
+  and result as `engine.generate`'s (max_new_tokens defaults to the prefill's room; "auto" is planned for
+  this batch and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
   kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
   if options is not None:
     kwargs["xla_options"] = options
   st = decode_settings(settings, **kwargs)
+  st, rows_s = engine.with_row_sampling(st, row_sampling, pre.num_prompts)
   if not 1 <= st.max_new_tokens <= pre.max_new_tokens:
     raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got "
                      f"{st.max_new_tokens}")
@@ -160,8 +161,9 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
     return target, eng.prefill_draft(target, pre.tokens, pre.lengths, pre.chunk)
   (target, draft_ring), ring_s, ring_compile_s = compiling.timed(ring)
   # the out buffer is sized for the prefill's room, so a shorter budget reuses one executable
+  rows_b = None if rows_s is None else engine.pad_row_sampling(rows_s, b)
   fin, decode_s, decode_compile_s = compiling.timed(lambda: eng.run(eng.initial_state(
-      pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), keys, target, draft_ring), shrink_batch))
+      pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), keys, target, draft_ring, rows_b), shrink_batch))
   res = eng.result(fin, n, pre.prefill_s, decode_s)
   res.stats.update(ring_s=ring_s, compile_s=ring_compile_s + decode_compile_s, prefill_compile_s=pre.compile_s,
                    decode_compile_s=decode_compile_s)

@@ -18,13 +18,22 @@ input, heavy ties included. Top-p starts from a bracket of width ~log(V / (1 - t
 log((1 - top_p) Z / V), since the V logits <= t* carry more than (1 - top_p) Z. Top-k with k <= CANDIDATES
 is one `lax.top_k`. On a CPU each row is searched on its own (`lax.map`: its bracket ends as soon as it is
 resolved, and one row's data stays in cache); accelerators search all rows at once.
+
+Per-row settings: `Sampling` is static (the compiled loop specializes on it). A batch whose rows differ
+(greedy rows next to sampled ones) passes `RowSampling`, the same settings as data [B], to
+`filter_logits_rows` / `probabilities_rows`: one compiled program for any mix. Every cut is then a search
+(k varies per row, so no static `lax.top_k`), and rows without a cut get threshold -inf. A row's kept set
+and values are those of `filter_logits` with that row's settings (top-p up to float32 knife edges, as
+between `filter_logits` compiled and eager).
 """
 from __future__ import annotations
 
 import dataclasses
 
+import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 # Names the way tokens are drawn (datagen fingerprints it): a data set resumed under another sampler would
@@ -39,11 +48,15 @@ NOISE_TAG = 0x6E6F6973        # folded into a row's key before the position: the
 class Sampling:
   """temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1 means no nucleus cut. invariant:
   drafter-invariant sampling (a token is the argmax of the filtered logits plus the noise of its
-  position, shared by draft and target: `position_noise`); False: speculative rejection sampling."""
+  position, shared by draft and target: `position_noise`); False: speculative rejection sampling.
+  per_row: the rows' temperature / top-k / top-p are a RowSampling passed beside it (mixed batches: greedy
+  rows are then sampled from one-hot distributions, which speculative sampling accepts exactly as greedy
+  decoding would)."""
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
   invariant: bool = False
+  per_row: bool = False        # each row's own settings come as data (RowSampling); the fields above unused
 
   def __post_init__(self):
     if not (self.temperature >= 0.0):
@@ -55,7 +68,8 @@ class Sampling:
 
   @property
   def greedy(self) -> bool:
-    return self.temperature == 0.0
+    """Every row greedy (static): the loop takes the argmax paths."""
+    return self.temperature == 0.0 and not self.per_row
 
   @property
   def noisy_argmax(self) -> bool:
@@ -156,8 +170,11 @@ def top_p_threshold(x: jax.Array, top_p: float) -> jax.Array:
   return _smallest_below(x, e, top_p * z, lo, m)
 
 
-def filter_logits(logits: jax.Array, s: Sampling) -> jax.Array:
-  """float32 logits [..., V] -> temperature-scaled logits with the top-k / top-p cuts set to -inf."""
+def filter_logits(logits: jax.Array, s: Sampling, rows: "RowSampling | None" = None) -> jax.Array:
+  """float32 logits [..., V] -> temperature-scaled logits with the top-k / top-p cuts set to -inf (a per-row
+  Sampling: each row's own, `filter_logits_rows`)."""
+  if s.per_row:
+    return filter_logits_rows(logits, rows)
   x = logits.astype(jnp.float32) / s.temperature
   shape = x.shape
   x = x.reshape(-1, shape[-1])
@@ -168,11 +185,104 @@ def filter_logits(logits: jax.Array, s: Sampling) -> jax.Array:
   return x.reshape(shape)
 
 
-def probabilities(logits: jax.Array, s: Sampling) -> jax.Array:
-  """float32 logits [..., V] -> float32 probabilities [..., V] after temperature, top-k and top-p."""
+def probabilities(logits: jax.Array, s: Sampling, rows: "RowSampling | None" = None) -> jax.Array:
+  """float32 logits [..., V] -> float32 probabilities [..., V] after temperature, top-k and top-p (a
+  per-row Sampling: each row's own, `probabilities_rows`)."""
+  if s.per_row:
+    return probabilities_rows(logits, rows)
   if s.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
   return jax.nn.softmax(filter_logits(logits, s), axis=-1)
+
+
+@flax.struct.dataclass
+class RowSampling:
+  """One `Sampling` per row as data, each [B]: temperature float32 (0 = greedy row), top_k int32 (0 = no
+  cut), top_p float32 (1 = no cut). A new mix of settings is new data, not a new compiled program."""
+  temperature: jax.Array
+  top_k: jax.Array
+  top_p: jax.Array
+
+  @classmethod
+  def of(cls, rows) -> "RowSampling":
+    """One Sampling per row (each re-validated). invariant is a mode of the loop, not of a row: it must
+    agree across the rows."""
+    rows = [dataclasses.replace(r) for r in rows]       # replace re-runs Sampling's checks
+    if not rows:
+      raise ValueError("RowSampling.of needs at least one row")
+    if len({r.invariant for r in rows}) > 1:
+      raise ValueError("rows disagree on invariant: it is a mode of the whole loop")
+    return cls(temperature=jnp.asarray(np.array([r.temperature for r in rows], np.float32)),
+               top_k=jnp.asarray(np.array([min(r.top_k, 2**31 - 1) for r in rows], np.int32)),
+               top_p=jnp.asarray(np.array([r.top_p for r in rows], np.float32)))
+
+  @classmethod
+  def uniform(cls, s: Sampling, batch: int) -> "RowSampling":
+    """The static `s` on every one of `batch` rows."""
+    return cls.of([dataclasses.replace(s, per_row=False)] * batch)
+
+  @classmethod
+  def placeholder(cls, batch: int) -> "RowSampling":
+    """`batch` greedy rows: what a loop state holds when its Sampling is not per-row (never read)."""
+    return cls(temperature=jnp.zeros((batch,), jnp.float32), top_k=jnp.zeros((batch,), jnp.int32),
+               top_p=jnp.ones((batch,), jnp.float32))
+
+
+def rows_over(a: jax.Array, lead: tuple[int, ...]) -> jax.Array:
+  """a [B] -> lead [B, ...]: each row's value on every position of its row."""
+  return jnp.broadcast_to(a.reshape(a.shape + (1,) * (len(lead) - 1)), lead)
+
+
+def greedy_rows(rs: RowSampling) -> jax.Array:
+  """-> bool [B]: the rows drawn by argmax (temperature 0)."""
+  return rs.temperature == 0.0
+
+
+def filter_logits_rows(logits: jax.Array, rs: RowSampling) -> jax.Array:
+  """logits [B, ..., V] -> float32 [B, ..., V]: each row as `filter_logits` with its own settings (the
+  positions of a row share them). Greedy rows are divided by 1 and cut as set: only their argmax is used,
+  and `probabilities_rows` takes it from the raw logits. Top-k is exact for every k (a count search); top-p
+  agrees with `filter_logits` except where a value's strictly-greater mass is within float32 rounding of
+  top_p * Z, where float32 sums in another order may honestly disagree (and do: `filter_logits` eager and
+  under jit already can)."""
+  lead, v = logits.shape[:-1], logits.shape[-1]
+  t = rows_over(rs.temperature, lead)
+  x = logits.astype(jnp.float32) / jnp.where(t == 0.0, 1.0, t)[..., None]
+  x = x.reshape(-1, v)
+  k = rows_over(rs.top_k, lead).reshape(-1)
+  p = rows_over(rs.top_p, lead).reshape(-1)
+  # top-k: the k-th largest value, found by the search for every row (exact for any k)
+  cut_k = (k > 0) & (k < v)
+  lo = key_to_float(float_to_key(x.min(-1)) - 1)           # below every value: all V are above it
+  kth = _smallest_below(x, None, jnp.where(cut_k, k, 1).astype(jnp.float32), lo, x.max(-1))
+  x = jnp.where(x < jnp.where(cut_k[:, None], kth, -jnp.inf), -jnp.inf, x)
+  # top-p: `top_p_threshold` with a per-row top_p (rows without a cut search with 1/2, then are ignored)
+  cut_p = p < 1.0
+  p = jnp.where(cut_p, p, 0.5)
+  m = x.max(-1)
+  e = jnp.exp(x - m[:, None])
+  z = e.sum(-1)
+  lo = m + jnp.log((1.0 - p) * z / v) - 1.0                # t* is above this (1 nat of slack)
+  tp = _smallest_below(x, e, p * z, lo, m)
+  x = jnp.where(x < jnp.where(cut_p[:, None], tp, -jnp.inf), -jnp.inf, x)
+  return x.reshape(logits.shape)
+
+
+def probabilities_rows(logits: jax.Array, rs: RowSampling) -> jax.Array:
+  """logits [B, ..., V] -> float32 probabilities [B, ..., V]: `probabilities` with each row's settings
+  (greedy rows: one-hot of the raw logits' argmax)."""
+  one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  soft = jax.nn.softmax(filter_logits_rows(logits, rs), axis=-1)
+  return jnp.where(rows_over(greedy_rows(rs), logits.shape[:-1])[..., None], one_hot, soft)
+
+
+def greedy_scores(logits: jax.Array, scores: jax.Array, s: Sampling, rows: RowSampling | None) -> jax.Array:
+  """scores [B, ..., V] whose argmax picks a row's token (invariant sampling: filtered logits + noise),
+  with a per-row Sampling's greedy rows taking the raw logits instead (their argmax is greedy decoding's)."""
+  if not s.per_row:
+    return scores
+  greedy = rows_over(greedy_rows(rows), scores.shape[:-1])[..., None]
+  return jnp.where(greedy, logits.astype(jnp.float32), scores)
 
 
 SAMPLE_BLOCK = 256   # tokens per block of the two-stage inverse-CDF draw

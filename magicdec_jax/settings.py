@@ -25,7 +25,7 @@ from magicdec_jax.trees import Tree
 
 DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
 MAX_TOP_LOGPROBS = 20    # the most alternatives per position top_logprobs may ask for (OpenAI's limit)
-OFF_DEFAULTS = ("logprobs", "top_logprobs")   # fingerprinted only when set (older data sets resume unchanged)
+OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling")   # fingerprinted only when set (older data sets resume unchanged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,10 @@ class DecodeSettings:
   each emitted token's log-probability under the distribution it was drawn from (greedy: the model's
   log_softmax; sampling: the temperature / top-k / top-p filtered distribution), read from the verify pass
   (exact under speculation); top_logprobs: also the k (0..MAX_TOP_LOGPROBS) most likely tokens of that
-  distribution per position (needs logprobs). Both are compiled in: off, the loop is today's."""
+  distribution per position (needs logprobs). Both are compiled in: off, the loop is today's.
+  per_row_sampling: every row samples with its own temperature / top-k / top-p, data in the loop state
+  (stream.Request's fields; this object's are the defaults), so one executable serves any mix of greedy
+  and sampled rows; off, the loop compiles the one setting in."""
   max_new_tokens: int
   temperature: float = 0.0
   top_k: int = 0
@@ -71,6 +74,7 @@ class DecodeSettings:
   numerics: str | None = None            # "invariant" (bitwise plain decoding's logits), "fast"; None: by backend
   logprobs: bool = False                 # return each emitted token's log-probability
   top_logprobs: int = 0                  # and the k most likely alternatives per position (needs logprobs)
+  per_row_sampling: bool = False         # each row's temperature / top-k / top-p as data (mixed batches)
 
   def __post_init__(self):
     if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
@@ -110,12 +114,15 @@ class DecodeSettings:
       raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
     if self.top_logprobs and not self.logprobs:
       raise ValueError(f"top_logprobs={self.top_logprobs} needs logprobs=True")
+    if not isinstance(self.per_row_sampling, bool):
+      raise ValueError(f"per_row_sampling must be True or False, got {self.per_row_sampling!r}")
     if self.xla_options is not None and not isinstance(self.xla_options, Mapping):
       raise ValueError(f"xla_options must be a dict of XLA option name -> value, got {self.xla_options!r:.80}")
 
   @property
   def sampler(self) -> Sampling:
-    return Sampling(float(self.temperature), int(self.top_k), float(self.top_p), self.sampling == "invariant")
+    return Sampling(float(self.temperature), int(self.top_k), float(self.top_p), self.sampling == "invariant",
+                    per_row=self.per_row_sampling)
 
   @property
   def logprob_width(self) -> int:
@@ -130,7 +137,8 @@ class DecodeSettings:
     near-tie), and with a tree (its nodes' slots differ from plain decoding's: layers/invariant.py);
     greedy and invariant sampling of a chain with invariant numerics give plain decoding's tokens exactly."""
     chain = self.tree is None or (isinstance(self.tree, Tree) and self.tree.is_chain)
-    exact = (self.temperature == 0 or self.sampling == "invariant") and self.numerics == "invariant"
+    greedy = self.temperature == 0 and not self.per_row_sampling
+    exact = (greedy or self.sampling == "invariant") and self.numerics == "invariant"
     return not (exact and chain)
 
   @property

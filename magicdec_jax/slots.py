@@ -21,6 +21,7 @@ from magicdec_jax import loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import DraftSpec
+from magicdec_jax.sampling import RowSampling
 from magicdec_jax.trees import Tree
 
 LOGPROB_FIELDS = ("out_logprob", "out_top_ids", "out_top_logprob")   # per-row log-probability buffers
@@ -51,14 +52,15 @@ def _put_cache(dst, cache: tuple, pre: tuple, rows: jax.Array) -> tuple:
 
 
 def insert(state: loop.LoopState, target: KVCache, ring: Any, tokens: jax.Array, lengths: jax.Array,
-           slots: jax.Array, rows: jax.Array, stream_ids: jax.Array, max_new: jax.Array, seed: jax.Array, *,
-           spec: DraftSpec | None) -> loop.LoopState:
+           slots: jax.Array, rows: jax.Array, stream_ids: jax.Array, max_new: jax.Array, seed: jax.Array,
+           row_sampling: RowSampling, *, spec: DraftSpec | None) -> loop.LoopState:
   """Write prefilled rows into free slots.
 
   target / ring / tokens [k, P] / lengths [k]: a `loop.prefill` batch (its cache may have fewer slots than
   the state's). slots [n]: destination slot of each entry (B: padding, skipped); rows [n]: the prefilled row
   it takes; stream_ids [n] (uint32) and seed []: its PRNG key, fold_in(key(seed), stream id), the same key
-  `generate` gives that stream; max_new [n]: its token budget.
+  `generate` gives that stream; max_new [n]: its token budget; row_sampling [n]: its sampling settings
+  (read by a per-row Sampling only).
   """
   b = state.lengths.shape[0]
   dst = jnp.where((slots >= 0) & (slots < b), slots, b)
@@ -82,4 +84,5 @@ def insert(state: loop.LoopState, target: KVCache, ring: Any, tokens: jax.Array,
       max_new=_put(dst, state.max_new, max_new), keys=state.keys.at[dst].set(keys, mode="drop"),
       target=new_target, ring=new_ring, rounds=_put(dst, state.rounds, zeros),
       accepted=_put(dst, state.accepted, zeros), drafted=_put(dst, state.drafted, zeros),
-      accepted_at=_put(dst, state.accepted_at, jnp.zeros((n, state.accepted_at.shape[1]), jnp.int32)), **lp)
+      accepted_at=_put(dst, state.accepted_at, jnp.zeros((n, state.accepted_at.shape[1]), jnp.int32)),
+      row_sampling=jax.tree.map(lambda x, v: _put(dst, x, v), state.row_sampling, row_sampling), **lp)

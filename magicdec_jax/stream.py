@@ -38,6 +38,7 @@ from magicdec_jax.cache import aligned_slots
 from magicdec_jax.model import Model
 from magicdec_jax.plan import DecodePlan, bucket, make_plan
 from magicdec_jax.prompts import pad_prompts, tokenize_prompts
+from magicdec_jax.sampling import RowSampling, Sampling
 from magicdec_jax.settings import DecodeSettings, decode_settings
 
 
@@ -54,7 +55,9 @@ class Request:
   stop: strings that end the output at their first occurrence in the decoded text (the tokens up to and
   including the one completing it are kept; the text is cut before it, or after it with keep_stop);
   stop_token_ids: ids that end it as EOS does (the text is cut before the id's text unless keep_stop);
-  finish_reason "stop". tag: returned untouched.
+  finish_reason "stop". temperature / top_k / top_p: this request's sampling (None: the run's; a request
+  that sets any needs a stream planned with per_row_sampling, which a list of requests gets by itself).
+  tag: returned untouched.
   """
   prompt: Any
   stream_ids: Sequence[int] | None = None
@@ -65,6 +68,37 @@ class Request:
   stop: Sequence[str] | None = None
   stop_token_ids: Sequence[int] | None = None
   keep_stop: bool = False
+  temperature: float | None = None
+  top_k: int | None = None
+  top_p: float | None = None
+
+  def sampling_of(self, run: Sampling) -> Sampling:
+    """This request's sampling: its own fields over the run's (checked as Sampling checks them)."""
+    pick = lambda mine, theirs: theirs if mine is None else mine
+    for name, kinds in (("temperature", (int, float, np.integer, np.floating)), ("top_p", (int, float, np.integer,
+                        np.floating)), ("top_k", (int, np.integer))):
+      v = getattr(self, name)
+      if v is not None and (isinstance(v, bool) or not isinstance(v, kinds)):
+        raise ValueError(f"{name} must be a number, got {v!r}")
+    return Sampling(float(pick(self.temperature, run.temperature)), int(pick(self.top_k, run.top_k)),
+                    float(pick(self.top_p, run.top_p)), run.invariant)
+
+  @property
+  def own_sampling(self) -> bool:
+    return any(v is not None for v in (self.temperature, self.top_k, self.top_p))
+
+
+def needs_per_row(requests: Sequence, run: Sampling) -> bool:
+  """Whether some request of a list samples otherwise than the run (a loop with per-row settings)."""
+  base = dataclasses.replace(run, per_row=False)
+  differs = False
+  for i, r in enumerate(requests):
+    if isinstance(r, Request) and r.own_sampling:
+      try:
+        differs |= r.sampling_of(base) != base
+      except ValueError as e:
+        raise ValueError(f"request {i}: {e}") from None
+  return differs
 
 
 @dataclasses.dataclass
@@ -93,6 +127,7 @@ class _Job:
   stop: tuple[str, ...] = ()
   stop_ids: frozenset = frozenset()
   keep_stop: bool = False
+  sampling: tuple = (0.0, 0, 1.0)   # (temperature, top_k, top_p)
 
 
 def finish_rows(state, mask):
@@ -147,6 +182,8 @@ class Generator:
       max_prompt_tokens = max((len(self._ids(model, r, i)) for i, r in enumerate(requests)), default=1)
     if decode_plan is None:
       st = decode_settings(settings, **kwargs)
+      if isinstance(requests, Sequence) and not st.per_row_sampling and needs_per_row(requests, st.sampler):
+        st = st.replace(per_row_sampling=True)
       longest = max_prompt_tokens or model.config.max_position_embeddings - st.max_new_tokens
       decode_plan = make_plan(model, st, batch=batch_size, shortest=1, longest=max(longest, 1), mesh=mesh,
                          device_memory=device_memory)
@@ -234,8 +271,14 @@ class Generator:
     if not isinstance(r.keep_stop, bool):
       raise ValueError(f"keep_stop must be True or False, got {r.keep_stop!r}")
     seed = self.seed if r.seed is None else int(r.seed)
+    run = dataclasses.replace(self.plan.sampling, per_row=False)
+    own = r.sampling_of(run)
+    if own != run and not self.plan.sampling.per_row:
+      raise ValueError(f"sets its own sampling ({own}) but the stream was planned without per-row sampling: "
+                       f"pass per_row_sampling=True (a list of requests gets it by itself)")
     return _Job(i, ids, sids, r.tag, max_new=int(max_new), seed=seed, stop=tuple(stop),
-                stop_ids=frozenset(int(t) for t in stop_ids), keep_stop=r.keep_stop)
+                stop_ids=frozenset(int(t) for t in stop_ids), keep_stop=r.keep_stop,
+                sampling=(own.temperature, own.top_k, own.top_p))
 
   # ---------------------------------------------------------------------------------------------- device
 
@@ -259,16 +302,17 @@ class Generator:
     return target, ring, tokens_j, lengths_j
 
   def _insert(self, state, pre, entries):
-    """entries: (slot, prefilled row, stream id, token budget, seed); one insert call per distinct seed
-    (the seed is data: one executable), each padded to the batch size."""
+    """entries: (slot, prefilled row, stream id, token budget, seed, (temperature, top_k, top_p)); one
+    insert call per distinct seed (the seed is data: one executable), each padded to the batch size."""
     b = self.batch
     for seed in sorted({e[4] for e in entries}):
-      group = [e[:4] for e in entries if e[4] == seed]
-      pad = [(b, 0, 0, 0)] * (b - len(group))
-      slot_a, row_a, sid_a, max_a = (np.asarray(x) for x in zip(*(group + pad)))
+      group = [e[:4] + e[5] for e in entries if e[4] == seed]
+      pad = [(b, 0, 0, 0, 0.0, 0, 1.0)] * (b - len(group))
+      slot_a, row_a, sid_a, max_a, t_a, k_a, p_a = (np.asarray(x) for x in zip(*(group + pad)))
+      rows_s = RowSampling(jnp.asarray(t_a, jnp.float32), jnp.asarray(k_a, jnp.int32), jnp.asarray(p_a, jnp.float32))
       state = self._timed("insert_s", self.engine.insert, state, pre, jnp.asarray(slot_a, jnp.int32),
                           jnp.asarray(row_a, jnp.int32), jnp.asarray(sid_a, jnp.uint32),
-                          jnp.asarray(max_a, jnp.int32), jnp.asarray(seed, jnp.uint32))
+                          jnp.asarray(max_a, jnp.int32), jnp.asarray(seed, jnp.uint32), rows_s)
     return state
 
   def _decode(self, state, step: int, stopping: bool):
@@ -342,7 +386,7 @@ class Generator:
         if left:                                   # more samples of an already prefilled prompt
           r, j = left[0]
           s = free.pop(0)
-          entries.append((s, r, j.stream_ids[j.taken], j.max_new, j.seed))
+          entries.append((s, r, j.stream_ids[j.taken], j.max_new, j.seed, j.sampling))
           occupant[s] = (j, j.taken)
           seen_rounds[s] = checked[s] = 0
           j.taken += 1

@@ -181,6 +181,15 @@ def _logprobs_cost(doc, out, mod, stdout):
     assert p["same_tokens"] and p["on_over_off_tokens_per_s"] > 0 and p["top5_over_off_tokens_per_s"] > 0
 
 
+@case("mixed_sampling")
+def _mixed_sampling(doc, out, mod, stdout):
+  """The three settings ran; the mixed batch's greedy rows are the greedy run's (the reference)."""
+  _env_ok(doc)
+  assert set(doc["runs"]) == {"greedy", "sampled", "mixed"}
+  assert all(r["tokens_per_s"] > 0 for r in doc["runs"].values())
+  assert doc["mixed_greedy_rows_equal_greedy_run"] and doc["mixed_over_slower_uniform"] > 0
+
+
 @case("round_cost")
 def _round_cost(doc, out, mod, stdout):
   (row,) = doc["rows"]

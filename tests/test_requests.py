@@ -146,7 +146,7 @@ def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path):
   out = str(tmp_path / "out.jsonl")
   kw = dict(max_new_tokens=10, batch_size=3, seed=3, progress=False)
   s = datagen.run(model, inp, out, **kw)
-  assert s["input_format"] == "openai" and s["sampling_groups"] == 2 and s["bad_lines"] == 5
+  assert s["input_format"] == "openai" and s["sampling_groups"] == 1 and s["bad_lines"] == 5   # one mixed stream
   lines = open(out).read().splitlines()
   recs = [json.loads(x) for x in lines]
   errs = {r["id"]: r for r in recs if r["error"] is not None}
@@ -224,3 +224,31 @@ def test_openai_request_validation():
     with pytest.raises(openai_batch.RequestError) as e:
       openai_batch.to_native(line, max_new_tokens=8)
     assert e.value.field == field and field in str(e.value)
+
+
+def test_native_records_carry_their_own_settings(tmp_path):
+  """A native file mixing greedy and sampled records with their own max_new_tokens / seed runs as one
+  stream (per-row sampling); each record equals `generate` of it alone with its settings; an unknown field
+  or a bad value is a bad line naming it."""
+  model = tiny()
+  recs = [{"id": "g", "prompt": "Hello world"},
+          {"id": "t", "prompt": "To be", "temperature": 0.8, "top_p": 0.9, "max_new_tokens": 7},
+          {"id": "k", "prompt": "The quick brown fox", "temperature": 1.0, "top_k": 20, "seed": 9}]
+  out = str(tmp_path / "out.jsonl")
+  s = datagen.run(model, _write(tmp_path / "in.jsonl", recs), out, max_new_tokens=10, batch_size=2, seed=3,
+                  progress=False)
+  assert s["records_written"] == 3 and s["sampling_groups"] == 1
+  got = {r["id"]: r for r in map(json.loads, open(out).read().splitlines())}
+  for rec in recs:
+    own = {k: v for k, v in rec.items() if k not in ("id", "prompt")}
+    want = _ref(rec["prompt"], stream_ids=[datagen.stream_id(rec["id"], 0)], **dict(dict(max_new_tokens=10,
+                                                                                          seed=3), **own))
+    assert got[rec["id"]]["token_ids"] == want.tokens[0], rec["id"]
+  bad = [{"id": "u", "prompt": "x", "meta": 1}, {"id": "v", "prompt": "x", "top_p": 0},
+         {"id": "w", "prompt": "x", "max_new_tokens": 11}]
+  s = datagen.run(model, _write(tmp_path / "bad.jsonl", bad), str(tmp_path / "o2.jsonl"), max_new_tokens=10,
+                  on_error="skip", progress=False)
+  reasons = [json.loads(x)["reason"] for x in open(str(tmp_path / "o2.jsonl") + ".errors.jsonl")]
+  assert s["bad_lines"] == 3 and "unknown field(s) 'meta'" in reasons[0]
+  assert "'top_p' must be a number in (0, 1]" in reasons[1] and "'max_new_tokens' must be an integer in [1, 10]" \
+      in reasons[2]

@@ -34,7 +34,8 @@ import numpy as np
 from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask
-from magicdec_jax.sampling import Sampling, filter_logits, probabilities, sample_without_replacement
+from magicdec_jax.sampling import (RowSampling, Sampling, filter_logits, greedy_scores, probabilities,
+                                   sample_without_replacement)
 from magicdec_jax.trees import Tree
 from magicdec_jax.tuning.draft_cost import DraftCost
 
@@ -74,6 +75,7 @@ class Round:
   node_tokens: jax.Array | None = None
   features: jax.Array | None = None
   noise: jax.Array | None = None      # [B, D+1, V] invariant sampling: the noise of the tokens at depth 1..D+1
+  rows: RowSampling | None = None     # each row's sampling settings (a per-row Sampling), else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,18 +265,19 @@ def scratch_mask(ring: RingCache, sink: int, window: int, anc: jax.Array, q_pos:
 # ------------------------------------------------------------------------------------------ tree levels
 
 def choose_children(logits: jax.Array, sampling: Sampling, keys: jax.Array, d, width: int,
-                    noise: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                    noise: jax.Array | None = None, rows: RowSampling | None = None) -> tuple[jax.Array, jax.Array]:
   """A level's child tokens [B, E, W] from its logits [B, E, V], and the distribution recorded for
   verification: the logits (greedy: the top W; invariant sampling: the top W of the filtered logits plus
   the level's position noise noise[:, d], the same noise the target's token there gets) or q, the filtered
   probabilities the W children were drawn from without replacement (rejection sampling; level d's keys
-  fold_in(row key, 7919 + d))."""
+  fold_in(row key, 7919 + d)). rows: per-row settings (a per-row Sampling): a greedy row's children are
+  its top W logits under invariant sampling; under rejection sampling its q is one-hot (its argmax)."""
   if sampling.greedy:
     return jax.lax.top_k(logits, width)[1].astype(jnp.int32), logits
   if sampling.noisy_argmax:
-    scores = filter_logits(logits, sampling) + noise[:, d][:, None, :]
+    scores = greedy_scores(logits, filter_logits(logits, sampling, rows) + noise[:, d][:, None, :], sampling, rows)
     return jax.lax.top_k(scores, width)[1].astype(jnp.int32), logits
-  q = probabilities(logits, sampling)
+  q = probabilities(logits, sampling, rows)
   level_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7919 + d))(keys)
   keys_e = jax.vmap(lambda k: jax.random.split(k, logits.shape[1]))(level_keys)
   return sample_without_replacement(keys_e, q, width), q
