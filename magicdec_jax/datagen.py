@@ -53,7 +53,7 @@ class Item:
 
 
 NATIVE_FIELDS = ("id", "prompt", "messages")
-NATIVE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")   # a record's own settings
+NATIVE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop")   # a record's own settings
 
 
 def native_options(rec: dict, max_new_tokens: int) -> dict | None:
@@ -73,6 +73,7 @@ def native_options(rec: dict, max_new_tokens: int) -> dict | None:
             "temperature": (lambda v: number(v) and v >= 0, "a number >= 0"),
             "top_k": (lambda v: integer(v) and v >= 0, "an integer >= 0"),
             "top_p": (lambda v: number(v) and 0 < v <= 1, "a number in (0, 1]"),
+            "min_p": (lambda v: number(v) and 0 <= v <= 1, "a number in [0, 1]"),
             "seed": (lambda v: integer(v) and 0 <= v < 2**32, "an integer in [0, 2**32)"),
             "stop": (lambda v: isinstance(v, str) and v or isinstance(v, list) and v and
                      all(isinstance(x, str) and x for x in v), "a non-empty string or list of them")}

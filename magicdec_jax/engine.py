@@ -336,7 +336,7 @@ def _segmented(decode_fn, bar, target_params, draft_params, state, **static):
       return schedule.with_limit(state, schedule.NO_LIMIT)
 
 
-ROW_SAMPLING_KEYS = ("temperature", "top_k", "top_p")
+ROW_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
 
 
 def with_row_sampling(st: DecodeSettings, rows: Sequence[Mapping[str, Any]] | None, n: int):
@@ -400,7 +400,7 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   most likely tokens as (id, log-prob), most likely first (tokens a top-k / top-p cut removes left out).
   Off (the default), the compiled loop is the one without them. Prompt tokens: `prompt_logprobs`.
 
-  row_sampling: one dict per prompt of its own temperature / top_k / top_p (missing keys: the run's);
+  row_sampling: one dict per prompt of its own temperature / top_k / top_p / min_p (missing keys: the run's);
   greedy and sampled prompts then share the batch and one compiled loop (per_row_sampling).
 
   prompts: a list of strings or of token-id lists (ragged is fine), or an integer array [B, T] (numpy or

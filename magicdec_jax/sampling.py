@@ -46,7 +46,8 @@ NOISE_TAG = 0x6E6F6973        # folded into a row's key before the position: the
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-  """temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1 means no nucleus cut. invariant:
+  """temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1 means no nucleus cut; min_p 0 means no
+  min-p cut (else, after the other cuts, tokens below min_p times the most likely one's probability go). invariant:
   drafter-invariant sampling (a token is the argmax of the filtered logits plus the noise of its
   position, shared by draft and target: `position_noise`); False: speculative rejection sampling.
   per_row: the rows' temperature / top-k / top-p are a RowSampling passed beside it (mixed batches: greedy
@@ -57,6 +58,7 @@ class Sampling:
   top_p: float = 1.0
   invariant: bool = False
   per_row: bool = False        # each row's own settings come as data (RowSampling); the fields above unused
+  min_p: float = 0.0           # 0 means no cut; else drop tokens below min_p x the most likely one's probability
 
   def __post_init__(self):
     if not (self.temperature >= 0.0):
@@ -65,6 +67,8 @@ class Sampling:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
     if self.top_k < 0:
       raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+    if not (0.0 <= self.min_p <= 1.0):
+      raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
 
   @property
   def greedy(self) -> bool:
@@ -171,7 +175,7 @@ def top_p_threshold(x: jax.Array, top_p: float) -> jax.Array:
 
 
 def filter_logits(logits: jax.Array, s: Sampling, rows: "RowSampling | None" = None) -> jax.Array:
-  """float32 logits [..., V] -> temperature-scaled logits with the top-k / top-p cuts set to -inf (a per-row
+  """float32 logits [..., V] -> temperature-scaled logits with the top-k / top-p / min-p cuts set to -inf (a per-row
   Sampling: each row's own, `filter_logits_rows`)."""
   if s.per_row:
     return filter_logits_rows(logits, rows)
@@ -182,7 +186,16 @@ def filter_logits(logits: jax.Array, s: Sampling, rows: "RowSampling | None" = N
     x = jnp.where(x < top_k_threshold(x, s.top_k), -jnp.inf, x)
   if s.top_p < 1.0:
     x = jnp.where(x < top_p_threshold(x, s.top_p), -jnp.inf, x)
+  if s.min_p > 0.0:
+    x = jnp.where(x < min_p_threshold(x, s.min_p), -jnp.inf, x)
   return x.reshape(shape)
+
+
+def min_p_threshold(x: jax.Array, min_p) -> jax.Array:
+  """x [R, V] float32 (-inf = cut), min_p scalar or [R] in (0, 1] -> [R, 1]: the smallest logit whose
+  probability is at least min_p times the most likely token's: max + log(min_p) (applied after top-k and
+  top-p, as vLLM does; the most likely token always stays)."""
+  return x.max(-1, keepdims=True) + jnp.reshape(jnp.log(jnp.asarray(min_p, jnp.float32)), (-1, 1))
 
 
 def probabilities(logits: jax.Array, s: Sampling, rows: "RowSampling | None" = None) -> jax.Array:
@@ -202,6 +215,7 @@ class RowSampling:
   temperature: jax.Array
   top_k: jax.Array
   top_p: jax.Array
+  min_p: jax.Array
 
   @classmethod
   def of(cls, rows) -> "RowSampling":
@@ -214,7 +228,8 @@ class RowSampling:
       raise ValueError("rows disagree on invariant: it is a mode of the whole loop")
     return cls(temperature=jnp.asarray(np.array([r.temperature for r in rows], np.float32)),
                top_k=jnp.asarray(np.array([min(r.top_k, 2**31 - 1) for r in rows], np.int32)),
-               top_p=jnp.asarray(np.array([r.top_p for r in rows], np.float32)))
+               top_p=jnp.asarray(np.array([r.top_p for r in rows], np.float32)),
+               min_p=jnp.asarray(np.array([r.min_p for r in rows], np.float32)))
 
   @classmethod
   def uniform(cls, s: Sampling, batch: int) -> "RowSampling":
@@ -225,7 +240,7 @@ class RowSampling:
   def placeholder(cls, batch: int) -> "RowSampling":
     """`batch` greedy rows: what a loop state holds when its Sampling is not per-row (never read)."""
     return cls(temperature=jnp.zeros((batch,), jnp.float32), top_k=jnp.zeros((batch,), jnp.int32),
-               top_p=jnp.ones((batch,), jnp.float32))
+               top_p=jnp.ones((batch,), jnp.float32), min_p=jnp.zeros((batch,), jnp.float32))
 
 
 def rows_over(a: jax.Array, lead: tuple[int, ...]) -> jax.Array:
@@ -265,6 +280,9 @@ def filter_logits_rows(logits: jax.Array, rs: RowSampling) -> jax.Array:
   lo = m + jnp.log((1.0 - p) * z / v) - 1.0                # t* is above this (1 nat of slack)
   tp = _smallest_below(x, e, p * z, lo, m)
   x = jnp.where(x < jnp.where(cut_p[:, None], tp, -jnp.inf), -jnp.inf, x)
+  mp = rows_over(rs.min_p, lead).reshape(-1)                # min-p: last, as in filter_logits
+  cut_m = mp > 0.0
+  x = jnp.where(x < jnp.where(cut_m[:, None], min_p_threshold(x, jnp.where(cut_m, mp, 1.0)), -jnp.inf), -jnp.inf, x)
   return x.reshape(logits.shape)
 
 

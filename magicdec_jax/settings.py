@@ -25,7 +25,7 @@ from magicdec_jax.trees import Tree
 
 DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
 MAX_TOP_LOGPROBS = 20    # the most alternatives per position top_logprobs may ask for (OpenAI's limit)
-OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling")   # fingerprinted only when set (older data sets resume unchanged)
+OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling", "min_p")   # fingerprinted only when set (older data sets resume unchanged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +59,7 @@ class DecodeSettings:
   top_k: int = 0
   top_p: float = 1.0
   seed: int = 0
+  min_p: float = 0.0                     # drop tokens below min_p x the most likely one's probability (0: off)
   eos_token_id: Any = None               # an id, a list of ids, or None (the model's own)
   draft: Draft | None = None
   gamma: int | str = DEFAULT_GAMMA
@@ -80,7 +81,7 @@ class DecodeSettings:
     if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
         or self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-    Sampling(float(self.temperature), int(self.top_k), float(self.top_p))          # its own checks
+    Sampling(float(self.temperature), int(self.top_k), float(self.top_p), min_p=float(self.min_p))   # its checks
     if not isinstance(self.seed, (int, np.integer)):
       raise ValueError(f"seed must be an integer, got {self.seed!r}")
     if self.draft is not None and not isinstance(self.draft, Draft):
@@ -122,7 +123,7 @@ class DecodeSettings:
   @property
   def sampler(self) -> Sampling:
     return Sampling(float(self.temperature), int(self.top_k), float(self.top_p), self.sampling == "invariant",
-                    per_row=self.per_row_sampling)
+                    per_row=self.per_row_sampling, min_p=float(self.min_p))
 
   @property
   def logprob_width(self) -> int:

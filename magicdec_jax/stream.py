@@ -55,7 +55,7 @@ class Request:
   stop: strings that end the output at their first occurrence in the decoded text (the tokens up to and
   including the one completing it are kept; the text is cut before it, or after it with keep_stop);
   stop_token_ids: ids that end it as EOS does (the text is cut before the id's text unless keep_stop);
-  finish_reason "stop". temperature / top_k / top_p: this request's sampling (None: the run's; a request
+  finish_reason "stop". temperature / top_k / top_p / min_p: this request's sampling (None: the run's; a request
   that sets any needs a stream planned with per_row_sampling, which a list of requests gets by itself).
   tag: returned untouched.
   """
@@ -71,21 +71,22 @@ class Request:
   temperature: float | None = None
   top_k: int | None = None
   top_p: float | None = None
+  min_p: float | None = None
 
   def sampling_of(self, run: Sampling) -> Sampling:
     """This request's sampling: its own fields over the run's (checked as Sampling checks them)."""
     pick = lambda mine, theirs: theirs if mine is None else mine
     for name, kinds in (("temperature", (int, float, np.integer, np.floating)), ("top_p", (int, float, np.integer,
-                        np.floating)), ("top_k", (int, np.integer))):
+                        np.floating)), ("min_p", (int, float, np.integer, np.floating)), ("top_k", (int, np.integer))):
       v = getattr(self, name)
       if v is not None and (isinstance(v, bool) or not isinstance(v, kinds)):
         raise ValueError(f"{name} must be a number, got {v!r}")
     return Sampling(float(pick(self.temperature, run.temperature)), int(pick(self.top_k, run.top_k)),
-                    float(pick(self.top_p, run.top_p)), run.invariant)
+                    float(pick(self.top_p, run.top_p)), run.invariant, min_p=float(pick(self.min_p, run.min_p)))
 
   @property
   def own_sampling(self) -> bool:
-    return any(v is not None for v in (self.temperature, self.top_k, self.top_p))
+    return any(v is not None for v in (self.temperature, self.top_k, self.top_p, self.min_p))
 
 
 def needs_per_row(requests: Sequence, run: Sampling) -> bool:
@@ -127,7 +128,7 @@ class _Job:
   stop: tuple[str, ...] = ()
   stop_ids: frozenset = frozenset()
   keep_stop: bool = False
-  sampling: tuple = (0.0, 0, 1.0)   # (temperature, top_k, top_p)
+  sampling: tuple = (0.0, 0, 1.0, 0.0)   # (temperature, top_k, top_p, min_p)
 
 
 def finish_rows(state, mask):
@@ -278,7 +279,7 @@ class Generator:
                        f"pass per_row_sampling=True (a list of requests gets it by itself)")
     return _Job(i, ids, sids, r.tag, max_new=int(max_new), seed=seed, stop=tuple(stop),
                 stop_ids=frozenset(int(t) for t in stop_ids), keep_stop=r.keep_stop,
-                sampling=(own.temperature, own.top_k, own.top_p))
+                sampling=(own.temperature, own.top_k, own.top_p, own.min_p))
 
   # ---------------------------------------------------------------------------------------------- device
 
@@ -302,14 +303,15 @@ class Generator:
     return target, ring, tokens_j, lengths_j
 
   def _insert(self, state, pre, entries):
-    """entries: (slot, prefilled row, stream id, token budget, seed, (temperature, top_k, top_p)); one
+    """entries: (slot, prefilled row, stream id, token budget, seed, (temperature, top_k, top_p, min_p)); one
     insert call per distinct seed (the seed is data: one executable), each padded to the batch size."""
     b = self.batch
     for seed in sorted({e[4] for e in entries}):
       group = [e[:4] + e[5] for e in entries if e[4] == seed]
-      pad = [(b, 0, 0, 0, 0.0, 0, 1.0)] * (b - len(group))
-      slot_a, row_a, sid_a, max_a, t_a, k_a, p_a = (np.asarray(x) for x in zip(*(group + pad)))
-      rows_s = RowSampling(jnp.asarray(t_a, jnp.float32), jnp.asarray(k_a, jnp.int32), jnp.asarray(p_a, jnp.float32))
+      pad = [(b, 0, 0, 0, 0.0, 0, 1.0, 0.0)] * (b - len(group))
+      slot_a, row_a, sid_a, max_a, t_a, k_a, p_a, m_a = (np.asarray(x) for x in zip(*(group + pad)))
+      rows_s = RowSampling(jnp.asarray(t_a, jnp.float32), jnp.asarray(k_a, jnp.int32), jnp.asarray(p_a, jnp.float32),
+                           jnp.asarray(m_a, jnp.float32))
       state = self._timed("insert_s", self.engine.insert, state, pre, jnp.asarray(slot_a, jnp.int32),
                           jnp.asarray(row_a, jnp.int32), jnp.asarray(sid_a, jnp.uint32),
                           jnp.asarray(max_a, jnp.int32), jnp.asarray(seed, jnp.uint32), rows_s)

@@ -19,7 +19,7 @@ from magicdec_jax.stream import Request, generate_stream
 
 PROMPTS = ["Hello there, friend", "To be or not", "abc", "The quick brown fox", "Once upon"]
 MIX = [dict(), dict(temperature=0.7, top_p=0.9), dict(temperature=1.0, top_k=50),
-       dict(temperature=0.0, top_k=3), dict(temperature=1.3)]
+       dict(temperature=0.0, top_k=3), dict(temperature=1.3, min_p=0.05)]
 MAX_NEW = [12, 9, 12, 7, 12]
 
 
@@ -73,6 +73,10 @@ def test_a_lazy_stream_refuses_a_request_with_its_own_sampling_unless_planned_pe
     list(generate_stream(tiny(), [Request(PROMPTS[0], temperature="hot")], batch_size=1, max_new_tokens=4))
   with pytest.raises(ValueError, match="top_p must be in"):
     list(generate_stream(tiny(), [Request(PROMPTS[0], top_p=1.5)], batch_size=1, max_new_tokens=4))
+  with pytest.raises(ValueError, match="request 0: min_p must be in"):
+    list(generate_stream(tiny(), [Request(PROMPTS[0], min_p=2.0)], batch_size=1, max_new_tokens=4))
+  with pytest.raises(ValueError, match="min_p must be in"):
+    md.DecodeSettings(max_new_tokens=4, min_p=-0.5)
 
 
 def test_a_sampled_row_among_greedy_rows_draws_from_the_filtered_distribution():

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from magicdec_jax.sampling import (RowSampling, Sampling, filter_logits, filter_logits_rows, greedy_rows,
-                                   probabilities_rows)
+                                   probabilities, probabilities_rows)
 
 V = 3000
 ROWS = [  # (temperature, top_k, top_p, ties)
@@ -151,7 +151,7 @@ def test_construction_and_validation():
   # built from arrays, or one field replaced: still the sorted definition
   x = _logits(1, seed=6)[1:4, 0]
   p = jnp.asarray([0.9, 0.5, 0.97], jnp.float32)
-  plain = RowSampling(jnp.ones(3), jnp.zeros(3, jnp.int32), p)
+  plain = RowSampling(jnp.ones(3), jnp.zeros(3, jnp.int32), p, jnp.zeros(3))
   replaced = RowSampling.uniform(Sampling(1.0, top_k=2), 3).replace(top_k=jnp.zeros(3, jnp.int32), top_p=p)
   for rs in (plain, replaced):
     got = np.asarray(probabilities_rows(jnp.asarray(x), rs))
@@ -167,3 +167,33 @@ def test_no_sort_of_the_vocabulary_in_the_compiled_filter():
   hlo = jax.jit(probabilities_rows).lower(x, RowSampling.of(SETTINGS[:6])).compile().as_text()
   sorts = [line for line in hlo.splitlines() if " sort(" in line and "49152" in line]
   assert not sorts, sorts[:2]
+
+
+def _min_p_reference(x: np.ndarray, s: Sampling) -> np.ndarray:
+  """float64: the sorted definitions of top-k / top-p (reference), then min-p: keep the tokens whose
+  probability is at least min_p times the most likely one's."""
+  keep, p, _ = reference(x, s.temperature, s.top_k, s.top_p)
+  if s.min_p > 0:
+    keep = keep & (p >= s.min_p * p.max())
+    p = np.where(keep, p, 0.0)
+  return p / p.sum()
+
+
+def test_min_p_static_and_per_row_against_float64():
+  """min-p after top-k / top-p, statically and per row in one mixed batch, against float64 numpy; a row
+  without min-p is unchanged by its neighbours' cut."""
+  rng = np.random.default_rng(5)
+  x = (3.0 * rng.standard_normal((5, V))).astype(np.float32)
+  rows = [Sampling(0.7, min_p=0.1), Sampling(1.0, top_k=50, min_p=0.05), Sampling(1.2, top_p=0.9, min_p=0.2),
+          Sampling(0.9), Sampling(0.0, min_p=0.5)]
+  got_rows = np.asarray(jax.jit(probabilities_rows)(jnp.asarray(x), RowSampling.of(rows)), np.float64)
+  for r, s in enumerate(rows):
+    want = _min_p_reference(x[r], s)
+    got = np.asarray(probabilities(jnp.asarray(x[r:r + 1]), s), np.float64)[0]
+    np.testing.assert_array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_array_equal(got_rows[r] > 0, want > 0)
+    np.testing.assert_allclose(got_rows[r], want, atol=1e-6)
+  for bad in (-0.1, 1.5):
+    with pytest.raises(ValueError, match="min_p must be in"):
+      Sampling(1.0, min_p=bad)

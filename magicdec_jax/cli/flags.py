@@ -77,6 +77,8 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_float("temperature", 0.0, "0 = greedy.", lower_bound=0.0, upper_bound=100.0, **d)
   flags.DEFINE_integer("top_k", 0, "0 = off.", lower_bound=0, **d)
   flags.DEFINE_float("top_p", 1.0, "1 = off.", lower_bound=1e-6, upper_bound=1.0, **d)
+  flags.DEFINE_float("min_p", 0.0, "Drop tokens below min_p x the most likely token's probability (after top-k / "
+                     "top-p); 0 = off.", lower_bound=0.0, upper_bound=1.0, **d)
   flags.DEFINE_enum("sampling", "rejection", list(sampling.MODES), "With temperature > 0: rejection = "
                     "speculative rejection sampling (highest acceptance; the samples depend on the draft); "
                     "invariant = drafter-invariant sampling (the samples are plain decoding's whatever the draft, "
@@ -422,7 +424,7 @@ def decode_settings(fv, target) -> settings.DecodeSettings:
   """The DecodeSettings every generating mode runs with, from the flags (parsed once, here)."""
   try:
     return settings.DecodeSettings(
-        max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p,
+        max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p, min_p=fv.min_p,
         seed=fv.seed, draft=build_draft(fv, target), gamma=parse_gamma(fv.gamma), sampling=fv.sampling,
         tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl,
         hardware=fv.hardware or None, learn_acceptance=fv.learn_acceptance,
