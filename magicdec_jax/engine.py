@@ -26,7 +26,7 @@ from magicdec_jax.model import Model, full_forward
 from magicdec_jax.plan import DecodePlan, make_plan
 from magicdec_jax.plan import replan as plan_replan
 from magicdec_jax.prompts import pad_prompts, prompt_ids
-from magicdec_jax.sampling import RowSampling
+from magicdec_jax.sampling import ROW_FIELDS, RowSampling
 from magicdec_jax.settings import DecodeSettings, decode_settings
 from magicdec_jax.sharding import rules
 
@@ -336,9 +336,6 @@ def _segmented(decode_fn, bar, target_params, draft_params, state, **static):
       return schedule.with_limit(state, schedule.NO_LIMIT)
 
 
-ROW_SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p")
-
-
 def with_row_sampling(st: DecodeSettings, rows: Sequence[Mapping[str, Any]] | None, n: int):
   """(settings, RowSampling [n] or None) for `row_sampling`: one dict per prompt of its own temperature /
   top_k / top_p over the run's, each checked as Sampling checks them; the settings turn per_row_sampling
@@ -348,14 +345,13 @@ def with_row_sampling(st: DecodeSettings, rows: Sequence[Mapping[str, Any]] | No
   rows = list(rows)
   if len(rows) != n:
     raise ValueError(f"row_sampling has {len(rows)} entries for {n} prompts")
-  run = dataclasses.replace(st.sampler, per_row=False)
   out = []
   for i, r in enumerate(rows):
-    if not isinstance(r, Mapping) or set(r) - set(ROW_SAMPLING_KEYS):
-      raise ValueError(f"row_sampling[{i}] must be a dict of {ROW_SAMPLING_KEYS}, got {r!r:.80}")
+    if not isinstance(r, Mapping) or set(r) - set(ROW_FIELDS):
+      raise ValueError(f"row_sampling[{i}] must be a dict of {ROW_FIELDS}, got {r!r:.80}")
     try:
-      out.append(dataclasses.replace(run, **r))
-    except (TypeError, ValueError) as e:
+      out.append(st.sampler.over(**r))
+    except ValueError as e:
       raise ValueError(f"row_sampling[{i}]: {e}") from None
   return st.replace(per_row_sampling=True), RowSampling.of(out)
 

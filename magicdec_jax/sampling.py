@@ -44,6 +44,9 @@ MODES = tuple(SAMPLER)
 NOISE_TAG = 0x6E6F6973        # folded into a row's key before the position: the invariant noise's stream
 
 
+ROW_FIELDS = ("temperature", "top_k", "top_p", "min_p")     # what a row (a request) may set of its own
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
   """temperature 0 means greedy; top_k 0 means no top-k cut; top_p 1 means no nucleus cut; min_p 0 means no
@@ -69,6 +72,19 @@ class Sampling:
       raise ValueError(f"top_k must be >= 0, got {self.top_k}")
     if not (0.0 <= self.min_p <= 1.0):
       raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+
+  def over(self, **own) -> "Sampling":
+    """A row's own settings (ROW_FIELDS; None: this one's) over this sampling, per_row off: each checked
+    for its type (a number; top_k an integer) and then as Sampling checks it."""
+    for name, v in own.items():
+      if name not in ROW_FIELDS:
+        raise ValueError(f"unknown sampling field {name!r} (a row sets {', '.join(ROW_FIELDS)})")
+      kinds = (int, np.integer) if name == "top_k" else (int, float, np.integer, np.floating)
+      if v is not None and (isinstance(v, bool) or not isinstance(v, kinds)):
+        raise ValueError(f"{name} must be a number, got {v!r}")
+    base = dataclasses.replace(self, per_row=False)
+    return dataclasses.replace(base, **{k: (int if k == "top_k" else float)(v) for k, v in own.items()
+                                        if v is not None})
 
   @property
   def greedy(self) -> bool:

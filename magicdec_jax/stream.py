@@ -38,7 +38,7 @@ from magicdec_jax.cache import aligned_slots
 from magicdec_jax.model import Model
 from magicdec_jax.plan import DecodePlan, bucket, make_plan
 from magicdec_jax.prompts import pad_prompts, tokenize_prompts
-from magicdec_jax.sampling import RowSampling, Sampling
+from magicdec_jax.sampling import ROW_FIELDS, RowSampling, Sampling
 from magicdec_jax.settings import DecodeSettings, decode_settings
 
 
@@ -74,19 +74,12 @@ class Request:
   min_p: float | None = None
 
   def sampling_of(self, run: Sampling) -> Sampling:
-    """This request's sampling: its own fields over the run's (checked as Sampling checks them)."""
-    pick = lambda mine, theirs: theirs if mine is None else mine
-    for name, kinds in (("temperature", (int, float, np.integer, np.floating)), ("top_p", (int, float, np.integer,
-                        np.floating)), ("min_p", (int, float, np.integer, np.floating)), ("top_k", (int, np.integer))):
-      v = getattr(self, name)
-      if v is not None and (isinstance(v, bool) or not isinstance(v, kinds)):
-        raise ValueError(f"{name} must be a number, got {v!r}")
-    return Sampling(float(pick(self.temperature, run.temperature)), int(pick(self.top_k, run.top_k)),
-                    float(pick(self.top_p, run.top_p)), run.invariant, min_p=float(pick(self.min_p, run.min_p)))
+    """This request's sampling: its own fields over the run's (Sampling.over)."""
+    return run.over(**{name: getattr(self, name) for name in ROW_FIELDS})
 
   @property
   def own_sampling(self) -> bool:
-    return any(v is not None for v in (self.temperature, self.top_k, self.top_p, self.min_p))
+    return any(getattr(self, name) is not None for name in ROW_FIELDS)
 
 
 def needs_per_row(requests: Sequence, run: Sampling) -> bool:
@@ -128,7 +121,7 @@ class _Job:
   stop: tuple[str, ...] = ()
   stop_ids: frozenset = frozenset()
   keep_stop: bool = False
-  sampling: tuple = (0.0, 0, 1.0, 0.0)   # (temperature, top_k, top_p, min_p)
+  sampling: Sampling = Sampling()   # its own (per_row off)
 
 
 def finish_rows(state, mask):
@@ -279,7 +272,7 @@ class Generator:
                        f"pass per_row_sampling=True (a list of requests gets it by itself)")
     return _Job(i, ids, sids, r.tag, max_new=int(max_new), seed=seed, stop=tuple(stop),
                 stop_ids=frozenset(int(t) for t in stop_ids), keep_stop=r.keep_stop,
-                sampling=(own.temperature, own.top_k, own.top_p, own.min_p))
+                sampling=own)
 
   # ---------------------------------------------------------------------------------------------- device
 
@@ -303,15 +296,17 @@ class Generator:
     return target, ring, tokens_j, lengths_j
 
   def _insert(self, state, pre, entries):
-    """entries: (slot, prefilled row, stream id, token budget, seed, (temperature, top_k, top_p, min_p)); one
-    insert call per distinct seed (the seed is data: one executable), each padded to the batch size."""
+    """entries: (slot, prefilled row, stream id, token budget, seed, its Sampling); one insert call per
+    distinct seed (the seed is data: one executable), each padded to the batch size (padding rows: the
+    run's sampling)."""
     b = self.batch
+    run = dataclasses.replace(self.plan.sampling, per_row=False)
     for seed in sorted({e[4] for e in entries}):
-      group = [e[:4] + e[5] for e in entries if e[4] == seed]
-      pad = [(b, 0, 0, 0, 0.0, 0, 1.0, 0.0)] * (b - len(group))
-      slot_a, row_a, sid_a, max_a, t_a, k_a, p_a, m_a = (np.asarray(x) for x in zip(*(group + pad)))
-      rows_s = RowSampling(jnp.asarray(t_a, jnp.float32), jnp.asarray(k_a, jnp.int32), jnp.asarray(p_a, jnp.float32),
-                           jnp.asarray(m_a, jnp.float32))
+      group = [e for e in entries if e[4] == seed]
+      pad = [(b, 0, 0, 0, seed, run)] * (b - len(group))
+      cols = list(zip(*(group + pad)))
+      slot_a, row_a, sid_a, max_a = (np.asarray(c) for c in cols[:4])
+      rows_s = RowSampling.of(cols[5])
       state = self._timed("insert_s", self.engine.insert, state, pre, jnp.asarray(slot_a, jnp.int32),
                           jnp.asarray(row_a, jnp.int32), jnp.asarray(sid_a, jnp.uint32),
                           jnp.asarray(max_a, jnp.int32), jnp.asarray(seed, jnp.uint32), rows_s)
