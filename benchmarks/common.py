@@ -29,7 +29,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from magicdec_jax import checkpoints, engine, plan, prefilled, testing, textdata
+from magicdec_jax import checkpoints, drafts, engine, plan, prefilled, testing, textdata
 from magicdec_jax.settings import DecodeSettings
 from magicdec_jax.tuning import profiles, shapes
 from magicdec_jax.model import Model, init_params
@@ -100,6 +100,29 @@ def device_tag() -> str:
   kind = "".join(c for c in kind if c.isalnum() or c == "-")[:24]
   name = dev.platform if dev.platform == "cpu" else f"{dev.platform}-{kind}"
   return f"{name}_{datetime.date.today().isoformat()}"
+
+
+def self_draft_parser(doc: str) -> argparse.ArgumentParser:
+  """The flags of a prefilled self-draft comparison (prefilled_self_draft): --batch, --context, --max-new,
+  --gamma, --repeats."""
+  ap = parser(doc)
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--context", type=int, default=1024)
+  ap.add_argument("--max-new", type=int, default=64)
+  ap.add_argument("--gamma", type=int, default=2)
+  ap.add_argument("--repeats", type=int, default=3)
+  return ap
+
+
+def prefilled_self_draft(args):
+  """(model, source, draft, prefilled batch) of a self-draft comparison: SmolLM2 (a tiny random model with
+  --smoke), StreamingDraft sink 4 + window 256 (16) on bfloat16 weights, args.batch held-out Shakespeare
+  prompts of args.context tokens prefilled once for args.max_new new tokens."""
+  m, source = model(args.smoke)
+  draft = drafts.StreamingDraft(4, 16 if args.smoke else 256, weights="bfloat16")
+  prompts = text_prompts(m, args.batch, args.context, m.config.vocab_size, held_out=not args.smoke)[0]
+  pre = prefilled.prefill(m, prompts, max_new_tokens=args.max_new, progress=not args.smoke)
+  return m, source, draft, pre
 
 
 def interleaved_decodes(model, pre, settings: dict, repeats: int) -> dict:

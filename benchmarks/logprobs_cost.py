@@ -15,24 +15,13 @@ from __future__ import annotations
 import statistics
 
 from benchmarks import common
-from magicdec_jax import drafts, prefilled
 
 LOGPROBS = {"off": {}, "on": {"logprobs": True}, "top5": {"logprobs": True, "top_logprobs": 5}}
 
 
 def main(argv=None):
-  ap = common.parser(__doc__)
-  ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--context", type=int, default=1024)
-  ap.add_argument("--max-new", type=int, default=64)
-  ap.add_argument("--gamma", type=int, default=2)
-  ap.add_argument("--repeats", type=int, default=3)
-  args = common.parse(ap, argv, batch=2, context=128, max_new=12, repeats=1)
-  model, source = common.model(args.smoke)
-  draft = drafts.StreamingDraft(4, 16 if args.smoke else 256, weights="bfloat16")
-  prompts = common.text_prompts(model, args.batch, args.context, model.config.vocab_size,
-                                held_out=not args.smoke)[0]
-  pre = prefilled.prefill(model, prompts, max_new_tokens=args.max_new, progress=not args.smoke)
+  args = common.parse(common.self_draft_parser(__doc__), argv, batch=2, context=128, max_new=12, repeats=1)
+  model, source, draft, pre = common.prefilled_self_draft(args)
   doc = {"benchmark": "logprobs_cost", "env": common.env_info(), "model": source, "batch": args.batch,
          "context": args.context, "max_new_tokens": args.max_new, "gamma": args.gamma, "draft": repr(draft),
          "repeats": args.repeats, "command": common.command(), "points": []}

@@ -16,24 +16,13 @@ from __future__ import annotations
 import statistics
 
 from benchmarks import common
-from magicdec_jax import drafts, prefilled
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.95}
 
 
 def main(argv=None):
-  ap = common.parser(__doc__)
-  ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--context", type=int, default=1024)
-  ap.add_argument("--max-new", type=int, default=64)
-  ap.add_argument("--gamma", type=int, default=2)
-  ap.add_argument("--repeats", type=int, default=3)
-  args = common.parse(ap, argv, batch=4, context=128, max_new=12, repeats=1)
-  model, source = common.model(args.smoke)
-  draft = drafts.StreamingDraft(4, 16 if args.smoke else 256, weights="bfloat16")
-  prompts = common.text_prompts(model, args.batch, args.context, model.config.vocab_size,
-                                held_out=not args.smoke)[0]
-  pre = prefilled.prefill(model, prompts, max_new_tokens=args.max_new, progress=not args.smoke)
+  args = common.parse(common.self_draft_parser(__doc__), argv, batch=4, context=128, max_new=12, repeats=1)
+  model, source, draft, pre = common.prefilled_self_draft(args)
   spec = dict(draft=draft, gamma=args.gamma, seed=0)
   mix = [{} if i % 2 == 0 else dict(SAMPLED) for i in range(args.batch)]
   settings = {"greedy": dict(spec), "sampled": dict(spec, **SAMPLED), "mixed": dict(spec, row_sampling=mix)}
