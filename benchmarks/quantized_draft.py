@@ -38,10 +38,15 @@ def main(argv=None) -> str:
   ap.add_argument("--step_repeats", type=int, default=20)
   ap.add_argument("--int4_group", type=int, default=None,
                   help="int4 group size (layers/quant.INT4_GROUP; 0: one scale per output channel; default by backend)")
+  ap.add_argument("--int4_keep_int8", default=None,
+                  help="comma-separated names an int4 copy keeps in int8 (layers/quant.INT4_KEEP_INT8; "
+                       "'none': all int4; default: the library's)")
   a = common.parse(ap, argv, shape="4x96", new=16, repeats=1, window=32, step_repeats=3)
   b, p = common.shape_list(a.shape)[0]
   if a.int4_group is not None:
     quant.INT4_GROUP = a.int4_group
+  if a.int4_keep_int8 is not None:
+    quant.INT4_KEEP_INT8 = tuple(n for n in a.int4_keep_int8.split(",") if n and n != "none")
   model, source = common.model(a.smoke)
   cfg = model.config
   kinds = a.weights.split(",")
@@ -79,7 +84,8 @@ def main(argv=None) -> str:
   doc = {"benchmark": "quantized_draft", "env": common.env_info(), "command": common.command(), "model": source,
          "dtype": cfg.dtype, "text": text, "batch": b, "prompt_tokens": p, "new_tokens": a.new, "gamma": a.gamma,
          "draft": f"StreamingDraft({a.sink}, {a.window}, weights=...)", "int8_dot": quant.int8_dot(),
-         "int4_group": quant.int4_group(), "repeats": a.repeats, "draft_step": steps, "decode": out}
+         "int4_group": quant.int4_group(),
+         "int4_keep_int8": list(quant.INT4_KEEP_INT8), "repeats": a.repeats, "draft_step": steps, "decode": out}
   tag = f"{b}x{p}" + ("_smoke" if a.smoke else "")
   return common.finish(doc, a.output, f"quantized_draft_{tag}_{common.device_tag()}.json")
 

@@ -176,7 +176,27 @@ def test_quantized_copies_are_priced_at_their_bytes():
   i4 = costmodel.step_bytes(cfg, 1, 16, 1, "float32", weights_dtype="int4")
   mat = costmodel.matmul_params(cfg) + (0 if cfg.tie_embeddings else cfg.hidden_size)   # + the gathered row
   assert full - b16 == pytest.approx(2 * mat) and b16 - i8 == pytest.approx(mat)
-  assert i8 - i4 == pytest.approx(mat * (1 - quant.weight_bytes_per_param("int4")))
+  share = int8_share_by_hand(cfg)
+  assert i8 - i4 == pytest.approx(mat * (1 - share) * (1 - quant.weight_bytes_per_param("int4")))
+
+
+def int8_share_by_hand(cfg) -> float:
+  """The share of the matmul weights an int4 copy keeps in int8 (quant.INT4_KEEP_INT8: the LM head and the
+  down projections), counted from the config."""
+  d, f, n, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
+  q_o, k_v = 2 * n * d * cfg.num_heads * cfg.head_dim, 2 * n * d * cfg.num_kv_heads * cfg.head_dim
+  return (n * f * d + v * d) / (q_o + k_v + 3 * n * d * f + v * d)
+
+
+def test_an_int4_copy_keeps_the_head_and_down_projections_in_int8(monkeypatch):
+  params = tiny_model(0).params
+  kinds = lambda qp: {p[-1].key: x.kind for p, x in jax.tree_util.tree_flatten_with_path(
+      qp, is_leaf=lambda x: isinstance(x, quant.QuantizedWeight))[0] if isinstance(x, quant.QuantizedWeight)}
+  got = kinds(quant.quantize_params(params, "int4"))
+  assert [got.pop(k) for k in ("embed", "lm_head", "down") if k in got] in (["int8"] * 2, ["int8"] * 3), got
+  assert set(got.values()) == {"int4"}, got
+  monkeypatch.setattr(quant, "INT4_KEEP_INT8", ())
+  assert set(kinds(quant.quantize_params(params, "int4")).values()) == {"int4"}
 
 
 def test_a_quantized_draft_asks_for_its_xla_options_only_on_a_gpu():
@@ -241,5 +261,7 @@ def test_the_planner_counts_a_drafts_weight_copy():
   assert plan(md.StreamingDraft(2, 8)).draft_params == 0
   assert plan(md.StreamingDraft(2, 8, weights="bfloat16")).draft_params == own // 2
   assert plan(md.StreamingDraft(2, 8, weights="int8")).draft_params == own // 4
-  assert plan(md.SnapKVDraft(8, 8, weights="int4")).draft_params == int(own * quant.weight_bytes_per_param("int4") / 4)
+  share = int8_share_by_hand(cfg)
+  int4 = (1 - share) * quant.weight_bytes_per_param("int4") + share
+  assert plan(md.SnapKVDraft(8, 8, weights="int4")).draft_params == pytest.approx(own * int4 / 4, abs=1)
   assert plan(md.ModelDraft(model, 2, 8, weights="int8")).draft_params == own + own // 4

@@ -85,9 +85,10 @@ def narrow_weights(params, dtype: str):
   return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 else x, params)
 
 
-def copy_bytes_per_param(kind: str) -> float:
-  """Bytes per matrix element of a weight_copy of this kind (scales included)."""
-  return weight_bytes_per_param(kind) if kind in QUANT_KINDS else float(jnp.dtype(kind).itemsize)
+def copy_bytes_per_param(kind: str, kept_int8: float = 0.0) -> float:
+  """Bytes per matrix element of a weight_copy of this kind (scales included; kept_int8: the share of an
+  "int4" copy kept in int8, quant.kept_int8_share)."""
+  return weight_bytes_per_param(kind, kept_int8=kept_int8) if kind in QUANT_KINDS else float(jnp.dtype(kind).itemsize)
 
 
 def weight_copy(params, kind: str):

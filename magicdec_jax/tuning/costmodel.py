@@ -19,6 +19,7 @@ import numpy as np
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.dense import copy_bytes_per_param
+from magicdec_jax.layers.quant import kept_int8_share
 from magicdec_jax.tuning import batch_tail
 from magicdec_jax.tuning.draft_cost import DraftCost
 from magicdec_jax import trees as trees_lib
@@ -86,6 +87,21 @@ def matmul_params(cfg: ModelConfig) -> int:
   return cfg.num_layers * _layer_params(cfg) + cfg.vocab_size * cfg.hidden_size
 
 
+def matrix_elements(cfg: ModelConfig) -> dict[str, int]:
+  """Matmul weight elements by parameter name (layers/quant.CONTRACTED's names; the LM head as "embed" when
+  tied): what a quantized copy's mixed bytes are averaged over."""
+  d, hd, f, n = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.num_layers
+  return {"q": n * d * cfg.num_heads * hd, "k": n * d * cfg.num_kv_heads * hd, "v": n * d * cfg.num_kv_heads * hd,
+          "o": n * cfg.num_heads * hd * d, "gate": n * d * f, "up": n * d * f, "down": n * f * d,
+          ("embed" if cfg.tie_embeddings else "lm_head"): cfg.vocab_size * d}
+
+
+def copy_bytes(cfg: ModelConfig, kind: str) -> float:
+  """Bytes per matmul weight element of a `kind` copy of cfg's weights (an "int4" copy's int8 matrices
+  included: layers/quant.INT4_KEEP_INT8)."""
+  return copy_bytes_per_param(kind, kept_int8_share(matrix_elements(cfg), kind))
+
+
 def num_params(cfg: ModelConfig) -> int:
   emb = cfg.vocab_size * cfg.hidden_size
   return cfg.num_layers * _layer_params(cfg) + emb * (1 if cfg.tie_embeddings else 2) + cfg.hidden_size
@@ -120,7 +136,7 @@ def step_bytes(cfg: ModelConfig, batch: int, context: int, new_tokens: int, dtyp
   tokens, float32 logits written.
   """
   kv = kv_read_tokens(cfg, context if kv_context is None else kv_context)
-  b = dtype_bytes(dtype) if weights_dtype is None else copy_bytes_per_param(weights_dtype)
+  b = dtype_bytes(dtype) if weights_dtype is None else copy_bytes(cfg, weights_dtype)
   tokens = batch * new_tokens
   weights = matmul_params(cfg) * b + (0 if cfg.tie_embeddings else tokens * cfg.hidden_size * b)
   kv_rw = (batch * kv + tokens) * kv_bytes_per_token(cfg, dtype)
