@@ -8,8 +8,17 @@ At head position t the input is `fc(concat(g_t, embed(token_{t+1})))` where
   * g_t = h_{t-1}, the head's own output one position back, deeper in a draft (as EAGLE: speculative
     positions have no target features yet).
 The layer is the project's `Block` (model.py); its output h_t goes through the head's own RMS norm and the
-target's frozen LM head (tied embedding for SmolLM2) to logits predicting token t+2. The target's
-embedding and LM head are not copied: the head params hold only fuse, fc, the layer and the norm scale.
+target's frozen LM head (tied embedding for SmolLM2) to logits predicting token t+2. The head params hold
+only fuse, fc, the layer and the norm scale: the embedding and LM head it reads are the target's own.
+
+A draft with a weight copy (`FeatureDraft(head, weights="int8" | "int4" | "bfloat16")`, drafts/feature.py)
+reads a copy of every matrix its step multiplies, made once: the head's own (fuse, fc, the layer,
+vocab_head) and the target matrices it reads, held in the draft params under "target_head" (the embedding,
+which is also a tied target's LM head, and an untied target's LM head where the head has no draft
+vocabulary; `target_weights`). Without a draft vocabulary the step's largest read is the target's full
+LM head, V x D, once per draft token (SmolLM2: 28M parameters against ~5M in the head), so that copy saves
+most. The embedding copy is only gathered (`QuantizedWeight.rows`, as model.embed). The target's
+features and its verification still use its own weights, so outputs are unchanged.
 
 Which layers (`default_layers`): {2, L // 2, L - 1} (0-based block outputs). Low (2) carries the token's
 identity and local syntax, middle the context, and the last block's output is the state the target's own
@@ -43,6 +52,7 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import rms_norm
 from magicdec_jax.layers.attention import NEG_INF
 from magicdec_jax.layers.dense import dense
+from magicdec_jax.layers.quant import QuantizedWeight
 from magicdec_jax.model import Block, Model, init_params, lm_logits
 
 HEAD_FILE = "feature_head.json"
@@ -155,8 +165,11 @@ def fuse(hparams: dict, feats: jax.Array, eps: float) -> jax.Array:
 def step(cfg: ModelConfig, hparams: dict, tparams: dict, g: jax.Array, tokens: jax.Array,
          positions: jax.Array, cache_k: jax.Array, cache_v: jax.Array, write_slots, attn_spec):
   """One head pass: g [B, T, D], tokens [B, T] (the token after each position) -> (float32 logits
-  [B, T, V], h [B, T, D] (the next depth's g), cache_k, cache_v) on the head's one-layer cache buffers."""
-  e = jnp.take(tparams["embed"], tokens, axis=0).astype(g.dtype)
+  [B, T, V], h [B, T, D] (the next depth's g), cache_k, cache_v) on the head's one-layer cache buffers.
+  The target's embedding (and LM head) come from `target_weights(hparams, tparams)`."""
+  table = target_weights(hparams, tparams)["embed"]
+  e = table.rows(tokens, g.dtype) if isinstance(table, QuantizedWeight) else \
+      jnp.take(table, tokens, axis=0).astype(g.dtype)
   x = dense("BTF,FD->BTD", jnp.concatenate([g, e], axis=-1), hparams["fc"])
   h, cache_k, cache_v, _ = Block(cfg).apply({"params": hparams["layers"][0]}, x, positions, cache_k,
                                             cache_v, write_slots, attn_spec)
@@ -165,11 +178,17 @@ def step(cfg: ModelConfig, hparams: dict, tparams: dict, g: jax.Array, tokens: j
 
 def head_logits(cfg: ModelConfig, hparams: dict, tparams: dict, h: jax.Array) -> jax.Array:
   """h [B, T, D] -> float32 logits over the head's vocabulary: its own LM head [Vd, D] when it has a draft
-  vocabulary, else the target's (full vocabulary)."""
+  vocabulary, else the target's (full vocabulary; a quantized draft's copy of it, `target_weights`)."""
   if "vocab_head" not in hparams:
-    return lm_logits(tparams, cfg, h, hparams["norm"]["scale"])
+    return lm_logits(target_weights(hparams, tparams), cfg, h, hparams["norm"]["scale"])
   x = rms_norm(h, hparams["norm"]["scale"], cfg.rms_norm_eps)
   return dense("BTD,VD->BTV", x, hparams["vocab_head"], out_dtype=jnp.float32)   # (or its bf16 training copy)
+
+
+def target_weights(hparams: dict, tparams: dict) -> dict:
+  """The target matrices the head reads ("embed"; "lm_head" where untied): a draft's copy of them in
+  hparams["target_head"] (FeatureDraft with `weights`), else the target's own params."""
+  return hparams.get("target_head", tparams)
 
 
 def to_target_vocab(logits: jax.Array, vocab: tuple[int, ...] | None, vocab_size: int) -> jax.Array:

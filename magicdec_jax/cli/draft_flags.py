@@ -82,10 +82,12 @@ def _check_model(fv) -> None:
 # ---- feature: a trained feature head --------------------------------------------------------------------------
 
 def _feature_cost(fv, cfg: ModelConfig) -> DraftCost:
-  """A head of the default shape on the target's layers (its whole vocabulary, or --draft_vocab)."""
+  """A head of the default shape on the target's layers (its whole vocabulary, or --draft_vocab), reading
+  the --draft_weights copy."""
   head = feature_head.head_config(cfg)
   head = head.replace(vocab_size=fv.draft_vocab) if fv.draft_vocab else head
-  return drafts.FeatureSpec(head, feature_head.default_layers(cfg.num_layers), fv.sink, fv.window).cost()
+  return drafts.FeatureSpec(head, feature_head.default_layers(cfg.num_layers), fv.sink, fv.window,
+                            weights=_weights(fv)).cost()
 
 
 def _check_feature(fv, head: bool) -> None:
@@ -115,7 +117,7 @@ REGISTRY: dict[str, DraftFlags] = {
         profiles_acceptance=True),
     drafts.FeatureDraft.name: DraftFlags(
         build=lambda fv, target, load: drafts.FeatureDraft(feature_head.load_head(fv.draft_model), sink=fv.sink,
-                                                           window=fv.window),
+                                                           window=fv.window, weights=_weights(fv)),
         cost=_feature_cost, check_draft=_check_feature, trains_head=True),
     drafts.PromptLookupDraft.name: DraftFlags(
         build=lambda fv, target, load: drafts.PromptLookupDraft(max_ngram=fv.lookup_ngram),

@@ -100,8 +100,8 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_integer("shared_tokens", None, "Demo: tokens of the document every prompt starts with (prefilled "
                        "once); each prompt then has its own passage. Default: all but the last 256 tokens; 0: "
                        "distinct prompts.", lower_bound=0, **d)
-  flags.DEFINE_enum("draft_weights", "none", ["none", "bfloat16", "int8", "int4"], "--draft=streaming, snapkv "
-                    "or model: the draft's weights: 'none', its own; 'bfloat16', a copy of float32 "
+  flags.DEFINE_enum("draft_weights", "none", ["none", "bfloat16", "int8", "int4"], "--draft=streaming, snapkv, "
+                    "model or feature: the draft's weights: 'none', its own; 'bfloat16', a copy of float32 "
                     "matrices in bfloat16 (half the bytes per draft step); 'int8' (per-channel scales) or "
                     "'int4' (group-wise scales, packed) quantized copies. The target still verifies with its "
                     "own weights. The demo uses bfloat16 unless this is given.", **d)

@@ -17,6 +17,15 @@ Prefill: one extra target pass over the sink + last-window prompt positions (rea
 gives their features, and the head writes those positions' K/V into the ring. A one-layer head's K/V at a
 position depend only on that position's input, so no attention pattern matters when filling the ring.
 The draft only shapes the proposals: verification is the usual lossless accept, so outputs equal AR's.
+
+`weights=None | "bfloat16" | "int8" | "int4"` (drafts/weights.py, layers/quant.py): the draft step reads
+a copy of its matrices instead, made once per (head, target) pair. Without a draft vocabulary a draft
+token's largest read is not the head (one layer + fuse + fc) but the target's full LM head, V x D, so the
+copy covers both: the draft params are the head's params copied (fuse, fc, the layer, vocab_head; norm
+scales kept) plus "target_head", a copy of the target matrices the step reads (its embedding, gathered
+with `QuantizedWeight.rows`, and its LM head where untied and the head has no draft vocabulary;
+feature_head.target_weights). The target's features and its verification use its own weights, so
+outputs still equal AR's; only acceptance moves.
 """
 from __future__ import annotations
 
@@ -33,8 +42,11 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import (Draft, DraftSpec, Footprint, Prefill, Round, check_sink_window, choose_children,
                                       draft_levels, ring_key_positions, scratch_mask)
 from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW
+from magicdec_jax.drafts.weights import check_narrower, check_weights
 from magicdec_jax.feature_head import FeatureHead
+from magicdec_jax.layers import quant
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
+from magicdec_jax.layers.dense import weight_copy
 from magicdec_jax.model import forward
 from magicdec_jax.trees import Tree
 from magicdec_jax.tuning.draft_cost import DraftCost
@@ -60,6 +72,7 @@ class FeatureSpec(DraftSpec):
   sink: int
   window: int
   vocab: tuple[int, ...] | None = None      # the head's draft vocabulary (target ids); None = the target's
+  weights: str | None = None                # the copy its step reads (FeatureDraft.weights); None: as they are
 
   positions = "absolute"
   commits_plain_rounds = False   # not verified with plain rounds: adaptive schedules switch chains only
@@ -168,36 +181,71 @@ class FeatureSpec(DraftSpec):
   # ------------------------------------------------------------------------------------------ tuning
 
   def cost(self) -> DraftCost:
-    """A one-layer network of its own over a sink + window ring, whose LM head spans its own vocabulary."""
+    """A one-layer network of its own over a sink + window ring, whose LM head spans its own vocabulary
+    (the target's, read from the copy, without one); its matrices read at the copy's bytes."""
     head = self.config if self.vocab is None else self.config.replace(vocab_size=len(self.vocab))
-    return DraftCost(self.sink + self.window, head, label="feature head")
+    return DraftCost(self.sink + self.window, head, self.weights, label="feature head")
 
   def footprint(self, cfg: ModelConfig, tree_nodes: int, max_context: int) -> Footprint:
+    """The head (priced as a one-layer model of the target's shape: its layer, embedding and LM head)
+    and, with `weights`, a copy of that size: the head's matrices and the target's embedding / LM head."""
     return Footprint(weights=self.config, ring=self.config, ring_slots=self.sink + self.window + tree_nodes,
-                     row_bytes=4 * (self.sink + self.window) + len(self.layers) * cfg.hidden_size * 4)
+                     row_bytes=4 * (self.sink + self.window) + len(self.layers) * cfg.hidden_size * 4,
+                     weight_copy=self.weights)
+
+
+_COPIES = {}    # (id(head params), id(target params), kind) -> (those params, the draft params): made once
+
+
+def draft_copy(head: FeatureHead, target_params: dict, tie_embeddings: bool, kind: str) -> dict:
+  """The draft params of a FeatureDraft with weights=`kind`: the head's params and "target_head" (the
+  target's embedding, and its LM head where untied and the head has no draft vocabulary) as one
+  weight_copy (layers/dense.py), made once per (head, target) params pair."""
+  key = (id(head.params), id(target_params), kind)
+  hit = _COPIES.get(key)
+  if hit is None or hit[0] is not head.params or hit[1] is not target_params:
+    tables = {"embed": target_params["embed"]}
+    if head.vocab is None and not tie_embeddings:
+      tables["lm_head"] = target_params["lm_head"]
+    if len(_COPIES) >= 2:
+      _COPIES.clear()
+    hit = _COPIES[key] = (head.params, target_params, weight_copy({**head.params, "target_head": tables}, kind))
+  return hit[2]
 
 
 class FeatureDraft(Draft):
   """An EAGLE-style feature head with a sink + window ring (see the module docstring)."""
 
   name = "feature"
+  weight_copies = True
 
-  def __init__(self, head: FeatureHead, sink: int = DEFAULT_SINK, window: int = DEFAULT_WINDOW):
+  def __init__(self, head: FeatureHead, sink: int = DEFAULT_SINK, window: int = DEFAULT_WINDOW,
+               weights: str | None = None):
+    """weights: None (the head's and the target's matrices as they are), "bfloat16" (a copy of a float32
+    head's and target's), "int8" or "int4" (quantized copies, layers/quant.py): see the module docstring."""
     check_sink_window(sink, window)
+    check_weights(weights, "FeatureDraft")
     if not isinstance(head, FeatureHead):
       raise ValueError(f"FeatureDraft needs a feature_head.FeatureHead, got {type(head).__name__}")
+    check_narrower(weights, head.config.dtype, "FeatureDraft")
     self.head = head
-    self._spec = FeatureSpec(head.config, tuple(head.layers), int(sink), int(window), head.vocab)
+    self._spec = FeatureSpec(head.config, tuple(head.layers), int(sink), int(window), head.vocab, weights)
 
   @property
   def spec(self) -> FeatureSpec:
     return self._spec
 
   def params(self, target):
-    return self.head.params
+    w = self._spec.weights
+    return self.head.params if w is None else draft_copy(self.head, target.params, target.config.tie_embeddings, w)
+
+  def xla_options(self) -> dict:
+    return quant.xla_options(self._spec.weights)
 
   def check_compatible(self, target) -> None:
     feature_head.check_compatible(self.head, target.config)
+    check_narrower(self._spec.weights, target.config.dtype, "FeatureDraft")
 
   def __repr__(self) -> str:
-    return f"FeatureDraft(layers={list(self.spec.layers)}, sink={self.spec.sink}, window={self.spec.window})"
+    w = "" if self.spec.weights is None else f", weights={self.spec.weights!r}"
+    return f"FeatureDraft(layers={list(self.spec.layers)}, sink={self.spec.sink}, window={self.spec.window}{w})"

@@ -1,8 +1,10 @@
 """A draft's copy of its network's weights: `weights=None | "bfloat16" | "int8" | "int4"` (layers/quant.py).
 
 StreamingDraft and SnapKVDraft draft with the target's weights or such a copy of them (`TargetWeightCopy`
-gives both the same validation, params and XLA options); ModelDraft with its own model's or a copy. The
-copy is made once per params tree and kept (`copy_of`); the target always verifies with its own weights.
+gives both the same validation, params and XLA options); ModelDraft with its own model's or a copy;
+FeatureDraft with a copy of its head's matrices and of the target's embedding / LM head it reads
+(drafts/feature.draft_copy). The copy is made once per params tree and kept (`copy_of`); the target always
+verifies with its own weights.
 """
 from __future__ import annotations
 
