@@ -97,6 +97,21 @@ def int4_group_as(group):
 
 
 @contextlib.contextmanager
+def int4_keep_int8_as(names):
+  """layers/quant.INT4_KEEP_INT8 (the matrices an "int4" copy keeps in int8) set to `names` inside the
+  block (None: unchanged), the drafts' cached weight copies dropped on entry and exit."""
+  old = quant.INT4_KEEP_INT8
+  draft_weights._NARROW.clear()
+  if names is not None:
+    quant.INT4_KEEP_INT8 = tuple(names)
+  try:
+    yield
+  finally:
+    quant.INT4_KEEP_INT8 = old
+    draft_weights._NARROW.clear()
+
+
+@contextlib.contextmanager
 def int8_dot_as(mode):
   """layers/quant.INT8_DOT for the default backend set to `mode` (None: unchanged) inside the block."""
   backend = jax.default_backend()

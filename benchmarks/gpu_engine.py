@@ -20,7 +20,14 @@ rewritten after every configuration, so a killed run keeps what it measured):
   identity   greedy tokens of speculative vs plain decoding through `engine.generate` (real acceptance,
              random 8-layer LLaMA-3.2-1B shape, head x 25), fast and invariant numerics;
   invariant  the headline's AR and self chain 3 with fixed-shape numerics;
-  previous   the headline's AR and self chain 2 under the options before issue 44 (dot merger on).
+  previous   the headline's AR and self chain 2 under the options before issue 44 (dot merger on);
+  int4       issue 46's int4 figures: one draft step (AR with cuBLAS and with Triton GEMMs, int8, int4 per
+             channel, int4 with the embedding / LM head / down projections in int8) against the AR step;
+             end to end AR with Triton GEMMs, int4 per channel at chains 2 / 3 / 4 (alpha 0.8) and chain 3
+             at --alpha-int4 (the acceptance SmolLM2's int4 copy keeps, a CPU measurement), the mixed copy
+             at chain 3, int8 chain 2 at --alpha-int8; the TP-8 shard at batch 64 with int4 chain 3;
+  defaults   what a user gets with no options: AR, self chain 2 (bf16), chain 3 on the int4 and int8 copies
+             (the library's INT4_KEEP_INT8 and group), and the 1 x 4K AR step against its floor.
 
   PYTHONPATH=. python3 -m benchmarks.gpu_engine --output $OUT/gpu_engine.json --deadline-s 540
   python -m benchmarks.gpu_engine --smoke --output /tmp/gpu_engine.json    # tiny shapes on CPU, ~3 minutes
@@ -37,7 +44,7 @@ import traceback
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")   # before jax starts
 
 from benchmarks import common  # noqa: E402
-from benchmarks.gpu_bench import Bench, int4_group_as, models  # noqa: E402
+from benchmarks.gpu_bench import Bench, int4_group_as, int4_keep_int8_as, models  # noqa: E402
 from benchmarks.simulated_acceptance import install_bernoulli  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -52,7 +59,9 @@ from magicdec_jax.model import Model, init_params  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402
 from magicdec_jax.tuning import shapes  # noqa: E402
 
-PARTS = ("headline", "quant", "batch1", "shard", "identity", "invariant", "previous", "quant_rerun")
+PARTS = ("headline", "quant", "batch1", "shard", "identity", "invariant", "previous", "quant_rerun", "int4",
+         "defaults")
+MIXED_INT8 = ("embed", "lm_head", "down")     # what the "int4 mixed" rows keep in int8 (quant.INT4_KEEP_INT8)
 PREVIOUS_OPTIONS = {"xla_gpu_enable_triton_gemm": False}          # before issue 44: dot merger on
 TRITON = {"xla_gpu_enable_triton_gemm": True}
 INT4_GROUPS = (64, 128, 0)                                        # 0: one scale per output channel
@@ -106,6 +115,66 @@ def part_quant_rerun(b: Bench, target: Model, small: Model, tcfg, C: int, shard_
   rows = [b.run("quant_rerun_shard", f"AR b{B}", shard, None, Tree((-1,)), None, B, shard_c, profile=False),
           b.run("quant_rerun_shard", f"self chain3 int8 b{B}", shard, sd("int8"), Tree.chain(3), 0.8, B, shard_c)]
   b.ratios("quant_rerun_shard", f"AR b{B}", rows)
+
+
+def time_steps(b: Bench, target: Model, cases, B: int, ring: int, C: int) -> dict:
+  """One decode step each: (label, weights, int4 keep-int8 names, context, cache kind, options)."""
+  steps = {}
+  for label, w, keep, ctx, kind, opts in cases:
+    if b.late(10):
+      steps[label] = {"skipped": "deadline"}
+      continue
+    try:
+      with int4_group_as(0), int4_keep_int8_as(keep):
+        params = target.params if w is None else weight_copy(target.params, w)
+        r = calibrate.time_step(params, target.config, B, ctx, 1, kind, 10, options=opts)
+      del params
+      steps[label] = {"median_ms": r["median_s"] * 1e3, "min_ms": r["seconds"] * 1e3}
+    except Exception as e:                                      # noqa: BLE001
+      steps[label] = {"error": repr(e)[:400]}
+    print("step", label, steps[label], flush=True)
+    jax.clear_caches()
+    gc.collect()
+  base = steps.get("AR", {}).get("median_ms")
+  for v in steps.values():
+    if base and "median_ms" in v:
+      v["over_ar"] = v["median_ms"] / base
+  return steps
+
+
+def part_int4(b: Bench, target: Model, tcfg, C: int, shard_c: int, sink: int = 16, window: int = 512):
+  """Issue 46's int4 figures (see the module docstring)."""
+  eng_opts, triton = compiling.engine_options(), dict(compiling.engine_options(), **TRITON)
+  ring = sink + window
+  cases = [("AR", None, None, C, "linear", eng_opts), ("AR triton", None, None, C, "linear", triton),
+           ("draft bf16 triton", None, None, ring, "ring", triton),
+           ("draft int8 triton", "int8", None, ring, "ring", triton),
+           ("draft int4 channel triton", "int4", (), ring, "ring", triton),
+           ("draft int4 mixed triton", "int4", MIXED_INT8, ring, "ring", triton)]
+  b.res["parts"]["int4_steps"] = time_steps(b, target, cases, 8, ring, C)
+  b.save()
+  sd = lambda w: drafts.StreamingDraft(sink, window, weights=w)
+  a4, a8 = b.args.alpha_int4, b.args.alpha_int8
+  runs = [b.run("int4", "AR", target, None, Tree((-1,)), None, 8, C, profile=False),
+          b.run("int4", "AR triton", target, None, Tree((-1,)), None, 8, C, options=TRITON)]
+  with int4_group_as(0), int4_keep_int8_as(()):
+    for g in (3, 2, 4):
+      runs.append(b.run("int4", f"self chain{g} int4", target, sd("int4"), Tree.chain(g), 0.8, 8, C, profile=g == 3))
+    runs.append(b.run("int4", f"self chain3 int4 a{a4}", target, sd("int4"), Tree.chain(3), a4, 8, C, profile=False))
+  with int4_group_as(0), int4_keep_int8_as(MIXED_INT8):
+    runs.append(b.run("int4", "self chain3 int4 mixed", target, sd("int4"), Tree.chain(3), 0.8, 8, C,
+                      extra={"int4_keep_int8": MIXED_INT8}))
+  runs.append(b.run("int4", f"self chain2 int8 a{a8}", target, sd("int8"), Tree.chain(2), a8, 8, C, profile=False))
+  b.ratios("int4", "AR", runs)
+  tp = 2 if b.args.smoke else 8
+  scfg = tcfg.replace(num_heads=tcfg.num_heads // tp, num_kv_heads=max(1, tcfg.num_kv_heads // tp),
+                      intermediate_size=tcfg.intermediate_size // tp)
+  shard = Model(scfg, init_params(scfg, jax.random.key(5)), name="shard")
+  B = 8 if b.args.smoke else 64
+  rows = [b.run("int4_shard", f"AR b{B}", shard, None, Tree((-1,)), None, B, shard_c, profile=False)]
+  with int4_group_as(0), int4_keep_int8_as(()):
+    rows.append(b.run("int4_shard", f"self chain3 int4 b{B}", shard, sd("int4"), Tree.chain(3), 0.8, B, shard_c))
+  b.ratios("int4_shard", f"AR b{B}", rows)
 
 
 def part_previous(b: Bench, target: Model, B: int, C: int):
@@ -297,6 +366,8 @@ def main(argv=None):
   ap.add_argument("--n2", type=int, default=64)
   ap.add_argument("--bw-bytes", type=int, default=4 << 30)
   ap.add_argument("--shard-batches", default="64,32", help="batches of the shard part (largest first)")
+  ap.add_argument("--alpha-int4", type=float, default=0.56, help="int4 part: simulated acceptance of an int4 copy")
+  ap.add_argument("--alpha-int8", type=float, default=0.784, help="int4 part: simulated acceptance of an int8 copy")
   args = ap.parse_args(argv)
   parts = [p for p in args.parts.split(",") if p]
   bad = [p for p in parts if p not in PARTS]
@@ -341,6 +412,19 @@ def run_part(b, part, smoke, target, small, tcfg, C, C1, shard_c, shard_b):
     part_identity(b, smoke)
   elif part == "quant_rerun":
     part_quant_rerun(b, target, small, tcfg, C, shard_c)
+  elif part == "int4":
+    part_int4(b, target, tcfg, C, shard_c, sink=4 if smoke else 16, window=32 if smoke else 512)
+  elif part == "defaults":
+    sd = lambda w: drafts.StreamingDraft(16, 512, weights=w)
+    rows = [b.run("defaults", "AR", target, None, Tree((-1,)), None, 8, C)]
+    rows += [b.run("defaults", f"self chain{g} {w or 'bf16'}", target, sd(w), Tree.chain(g), 0.8, 8, C)
+             for g, w in ((2, None), (3, "int4"), (3, "int8"))]
+    b.ratios("defaults", "AR", rows)
+    r = b.run("defaults", "AR 1x4K", target, None, Tree((-1,)), None, 1, C1, profile=False)
+    if "tok_per_s_marginal" in r:
+      fl = b.floor(target.config, 1, C1)
+      b.res["parts"]["defaults_batch1"] = {"floor": fl, "step_ms_marginal": 1e3 / r["tok_per_s_marginal"]}
+      b.save()
   elif part == "invariant":
     rows = [b.run("invariant", "AR", target, None, Tree((-1,)), None, 8, C, numerics="invariant"),
             b.run("invariant", "self chain3", target, drafts.StreamingDraft(16, 512), Tree.chain(3), 0.8, 8, C,
