@@ -318,6 +318,14 @@ def _gpu_engine(doc, out, mod, stdout):
   assert all("median_ms" in v for v in steps.values()) and len(steps) == 4 + 3
   # XLA:CPU refuses a placed native int4 array in an AOT executable: the check says so and falls back
   assert doc["parts"]["int4_placement"]["storage"] == "int8"
+  # issue 46's int4 part: its steps, chains 2-4, the mixed copy (its int8 names recorded), the shard row
+  assert all("over_ar" in v for v in doc["parts"]["int4_steps"].values()) and len(doc["parts"]["int4_steps"]) == 6
+  int4 = {lab: r for (part, lab), r in runs.items() if part == "int4"}
+  assert {f"self chain{g} int4" for g in (2, 3, 4)} <= set(int4)
+  assert int4["self chain3 int4 mixed"]["int4_keep_int8"] == ["embed", "lm_head", "down"]
+  assert any(part == "int4_shard" and lab.startswith("self chain3 int4") for part, lab in runs)
+  assert {"AR", "self chain2 bf16", "self chain3 int4", "self chain3 int8", "AR 1x4K"} == \
+      {lab for part, lab in runs if part == "defaults"}
   for key, ent in doc["parts"]["shard"]["table"].items():
     ar = runs[("shard", f"AR {key}")]
     for label, row in ent.items():
