@@ -5,7 +5,8 @@ SmolLM2-135M float32 (the CPU demo's target), B held-out prose prompts of P toke
 StreamingDraft(4, 256), gamma `--gamma`; greedy, and T 0.8 top-p 0.95 (speculative rejection sampling).
 Per draft weights: acceptance rate, tokens/s, the speedup over plain decoding, whether greedy tokens equal
 plain decoding's (they must: the target verifies with its own weights), and the draft's one-token step
-timed alone (calibrate.time_step over its sink + window ring) against the bfloat16 copy's. Settings are
+timed alone (calibrate.time_step over its sink + window ring; the weights interleaved `--step_rounds`
+times, `--steps_only` for that alone) against the bfloat16 copy's. Settings are
 interleaved `--repeats` times after one untimed compile call each; medians.
 
   python -m benchmarks.quantized_draft                     # 8 x 4096, 128 new tokens, ~25 min on 2 CPU cores
@@ -35,13 +36,15 @@ def main(argv=None) -> str:
   ap.add_argument("--weights", default=",".join(WEIGHTS))
   ap.add_argument("--samplings", default=",".join(SAMPLINGS))
   ap.add_argument("--repeats", type=int, default=2)
-  ap.add_argument("--step_repeats", type=int, default=20)
+  ap.add_argument("--step_repeats", type=int, default=20, help="timed steps per weights and round")
+  ap.add_argument("--step_rounds", type=int, default=3, help="rounds of step timing, the weights interleaved")
+  ap.add_argument("--steps_only", action="store_true", help="time the draft steps only (no decoding)")
   ap.add_argument("--int4_group", type=int, default=None,
                   help="int4 group size (layers/quant.INT4_GROUP; 0: one scale per output channel; default by backend)")
   ap.add_argument("--int4_keep_int8", default=None,
                   help="comma-separated names an int4 copy keeps in int8 (layers/quant.INT4_KEEP_INT8; "
                        "'none': all int4; default: the library's)")
-  a = common.parse(ap, argv, shape="4x96", new=16, repeats=1, window=32, step_repeats=3)
+  a = common.parse(ap, argv, shape="4x96", new=16, repeats=1, window=32, step_repeats=3, step_rounds=1)
   b, p = common.shape_list(a.shape)[0]
   if a.int4_group is not None:
     quant.INT4_GROUP = a.int4_group
@@ -50,13 +53,22 @@ def main(argv=None) -> str:
   model, source = common.model(a.smoke)
   cfg = model.config
   kinds = a.weights.split(",")
-  steps = {}
-  for w in kinds:                                          # the draft's step alone, its weights as it reads them
-    r = calibrate.time_step(weight_copy(model.params, w), cfg, b, a.sink + a.window, 1, "ring", a.step_repeats)
-    steps[w] = {"median_ms": r["median_s"] * 1e3, "min_ms": r["seconds"] * 1e3}
+  copies = {w: weight_copy(model.params, w) for w in kinds}
+  times = {w: [] for w in kinds}
+  for _ in range(a.step_rounds):                           # the draft's step alone, its weights as it reads them,
+    for w in kinds:                                        # the weights interleaved round by round
+      times[w] += calibrate.time_step(copies[w], cfg, b, a.sink + a.window, 1, "ring", a.step_repeats)["times"]
+  del copies
+  steps = {w: {"median_ms": statistics.median(t) * 1e3, "min_ms": min(t) * 1e3, "steps_timed": len(t)}
+           for w, t in times.items()}
   if "bfloat16" in steps:
     for w in kinds:
       steps[w]["over_bfloat16"] = steps[w]["median_ms"] / steps["bfloat16"]["median_ms"]
+  if a.steps_only:
+    doc = {"benchmark": "quantized_draft (steps only)", "env": common.env_info(), "command": common.command(),
+           "model": source, "dtype": cfg.dtype, "batch": b, "ring": a.sink + a.window, "int8_dot": quant.int8_dot(),
+           "int4_group": quant.int4_group(), "int4_keep_int8": list(quant.INT4_KEEP_INT8), "draft_step": steps}
+    return common.finish(doc, a.output, f"quantized_draft_steps_{b}_{common.device_tag()}.json")
   prompts, text = common.text_prompts(model, b, p, cfg.vocab_size, held_out=not a.smoke)
   pre = prefilled.prefill(model, prompts, max_new_tokens=a.new, progress=False)
   settings = {}
