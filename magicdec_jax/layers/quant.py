@@ -15,15 +15,17 @@ costs a full weight read (issue 46). A draft may instead read a copy of those ma
 The target still verifies with its own weights, so the output is the target's exactly; the draft's
 precision moves only its acceptance.
 
-An "int4" copy keeps the matrices named in INT4_KEEP_INT8 (the LM head / tied embedding and the MLP down
-projections) in int8, as llama.cpp's Q4_K_M keeps its most sensitive ones at more bits. On SmolLM2-135M
-(teacher-forced on 4 x 512 held-out Shakespeare tokens, top-1 agreement with the float32 model; bfloat16
-0.99, int8 0.96) all-int4 agreed on 0.50 (groups of 64) / 0.33 (per channel); int8 for one kind of matrix
-at a time lifted groups of 64 most for down (0.60) and the head (0.55), both together to 0.69 / 0.60. For
-LLaMA-3.1-8B's shape those matrices are a third of the matmul weights, so the copy reads ~0.67 bytes a
-weight instead of 0.5: on one H100 (8 x 32K, chain 3) its GEMMs took 14.4 ms a round against 13.1. In the
-decode loop (SmolLM2 f32, 8 x 4096 held-out prose, StreamingDraft(4, 256), gamma 2, groups of 64) it kept
-0.97 (greedy) / 0.82 (T 0.8 top-p 0.95) of the bfloat16 copy's acceptance, where all-int4 kept 0.80 / 0.61.
+An "int4" copy keeps the matrices named in INT4_KEEP_INT8 (the LM head / tied embedding, the MLP down
+projections, the k / v projections) in int8, as llama.cpp's Q4_K_M keeps its most sensitive ones at more
+bits. On SmolLM2-135M (teacher-forced on 4 x 512 held-out Shakespeare tokens, top-1 agreement with the
+float32 model; bfloat16 0.99, int8 0.96) all-int4 agreed on 0.50 (groups of 64) / 0.33 (per channel); int8
+for one kind of matrix at a time lifted groups of 64 most for down (0.60) and the head (0.55); head + down
+0.69 / 0.60, with k / v too 0.74 / 0.68. For LLaMA-3.1-8B's shape those matrices are 36% of the matmul
+weights (k / v 4%), so the copy reads ~0.68 bytes a weight instead of 0.5: on one H100 (8 x 32K, chain 3)
+head + down int8 took 14.4 ms of GEMMs a round against 13.1. In the decode loop (SmolLM2 f32, 8 x 4096
+held-out prose, StreamingDraft(4, 256), gamma 2) head + down int8 kept 0.97 / 0.90 (greedy; groups of 64 /
+per channel) and 0.82 / 0.74 (T 0.8 top-p 0.95) of the bfloat16 copy's acceptance, where all-int4 kept
+0.80 / 0.70 and 0.61 / 0.46.
 
 How an int8 matrix is multiplied (`INT8_DOT`, by backend):
   * "int": the activations are quantized too, per token (max |x| / 127), and the dot runs on the integers,
@@ -62,9 +64,10 @@ QUANT_KINDS = ("int8", "int4")
 INT4_GROUPS = {"gpu": 0}              # backend -> int4 group size (0: per output channel); else DEFAULT_INT4_GROUP
 DEFAULT_INT4_GROUP = 64
 INT4_GROUP: int | None = None         # an override of the backend's group for this process (benchmarks)
-# parameter names an "int4" copy keeps in int8: the LM head (tied: the embedding) and the MLP down
-# projections, the matrices whose 4-bit error moved SmolLM2's predictions most (see the module docstring)
-INT4_KEEP_INT8: tuple[str, ...] = ("embed", "lm_head", "down")
+# parameter names an "int4" copy keeps in int8: the LM head (tied: the embedding), the MLP down projections
+# and the k / v projections, the matrices whose 4-bit error moved SmolLM2's predictions most for their
+# bytes (see the module docstring)
+INT4_KEEP_INT8: tuple[str, ...] = ("embed", "lm_head", "down", "k", "v")
 INT8_MAX, INT4_MAX = 127, 7
 INT8_DOTS = ("int", "dequant")
 INT8_DOT = {"cpu": "int", "gpu": "dequant"}   # backend -> one of INT8_DOTS (see above); else DEFAULT_INT8_DOT
