@@ -25,7 +25,8 @@ weights (k / v 4%), so the copy reads ~0.68 bytes a weight instead of 0.5: on on
 head + down int8 took 14.4 ms of GEMMs a round against 13.1. In the decode loop (SmolLM2 f32, 8 x 4096
 held-out prose, StreamingDraft(4, 256), gamma 2) head + down int8 kept 0.97 / 0.90 (greedy; groups of 64 /
 per channel) and 0.82 / 0.74 (T 0.8 top-p 0.95) of the bfloat16 copy's acceptance, where all-int4 kept
-0.80 / 0.70 and 0.61 / 0.46.
+0.80 / 0.70 and 0.61 / 0.46; with k / v in int8 as well (the default) 0.95 / 0.92 greedy and 0.87 / 0.81
+sampled (benchmarks/results/quantized_draft_8x4096_int4_default_*_cpu_2026-11-27_intel.json).
 
 How an int8 matrix is multiplied (`INT8_DOT`, by backend):
   * "int": the activations are quantized too, per token (max |x| / 127), and the dot runs on the integers,
