@@ -42,7 +42,7 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import (Draft, DraftSpec, Footprint, Prefill, Round, check_sink_window, choose_children,
                                       draft_levels, ring_key_positions, scratch_mask)
 from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW
-from magicdec_jax.drafts.weights import check_narrower, check_weights
+from magicdec_jax.drafts.weights import cached_copy, check_narrower, check_weights
 from magicdec_jax.feature_head import FeatureHead
 from magicdec_jax.layers import quant
 from magicdec_jax.layers.attention import DenseMask, PrefixTree
@@ -194,23 +194,16 @@ class FeatureSpec(DraftSpec):
                      weight_copy=self.weights)
 
 
-_COPIES = {}    # (id(head params), id(target params), kind) -> (those params, the draft params): made once
-
-
 def draft_copy(head: FeatureHead, target_params: dict, tie_embeddings: bool, kind: str) -> dict:
   """The draft params of a FeatureDraft with weights=`kind`: the head's params and "target_head" (the
   target's embedding, and its LM head where untied and the head has no draft vocabulary) as one
-  weight_copy (layers/dense.py), made once per (head, target) params pair."""
-  key = (id(head.params), id(target_params), kind)
-  hit = _COPIES.get(key)
-  if hit is None or hit[0] is not head.params or hit[1] is not target_params:
+  weight_copy (layers/dense.py), made once per (head, target) params pair (drafts/weights.cached_copy)."""
+  def make():
     tables = {"embed": target_params["embed"]}
     if head.vocab is None and not tie_embeddings:
       tables["lm_head"] = target_params["lm_head"]
-    if len(_COPIES) >= 2:
-      _COPIES.clear()
-    hit = _COPIES[key] = (head.params, target_params, weight_copy({**head.params, "target_head": tables}, kind))
-  return hit[2]
+    return weight_copy({**head.params, "target_head": tables}, kind)
+  return cached_copy((head.params, target_params), kind, make)
 
 
 class FeatureDraft(Draft):

@@ -3,8 +3,8 @@
 StreamingDraft and SnapKVDraft draft with the target's weights or such a copy of them (`TargetWeightCopy`
 gives both the same validation, params and XLA options); ModelDraft with its own model's or a copy;
 FeatureDraft with a copy of its head's matrices and of the target's embedding / LM head it reads
-(drafts/feature.draft_copy). The copy is made once per params tree and kept (`copy_of`); the target always
-verifies with its own weights.
+(drafts/feature.draft_copy). The copy is made once per params tree and kept (`copy_of`, `cached_copy`); the
+target always verifies with its own weights.
 """
 from __future__ import annotations
 
@@ -30,17 +30,24 @@ def check_narrower(weights, dtype: str, owner: str) -> None:
                      f"own weights (weights=None)")
 
 
-_NARROW = {}    # (id of a params tree, kind) -> (those params, their copy): made once per model
+_NARROW = {}    # (ids of the source trees..., kind) -> (those trees..., their copy): made once per model
+
+
+def cached_copy(sources: tuple, kind: str, make):
+  """make()'s weight copy of the `sources` trees in `kind`, made once per (sources, kind) and kept (the
+  last two such copies)."""
+  key = (*map(id, sources), kind)
+  hit = _NARROW.get(key)
+  if hit is None or any(a is not b for a, b in zip(hit[:-1], sources)):
+    if len(_NARROW) >= 2:
+      _NARROW.clear()
+    hit = _NARROW[key] = (*sources, make())
+  return hit[-1]
 
 
 def copy_of(params, kind: str):
   """`params` cast (or quantized) to `kind` for a draft, made once per params tree."""
-  key = (id(params), kind)
-  if key not in _NARROW or _NARROW[key][0] is not params:
-    if len(_NARROW) >= 2:
-      _NARROW.clear()
-    _NARROW[key] = (params, weight_copy(params, kind))
-  return _NARROW[key][1]
+  return cached_copy((params,), kind, lambda: weight_copy(params, kind))
 
 
 class TargetWeightCopy:
