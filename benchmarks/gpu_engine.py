@@ -117,19 +117,21 @@ def part_quant_rerun(b: Bench, target: Model, small: Model, tcfg, C: int, shard_
   b.ratios("quant_rerun_shard", f"AR b{B}", rows)
 
 
-def time_steps(b: Bench, target: Model, cases, B: int, ring: int, C: int) -> dict:
-  """One decode step each: (label, weights, int4 keep-int8 names, context, cache kind, options)."""
+def time_steps(b: Bench, target: Model, cases, B: int) -> dict:
+  """One decode step each, against the one labelled "AR": cases of (label, weights, int4 group (None: the
+  backend's), int4 keep-int8 names (None: the library's), context, cache kind, XLA options (None: the
+  engine's))."""
   steps = {}
-  for label, w, keep, ctx, kind, opts in cases:
+  for label, w, group, keep, ctx, kind, opts in cases:
     if b.late(10):
       steps[label] = {"skipped": "deadline"}
       continue
     try:
-      with int4_group_as(0), int4_keep_int8_as(keep):
+      with int4_group_as(group), int4_keep_int8_as(keep):
         params = target.params if w is None else weight_copy(target.params, w)
-        r = calibrate.time_step(params, target.config, B, ctx, 1, kind, 10, options=opts)
+        r = calibrate.time_step(params, target.config, B, ctx, 1, kind, 10, options=opts or compiling.engine_options())
       del params
-      steps[label] = {"median_ms": r["median_s"] * 1e3, "min_ms": r["seconds"] * 1e3}
+      steps[label] = {"median_ms": r["median_s"] * 1e3, "min_ms": r["seconds"] * 1e3, "int4_group": group}
     except Exception as e:                                      # noqa: BLE001
       steps[label] = {"error": repr(e)[:400]}
     print("step", label, steps[label], flush=True)
@@ -146,12 +148,12 @@ def part_int4(b: Bench, target: Model, tcfg, C: int, shard_c: int, sink: int = 1
   """Issue 46's int4 figures (see the module docstring)."""
   eng_opts, triton = compiling.engine_options(), dict(compiling.engine_options(), **TRITON)
   ring = sink + window
-  cases = [("AR", None, None, C, "linear", eng_opts), ("AR triton", None, None, C, "linear", triton),
-           ("draft bf16 triton", None, None, ring, "ring", triton),
-           ("draft int8 triton", "int8", None, ring, "ring", triton),
-           ("draft int4 channel triton", "int4", (), ring, "ring", triton),
-           ("draft int4 mixed triton", "int4", MIXED_INT8, ring, "ring", triton)]
-  b.res["parts"]["int4_steps"] = time_steps(b, target, cases, 8, ring, C)
+  cases = [("AR", None, 0, None, C, "linear", eng_opts), ("AR triton", None, 0, None, C, "linear", triton),
+           ("draft bf16 triton", None, 0, None, ring, "ring", triton),
+           ("draft int8 triton", "int8", 0, None, ring, "ring", triton),
+           ("draft int4 channel triton", "int4", 0, (), ring, "ring", triton),
+           ("draft int4 mixed triton", "int4", 0, MIXED_INT8, ring, "ring", triton)]
+  b.res["parts"]["int4_steps"] = time_steps(b, target, cases, 8)
   b.save()
   sd = lambda w: drafts.StreamingDraft(sink, window, weights=w)
   a4, a8 = b.args.alpha_int4, b.args.alpha_int8
@@ -223,33 +225,13 @@ def part_quant(b: Bench, target: Model, B: int, C: int, window: int = 512, sink:
   check = int4_placement_check()
   b.res["parts"]["int4_placement"] = check
   print("int4 placement", check, flush=True)
-  cfg = target.config
   triton = dict(compiling.engine_options(), **TRITON)
   ring = sink + window
-  cases = [("AR", None, None, C, "linear", None), ("draft bf16", None, None, ring, "ring", None),
-           ("draft bf16 triton", None, None, ring, "ring", triton),
-           ("draft int8 triton", "int8", None, ring, "ring", triton)]
-  cases += [(f"draft int4 g{g or 'channel'} triton", "int4", g, ring, "ring", triton) for g in INT4_GROUPS]
-  steps = {}
-  for label, w, group, ctx, kind, opts in cases:
-    if b.late(10):
-      steps[label] = {"skipped": "deadline"}
-      continue
-    try:
-      with int4_group_as(group):
-        params = target.params if w is None else weight_copy(target.params, w)
-        r = calibrate.time_step(params, cfg, B, ctx, 1, kind, 10, options=opts or compiling.engine_options())
-      del params
-      steps[label] = {"median_ms": r["median_s"] * 1e3, "min_ms": r["seconds"] * 1e3, "int4_group": group}
-    except Exception as e:                                      # noqa: BLE001
-      steps[label] = {"error": repr(e)[:400]}
-    print("quant step", label, steps[label], flush=True)
-    jax.clear_caches()
-    gc.collect()
-  if "median_ms" in steps.get("AR", {}):
-    for v in steps.values():
-      if "median_ms" in v:
-        v["over_ar"] = v["median_ms"] / steps["AR"]["median_ms"]
+  cases = [("AR", None, None, None, C, "linear", None), ("draft bf16", None, None, None, ring, "ring", None),
+           ("draft bf16 triton", None, None, None, ring, "ring", triton),
+           ("draft int8 triton", "int8", None, None, ring, "ring", triton)]
+  cases += [(f"draft int4 g{g or 'channel'} triton", "int4", g, None, ring, "ring", triton) for g in INT4_GROUPS]
+  steps = time_steps(b, target, cases, B)
   b.res["parts"]["quant_steps"] = steps
   b.save()
   int4 = [(v["median_ms"], v["int4_group"]) for k, v in steps.items() if k.startswith("draft int4") and "median_ms" in v]
