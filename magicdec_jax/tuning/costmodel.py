@@ -75,11 +75,15 @@ HARDWARE: dict[str, Hardware] = {
 
 # ---- model byte / flop counts -------------------------------------------------------------------------------
 
+def _layer_matrices(cfg: ModelConfig) -> dict[str, int]:
+  """One layer's matmul weight elements by parameter name (layers/quant.CONTRACTED's names)."""
+  d, hd, f = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+  q, kv = d * cfg.num_heads * hd, d * cfg.num_kv_heads * hd
+  return {"q": q, "k": kv, "v": kv, "o": q, "gate": d * f, "up": d * f, "down": f * d}
+
+
 def _layer_params(cfg: ModelConfig) -> int:
-  d, hd = cfg.hidden_size, cfg.head_dim
-  attn = d * cfg.num_heads * hd * 2 + d * cfg.num_kv_heads * hd * 2  # q, o ; k, v
-  mlp = 3 * d * cfg.intermediate_size
-  return attn + mlp + 2 * d  # + two RMSNorm scales
+  return sum(_layer_matrices(cfg).values()) + 2 * cfg.hidden_size  # + two RMSNorm scales
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -90,10 +94,8 @@ def matmul_params(cfg: ModelConfig) -> int:
 def matrix_elements(cfg: ModelConfig) -> dict[str, int]:
   """Matmul weight elements by parameter name (layers/quant.CONTRACTED's names; the LM head as "embed" when
   tied): what a quantized copy's mixed bytes are averaged over."""
-  d, hd, f, n = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.num_layers
-  return {"q": n * d * cfg.num_heads * hd, "k": n * d * cfg.num_kv_heads * hd, "v": n * d * cfg.num_kv_heads * hd,
-          "o": n * cfg.num_heads * hd * d, "gate": n * d * f, "up": n * d * f, "down": n * f * d,
-          ("embed" if cfg.tie_embeddings else "lm_head"): cfg.vocab_size * d}
+  return {**{name: cfg.num_layers * n for name, n in _layer_matrices(cfg).items()},
+          ("embed" if cfg.tie_embeddings else "lm_head"): cfg.vocab_size * cfg.hidden_size}
 
 
 def copy_bytes(cfg: ModelConfig, kind: str) -> float:
