@@ -64,10 +64,11 @@ def main(argv=None) -> str:
   if "bfloat16" in steps:
     for w in kinds:
       steps[w]["over_bfloat16"] = steps[w]["median_ms"] / steps["bfloat16"]["median_ms"]
+  doc = {"benchmark": "quantized_draft", "env": common.env_info(), "command": common.command(), "model": source,
+         "dtype": cfg.dtype, "batch": b, "int8_dot": quant.int8_dot(), "int4_group": quant.int4_group(),
+         "int4_keep_int8": list(quant.INT4_KEEP_INT8), "draft_step": steps}
   if a.steps_only:
-    doc = {"benchmark": "quantized_draft (steps only)", "env": common.env_info(), "command": common.command(),
-           "model": source, "dtype": cfg.dtype, "batch": b, "ring": a.sink + a.window, "int8_dot": quant.int8_dot(),
-           "int4_group": quant.int4_group(), "int4_keep_int8": list(quant.INT4_KEEP_INT8), "draft_step": steps}
+    doc.update(benchmark="quantized_draft (steps only)", ring=a.sink + a.window)
     return common.finish(doc, a.output, f"quantized_draft_steps_{b}_{common.device_tag()}.json")
   prompts, text = common.text_prompts(model, b, p, cfg.vocab_size, held_out=not a.smoke)
   pre = prefilled.prefill(model, prompts, max_new_tokens=a.new, progress=False)
@@ -93,11 +94,8 @@ def main(argv=None) -> str:
       if sname == "greedy":
         want = runs[(sname, "plain")][0].tokens
         rows[w]["rows_identical_to_plain"] = sum(x == y for x, y in zip(want, runs[(sname, w)][0].tokens))
-  doc = {"benchmark": "quantized_draft", "env": common.env_info(), "command": common.command(), "model": source,
-         "dtype": cfg.dtype, "text": text, "batch": b, "prompt_tokens": p, "new_tokens": a.new, "gamma": a.gamma,
-         "draft": f"StreamingDraft({a.sink}, {a.window}, weights=...)", "int8_dot": quant.int8_dot(),
-         "int4_group": quant.int4_group(),
-         "int4_keep_int8": list(quant.INT4_KEEP_INT8), "repeats": a.repeats, "draft_step": steps, "decode": out}
+  doc.update(env=common.env_info(), text=text, prompt_tokens=p, new_tokens=a.new, gamma=a.gamma,
+             draft=f"StreamingDraft({a.sink}, {a.window}, weights=...)", repeats=a.repeats, decode=out)
   tag = f"{b}x{p}" + ("_smoke" if a.smoke else "")
   return common.finish(doc, a.output, f"quantized_draft_{tag}_{common.device_tag()}.json")
 
