@@ -81,34 +81,33 @@ def kernel_profile(call, tag: str) -> dict:
 
 
 @contextlib.contextmanager
+def quant_setting_as(name: str, value):
+  """layers/quant.<name> set to `value` inside the block (None: unchanged); the drafts' cached weight
+  copies are dropped on entry and exit so that each setting gets its own."""
+  old = getattr(quant, name)
+  draft_weights._NARROW.clear()
+  if value is not None:
+    setattr(quant, name, value)
+  try:
+    yield
+  finally:
+    setattr(quant, name, old)
+    draft_weights._NARROW.clear()
+
+
 def int4_group_as(group):
-  """layers/quant.INT4_GROUP (the override of the backend's group) set to `group` (None: unchanged; 0: one
-  scale per output channel) inside the block; the drafts' cached weight copies are dropped on entry and
-  exit so that each group gets its own."""
-  old = quant.INT4_GROUP
-  draft_weights._NARROW.clear()
-  if group is not None:
-    quant.INT4_GROUP = group
-  try:
-    yield
-  finally:
-    quant.INT4_GROUP = old
-    draft_weights._NARROW.clear()
+  """quant.INT4_GROUP (the override of the backend's group; 0: one scale per output channel) as `group`."""
+  return quant_setting_as("INT4_GROUP", group)
 
 
-@contextlib.contextmanager
 def int4_keep_int8_as(names):
-  """layers/quant.INT4_KEEP_INT8 (the matrices an "int4" copy keeps in int8) set to `names` inside the
-  block (None: unchanged), the drafts' cached weight copies dropped on entry and exit."""
-  old = quant.INT4_KEEP_INT8
-  draft_weights._NARROW.clear()
-  if names is not None:
-    quant.INT4_KEEP_INT8 = tuple(names)
-  try:
-    yield
-  finally:
-    quant.INT4_KEEP_INT8 = old
-    draft_weights._NARROW.clear()
+  """quant.INT4_KEEP_INT8 (the matrices an "int4" copy keeps in int8) as `names`."""
+  return quant_setting_as("INT4_KEEP_INT8", None if names is None else tuple(names))
+
+
+def int4_offsets_as(flag):
+  """quant.INT4_OFFSETS (asymmetric int4: a scale and an offset per group; False: symmetric) as `flag`."""
+  return quant_setting_as("INT4_OFFSETS", flag)
 
 
 @contextlib.contextmanager

@@ -27,7 +27,11 @@ rewritten after every configuration, so a killed run keeps what it measured):
              at --alpha-int4 (the acceptance SmolLM2's int4 copy keeps, a CPU measurement), the mixed copy
              at chain 3, int8 chain 2 at --alpha-int8; the TP-8 shard at batch 64 with int4 chain 3;
   defaults   what a user gets with no options: AR, self chain 2 (bf16), chain 3 on the int4 and int8 copies
-             (the library's INT4_KEEP_INT8 and group), and the 1 x 4K AR step against its floor.
+             (the library's INT4_KEEP_INT8 and group), and the 1 x 4K AR step against its floor;
+  offsets    what int4's offsets (asymmetric scales, quant.INT4_OFFSETS) cost on a GPU: one draft step of the
+             default int4 copy with and without them against the AR step, then end to end AR and chain 3
+             on each at alpha 0.8 and at its own CPU-measured acceptance (--alpha-int4 asymmetric,
+             --alpha-int4-sym symmetric), int8 chain 3 at --alpha-int8.
 
   PYTHONPATH=. python3 -m benchmarks.gpu_engine --output $OUT/gpu_engine.json --deadline-s 540
   python -m benchmarks.gpu_engine --smoke --output /tmp/gpu_engine.json    # tiny shapes on CPU, ~3 minutes
@@ -44,7 +48,7 @@ import traceback
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")   # before jax starts
 
 from benchmarks import common  # noqa: E402
-from benchmarks.gpu_bench import Bench, int4_group_as, int4_keep_int8_as, models  # noqa: E402
+from benchmarks.gpu_bench import Bench, int4_group_as, int4_keep_int8_as, int4_offsets_as, models  # noqa: E402
 from benchmarks.simulated_acceptance import install_bernoulli  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -60,7 +64,7 @@ from magicdec_jax.trees import Tree  # noqa: E402
 from magicdec_jax.tuning import shapes  # noqa: E402
 
 PARTS = ("headline", "quant", "batch1", "shard", "identity", "invariant", "previous", "quant_rerun", "int4",
-         "defaults")
+         "defaults", "offsets")
 MIXED_INT8 = ("embed", "lm_head", "down")     # what the "int4 mixed" rows keep in int8 (quant.INT4_KEEP_INT8)
 PREVIOUS_OPTIONS = {"xla_gpu_enable_triton_gemm": False}          # before issue 44: dot merger on
 TRITON = {"xla_gpu_enable_triton_gemm": True}
@@ -177,6 +181,33 @@ def part_int4(b: Bench, target: Model, tcfg, C: int, shard_c: int, sink: int = 1
   with int4_group_as(0), int4_keep_int8_as(()):
     rows.append(b.run("int4_shard", f"self chain3 int4 b{B}", shard, sd("int4"), Tree.chain(3), 0.8, B, shard_c))
   b.ratios("int4_shard", f"AR b{B}", rows)
+
+
+def part_offsets(b: Bench, target: Model, C: int, sink: int = 16, window: int = 512):
+  """Asymmetric int4 (a scale and an offset per group, the library's default) against symmetric, the
+  default copy otherwise (the backend's group, INT4_KEEP_INT8): steps, then end to end."""
+  ring = sink + window
+  steps = time_steps(b, target, [("AR", None, None, None, C, "linear", None),
+                                 ("draft int4 offsets", "int4", None, None, ring, "ring", None)], 8)
+  with int4_offsets_as(False):
+    steps.update(time_steps(b, target, [("draft int4 symmetric", "int4", None, None, ring, "ring", None)], 8))
+  base = steps["AR"].get("median_ms")
+  for v in steps.values():
+    if base and "median_ms" in v:
+      v["over_ar"] = v["median_ms"] / base
+  b.res["parts"]["offsets_steps"] = steps
+  b.save()
+  sd = lambda w: drafts.StreamingDraft(sink, window, weights=w)
+  a4, a4s, a8 = b.args.alpha_int4, b.args.alpha_int4_sym, b.args.alpha_int8
+  runs = [b.run("offsets", "AR", target, None, Tree((-1,)), None, 8, C, profile=False)]
+  for flag, name, alpha in ((True, "offsets", a4), (False, "symmetric", a4s)):
+    with int4_offsets_as(flag):
+      runs.append(b.run("offsets", f"self chain3 int4 {name}", target, sd("int4"), Tree.chain(3), 0.8, 8, C,
+                        profile=flag))
+      runs.append(b.run("offsets", f"self chain3 int4 {name} a{alpha}", target, sd("int4"), Tree.chain(3), alpha,
+                        8, C, profile=False))
+  runs.append(b.run("offsets", f"self chain3 int8 a{a8}", target, sd("int8"), Tree.chain(3), a8, 8, C, profile=False))
+  b.ratios("offsets", "AR", runs)
 
 
 def part_previous(b: Bench, target: Model, B: int, C: int):
@@ -350,6 +381,8 @@ def main(argv=None):
   ap.add_argument("--shard-batches", default="64,32", help="batches of the shard part (largest first)")
   ap.add_argument("--alpha-int4", type=float, default=0.56, help="int4 part: simulated acceptance of an int4 copy")
   ap.add_argument("--alpha-int8", type=float, default=0.784, help="int4 part: simulated acceptance of an int8 copy")
+  ap.add_argument("--alpha-int4-sym", type=float, default=0.73,
+                  help="offsets part: simulated acceptance of a symmetric int4 copy")
   args = ap.parse_args(argv)
   parts = [p for p in args.parts.split(",") if p]
   bad = [p for p in parts if p not in PARTS]
@@ -407,6 +440,8 @@ def run_part(b, part, smoke, target, small, tcfg, C, C1, shard_c, shard_b):
       fl = b.floor(target.config, 1, C1)
       b.res["parts"]["defaults_batch1"] = {"floor": fl, "step_ms_marginal": 1e3 / r["tok_per_s_marginal"]}
       b.save()
+  elif part == "offsets":
+    part_offsets(b, target, C, sink=4 if smoke else 16, window=32 if smoke else 512)
   elif part == "invariant":
     rows = [b.run("invariant", "AR", target, None, Tree((-1,)), None, 8, C, numerics="invariant"),
             b.run("invariant", "self chain3", target, drafts.StreamingDraft(16, 512), Tree.chain(3), 0.8, 8, C,

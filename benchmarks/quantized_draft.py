@@ -7,7 +7,8 @@ Per draft weights: acceptance rate, tokens/s, the speedup over plain decoding, w
 plain decoding's (they must: the target verifies with its own weights), and the draft's one-token step
 timed alone (calibrate.time_step over its sink + window ring; the weights interleaved `--step_rounds`
 times, `--steps_only` for that alone) against the bfloat16 copy's. Settings are
-interleaved `--repeats` times after one untimed compile call each; medians.
+interleaved `--repeats` times after one untimed compile call each; medians. Sampled acceptance is the mean
+over `--seeds` seeds (one sampled run of 8 x 128 tokens varies by about +-0.02).
 
   python -m benchmarks.quantized_draft                     # 8 x 4096, 128 new tokens, ~25 min on 2 CPU cores
   python -m benchmarks.quantized_draft --smoke             # random tiny model, about a minute
@@ -39,15 +40,21 @@ def main(argv=None) -> str:
   ap.add_argument("--step_repeats", type=int, default=20, help="timed steps per weights and round")
   ap.add_argument("--step_rounds", type=int, default=3, help="rounds of step timing, the weights interleaved")
   ap.add_argument("--steps_only", action="store_true", help="time the draft steps only (no decoding)")
+  ap.add_argument("--seeds", type=int, default=1,
+                  help="sampled acceptance over this many seeds (0 .. n-1; seed 0 also timed, the rest decoded once)")
   ap.add_argument("--int4_group", type=int, default=None,
                   help="int4 group size (layers/quant.INT4_GROUP; 0: one scale per output channel; default by backend)")
   ap.add_argument("--int4_keep_int8", default=None,
                   help="comma-separated names an int4 copy keeps in int8 (layers/quant.INT4_KEEP_INT8; "
                        "'none': all int4; default: the library's)")
+  ap.add_argument("--int4_symmetric", action="store_true",
+                  help="int4 without offsets (layers/quant.INT4_OFFSETS = False: max |w| / 7, as before 2026-11-27)")
   a = common.parse(ap, argv, shape="4x96", new=16, repeats=1, window=32, step_repeats=3, step_rounds=1)
   b, p = common.shape_list(a.shape)[0]
   if a.int4_group is not None:
     quant.INT4_GROUP = a.int4_group
+  if a.int4_symmetric:
+    quant.INT4_OFFSETS = False
   if a.int4_keep_int8 is not None:
     quant.INT4_KEEP_INT8 = tuple(n for n in a.int4_keep_int8.split(",") if n and n != "none")
   model, source = common.model(a.smoke)
@@ -66,7 +73,7 @@ def main(argv=None) -> str:
       steps[w]["over_bfloat16"] = steps[w]["median_ms"] / steps["bfloat16"]["median_ms"]
   doc = {"benchmark": "quantized_draft", "env": common.env_info(), "command": common.command(), "model": source,
          "dtype": cfg.dtype, "batch": b, "int8_dot": quant.int8_dot(), "int4_group": quant.int4_group(),
-         "int4_keep_int8": list(quant.INT4_KEEP_INT8), "draft_step": steps}
+         "int4_keep_int8": list(quant.INT4_KEEP_INT8), "int4_offsets": quant.INT4_OFFSETS, "draft_step": steps}
   if a.steps_only:
     doc.update(benchmark="quantized_draft (steps only)", ring=a.sink + a.window)
     return common.finish(doc, a.output, f"quantized_draft_steps_{b}_{common.device_tag()}.json")
@@ -82,9 +89,15 @@ def main(argv=None) -> str:
   out = {}
   for (sname, w), rs in runs.items():
     sec = statistics.median(r.stats["decode_s"] for r in rs)
+    rates = [rs[0].stats.get("acceptance_rate")]
+    if w != "plain" and SAMPLINGS[sname].get("temperature", 0.0) > 0:      # more seeds: acceptance only
+      rates += [prefilled.decode(model, pre, **settings[(sname, w)], seed=seed).stats["acceptance_rate"]
+                for seed in range(1, a.seeds)]
     out.setdefault(sname, {})[w] = {"decode_s": sec, "tokens_per_s": b * a.new / sec,
-                                    "acceptance_rate": rs[0].stats.get("acceptance_rate"),
+                                    "acceptance_rate": None if rates[0] is None else statistics.mean(rates),
                                     "decode_s_all": [r.stats["decode_s"] for r in rs]}
+    if len(rates) > 1:
+      out[sname][w]["acceptance_by_seed"] = rates
   for sname, rows in out.items():
     plain = rows["plain"]
     for w in kinds:
@@ -95,7 +108,8 @@ def main(argv=None) -> str:
         want = runs[(sname, "plain")][0].tokens
         rows[w]["rows_identical_to_plain"] = sum(x == y for x, y in zip(want, runs[(sname, w)][0].tokens))
   doc.update(env=common.env_info(), text=text, prompt_tokens=p, new_tokens=a.new, gamma=a.gamma,
-             draft=f"StreamingDraft({a.sink}, {a.window}, weights=...)", repeats=a.repeats, decode=out)
+             draft=f"StreamingDraft({a.sink}, {a.window}, weights=...)", repeats=a.repeats, seeds=a.seeds,
+             decode=out)
   tag = f"{b}x{p}" + ("_smoke" if a.smoke else "")
   return common.finish(doc, a.output, f"quantized_draft_{tag}_{common.device_tag()}.json")
 

@@ -326,6 +326,10 @@ def _gpu_engine(doc, out, mod, stdout):
   assert any(part == "int4_shard" and lab.startswith("self chain3 int4") for part, lab in runs)
   assert {"AR", "self chain2 bf16", "self chain3 int4", "self chain3 int8", "AR 1x4K"} == \
       {lab for part, lab in runs if part == "defaults"}
+  # int4 with and without offsets: both steps against AR, both copies end to end
+  off = doc["parts"]["offsets_steps"]
+  assert set(off) == {"AR", "draft int4 offsets", "draft int4 symmetric"} and all("over_ar" in v for v in off.values())
+  assert {"self chain3 int4 offsets", "self chain3 int4 symmetric"} <= {lab for part, lab in runs if part == "offsets"}
   for key, ent in doc["parts"]["shard"]["table"].items():
     ar = runs[("shard", f"AR {key}")]
     for label, row in ent.items():
@@ -336,10 +340,11 @@ def _gpu_engine(doc, out, mod, stdout):
   assert "floor" in doc["parts"]["headline"] and "batch1" in doc["parts"]
 
 
-@case("quantized_draft")
+@case("quantized_draft", extra=("--seeds", "2"))
 def _quantized_draft(doc, out, mod, stdout):
   """Every weight copy drafts and is timed; greedy speculative tokens equal plain decoding's (the reference)
-  whatever the draft's weights; ratios follow from the runs' own figures."""
+  whatever the draft's weights; ratios follow from the runs' own figures; sampled acceptance is the mean of
+  the seeds' runs."""
   _env_ok(doc)
   assert set(doc["draft_step"]) == set(mod.WEIGHTS) and all(v["median_ms"] > 0 for v in doc["draft_step"].values())
   for sname, rows in doc["decode"].items():
@@ -348,7 +353,10 @@ def _quantized_draft(doc, out, mod, stdout):
       assert 0 < r["acceptance_rate"] <= 1
       assert r["speedup"] == pytest.approx(r["tokens_per_s"] / rows["plain"]["tokens_per_s"])
       if sname == "greedy":
-        assert r["rows_identical_to_plain"] == doc["batch"]
+        assert r["rows_identical_to_plain"] == doc["batch"] and "acceptance_by_seed" not in r
+      else:
+        assert len(r["acceptance_by_seed"]) == 2 and r["acceptance_rate"] == pytest.approx(
+            sum(r["acceptance_by_seed"]) / 2)
 
 
 @case("sampling_cost")

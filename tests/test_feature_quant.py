@@ -87,15 +87,16 @@ def test_greedy_exact_on_a_quantized_copy(weights, vocab, shape):
 
 def dequantized(w) -> np.ndarray:
   """A QuantizedWeight's logical matrix in float64, from its stored integers and scales (layers/quant.py's
-  layout: q [K, N] with scales [N] (int8) or [K / g, N] (int4), transposed for axis 1)."""
+  layout: q [K, N] with scales [N] (int8) or scales and offsets [K / g, N] (int4), transposed for axis 1)."""
   if not isinstance(w, QuantizedWeight):
     return np.asarray(w, np.float64)
   q, s = np.asarray(w.q).astype(np.float64), np.asarray(w.scale, np.float64)
+  o = np.zeros_like(s) if w.offset is None else np.asarray(w.offset, np.float64)   # int4: w = q s + o
   if w.axis == 1:                                                       # [N, K], scales [N] or [N, K / g]
-    m = q * (s[:, None] if s.ndim == 1 else np.repeat(s, q.shape[1] // s.shape[1], axis=1))
+    spread = (lambda a: a[:, None]) if s.ndim == 1 else (lambda a: np.repeat(a, q.shape[1] // a.shape[1], axis=1))
   else:
-    m = q * (s[None, :] if s.ndim == 1 else np.repeat(s, q.shape[0] // s.shape[0], axis=0))
-  return m.reshape(w.shape)
+    spread = (lambda a: a[None, :]) if s.ndim == 1 else (lambda a: np.repeat(a, q.shape[0] // a.shape[0], axis=0))
+  return (q * spread(s) + spread(o)).reshape(w.shape)
 
 
 def numpy_step(cfg, w, feats, tokens, vocab_head: bool, tied: bool):
@@ -148,7 +149,7 @@ def test_step_on_the_copy_matches_float64_numpy(weights, tied, vocab):
   quantized = {"fuse": params["fuse"], "fc": params["fc"], **params["target_head"], **params["layers"][0]["mlp"]}
   for n, x in quantized.items():       # the copy is the float matrices rounded: within half its scale step
     assert isinstance(x, QuantizedWeight), n
-    step = dequantized(dataclasses.replace(x, q=jnp.ones_like(x.q)))                   # the scale per element
+    step = dequantized(dataclasses.replace(x, q=jnp.ones_like(x.q), offset=None))      # the scale per element
     assert np.all(np.abs(w[n] - float_w[n]) <= 0.5 * step + 1e-7), n
 
   rng = np.random.default_rng(0)

@@ -25,19 +25,23 @@ def ref_int8(w: np.ndarray):
 
 
 def ref_int4(w: np.ndarray, group: int):
+  """float64 reference: each group's min .. max on 16 levels, q = round((w - min) / scale) - 8 in -8 .. 7,
+  scale = (max - min) / 15, offset = min + 8 scale (w = q scale + offset)."""
   w = w.astype(np.float64)
   k, n = w.shape
   wg = w.reshape(k // group, group, n)
-  amax = np.abs(wg).max(axis=1)
-  scale = np.where(amax > 0, amax / 7, 1.0)
-  return np.clip(np.round(wg / scale[:, None]), -7, 7).reshape(k, n), scale
+  lo, hi = wg.min(axis=1), wg.max(axis=1)
+  scale = np.where(hi > lo, (hi - lo) / 15, 1.0)
+  q = np.clip(np.round((wg - lo[:, None]) / scale[:, None]), 0, 15) - 8
+  return q.reshape(k, n), scale, lo + 8 * scale
 
 
 def test_int8_matches_float64_numpy():
   w = np.random.default_rng(0).standard_normal((96, 40)).astype(np.float32)
   w[:, 3] = 0                                                          # an all-zero channel
-  q, s = quant.quantize_matrix(jnp.asarray(w), "int8")
+  q, s, o = quant.quantize_matrix(jnp.asarray(w), "int8")
   rq, rs = ref_int8(w)
+  assert o is None
   assert q.dtype == jnp.int8 and q.shape == w.shape and s.shape == (40,)
   np.testing.assert_allclose(np.asarray(s), rs, rtol=1e-6)
   assert np.abs(np.asarray(q, np.float64) - rq).max() <= 1 and (np.asarray(q) == rq).mean() > 0.999
@@ -50,24 +54,61 @@ def test_int8_matches_float64_numpy():
 @pytest.mark.parametrize("group", [64, 16, 0])
 def test_int4_matches_float64_numpy(group):
   w = np.random.default_rng(1).standard_normal((128, 24)).astype(np.float32)
-  p, s = quant.quantize_matrix(jnp.asarray(w), "int4", group=group)
+  p, s, o = quant.quantize_matrix(jnp.asarray(w), "int4", group=group)
   group = group or 128                                                  # 0: one group per output channel
-  rq, rs = ref_int4(w, group)
+  rq, rs, ro = ref_int4(w, group)
   assert p.dtype == quant.INT4_STORAGE.get(jax.default_backend(), jnp.int4)
-  assert p.shape == (128, 24) and s.shape == (128 // group, 24)
+  assert p.shape == (128, 24) and s.shape == o.shape == (128 // group, 24)
   np.testing.assert_allclose(np.asarray(s), rs, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(o), ro, rtol=1e-5, atol=1e-6)
   q = np.asarray(p, np.float64)
+  assert q.min() >= -8 and q.max() <= 7
   assert np.abs(q - rq).max() <= 1 and (q == rq).mean() > 0.999
-  deq = np.asarray(quant.QuantizedWeight(p, s, kind="int4", shape=w.shape, axis=0, dtype="float32")
+  deq = np.asarray(quant.QuantizedWeight(p, s, kind="int4", shape=w.shape, axis=0, dtype="float32", offset=o)
                    .dequantize(jnp.float32), np.float64)
   step = np.repeat(rs, group, axis=0)
-  assert np.all(np.abs(deq - w) <= step / 2 * (1 + 1e-5))
+  assert np.all(np.abs(deq - w) <= step / 2 * (1 + 1e-5) + 1e-6)
+  # every group's min and max are levels: reproduced to float32 rounding
+  wg, dg = w.reshape(-1, group, 24), deq.reshape(-1, group, 24)
+  np.testing.assert_allclose(dg.min(1), wg.min(1), atol=1e-5)
+  np.testing.assert_allclose(dg.max(1), wg.max(1), atol=1e-5)
+
+
+def test_symmetric_int4_matches_float64_numpy(monkeypatch):
+  """INT4_OFFSETS = False (benchmarks compare the two forms): max |w| / 7 per group, q in -7 .. 7, no
+  offset; the matmul of that copy matches float64 numpy of its dequantized matrix."""
+  monkeypatch.setattr(quant, "INT4_OFFSETS", False)
+  w = np.random.default_rng(4).standard_normal((128, 24)).astype(np.float64)
+  p, s, o = quant.quantize_matrix(jnp.asarray(w, jnp.float32), "int4", group=32)
+  wg = w.reshape(4, 32, 24)
+  rs = np.abs(wg).max(axis=1) / 7
+  rq = np.clip(np.round(wg / rs[:, None]), -7, 7).reshape(128, 24)
+  assert o is None and quant.weight_bytes_per_param("int4", group=32) == 0.5 + 4 / 32
+  np.testing.assert_allclose(np.asarray(s), rs, rtol=1e-6)
+  assert (np.asarray(p, np.float64) == rq).mean() > 0.999
+  qw = quant.quantize_weight("gate", jnp.asarray(w, jnp.float32), "int4", group=0)
+  assert qw.offset is None and qw.per_channel
+  x = np.random.default_rng(5).standard_normal((3, 128))
+  got = np.asarray(dense("TD,DF->TF", jnp.asarray(x, jnp.float32), qw), np.float64)
+  want = x @ np.asarray(qw.dequantize(jnp.float32), np.float64)
+  assert np.abs(got - want).max() < 2 ** -8 * np.abs(x).max() * np.abs(w).max() * 128
+
+
+def test_int4_beats_symmetric_scales_on_skewed_groups():
+  """The offset is what asymmetric scales buy: a group whose values all lie in 0.5 .. 1.5 spreads its 16
+  levels over that range (a symmetric scale, max |w| / 7, would leave 10 of its 15 levels unused): its
+  largest error is half of (max - min) / 15."""
+  w = np.random.default_rng(7).uniform(0.5, 1.5, (64, 8)).astype(np.float32)
+  qw = quant.quantize_weight("gate", jnp.asarray(w), "int4", group=64)
+  err = np.abs(np.asarray(qw.dequantize(jnp.float32), np.float64) - w).max()
+  sym_step = np.abs(w).max() / 7
+  assert err <= (w.max() - w.min()) / 15 / 2 * (1 + 1e-5) + 1e-6 and err < sym_step / 4
 
 
 def test_int4_group_shrinks_to_divide_the_contracted_size():
   w = jnp.asarray(np.random.default_rng(2).standard_normal((96, 8)), jnp.float32)   # 96 = 3 x 32
-  _, s = quant.quantize_matrix(w, "int4", group=64)
-  assert s.shape == (3, 8)
+  _, s, o = quant.quantize_matrix(w, "int4", group=64)
+  assert s.shape == o.shape == (3, 8)
 
 
 @pytest.mark.parametrize("backend,groups", [("gpu", 1), ("cpu", 2)])
@@ -77,8 +118,8 @@ def test_int4_groups_by_backend(backend, groups, monkeypatch):
   monkeypatch.setattr(quant.jax, "default_backend", lambda: backend)
   w = jnp.asarray(np.random.default_rng(5).standard_normal((128, 8)), jnp.float32)
   qw = quant.quantize_weight("gate", w, "int4")
-  assert qw.scale.shape == (groups, 8) and qw.per_channel == (groups == 1)
-  assert quant.weight_bytes_per_param("int4") == (0.5 if groups == 1 else 0.5 + 4 / 64)
+  assert qw.scale.shape == qw.offset.shape == (groups, 8) and qw.per_channel == (groups == 1)
+  assert quant.weight_bytes_per_param("int4") == (0.5 if groups == 1 else 0.5 + 8 / 64)   # float32 scale + offset
 
 
 def test_int4_is_stored_as_native_four_bit_integers(monkeypatch):
@@ -86,11 +127,12 @@ def test_int4_is_stored_as_native_four_bit_integers(monkeypatch):
   what a GPU matmul can read with the conversion fused into its operand (the CPU's int8 container set
   aside here: it is checked by every other test)."""
   monkeypatch.setattr(quant, "INT4_STORAGE", {})
-  vals = np.arange(-7, 8, dtype=np.float32)
-  w = np.stack([vals, -vals], axis=1)                                      # [15, 2]: one group each
-  q, s = quant.quantize_matrix(jnp.asarray(np.concatenate([w, w[:1]])), "int4", group=0)
-  np.testing.assert_array_equal(np.asarray(q, np.int8)[:15], np.stack([vals, -vals], 1).astype(np.int8))
+  vals = np.arange(-8, 8, dtype=np.float32)
+  w = np.stack([vals, vals[::-1]], axis=1)                                 # [16, 2]: one group each
+  q, s, o = quant.quantize_matrix(jnp.asarray(w), "int4", group=0)
+  np.testing.assert_array_equal(np.asarray(q, np.int8), w.astype(np.int8))
   np.testing.assert_allclose(np.asarray(s), [[1.0, 1.0]])
+  np.testing.assert_allclose(np.asarray(o), [[0.0, 0.0]])
   hlo = jax.jit(lambda a: a.astype(jnp.float32)).lower(q).compile().as_text()
   assert "s4[16,2]{1,0:E(4)}" in hlo
 

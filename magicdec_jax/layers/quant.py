@@ -3,9 +3,11 @@
 A self-draft re-reads the target's weights for every draft token, so on a GPU at long context a draft step
 costs a full weight read (issue 46). A draft may instead read a copy of those matrices in
   * "int8": symmetric, one scale per output channel (the max |w| over the contracted axis / 127);
-  * "int4": symmetric, one scale per `int4_group()` consecutive inputs of an output channel (max |w| / 7;
-    a smaller power-of-two group where the contracted size needs it). A group of 0 means one scale per
-    output channel, applied after the dot as for int8: the default on a GPU (INT4_GROUPS), where a scale
+  * "int4": asymmetric, a scale and an offset per `int4_group()` consecutive inputs of an output channel,
+    mapping the group's min .. max onto 16 levels exactly (w = q * scale + offset, q in -8 .. 7; the
+    "scale and min" of llama.cpp's Q4_1 / Q4_K; a smaller power-of-two group where the contracted size
+    needs it). A group of 0 means one scale and offset per output channel, applied after the dot
+    (x . w = scale * (x . q) + offset * sum(x)): the default on a GPU (INT4_GROUPS), where a scale
     multiplied in before the dot does not fuse into the matmul; 64 elsewhere. The values are stored as
     XLA's native 4-bit integers (`jnp.int4`, two to a byte in device memory: the HLO layout
     `s4[...]{...:E(4)}`), so the conversion is a plain convert XLA fuses into a matmul's operand. On
@@ -27,6 +29,12 @@ held-out prose, StreamingDraft(4, 256), gamma 2) head + down int8 kept 0.97 / 0.
 per channel) and 0.82 / 0.74 (T 0.8 top-p 0.95) of the bfloat16 copy's acceptance, where all-int4 kept
 0.80 / 0.70 and 0.61 / 0.46; with k / v in int8 as well (the default) 0.95 / 0.92 greedy and 0.87 / 0.81
 sampled (benchmarks/results/quantized_draft_8x4096_int4_default_*_cpu_2026-11-27_intel.json).
+Those figures were taken with symmetric int4 (max |w| / 7, 15 levels, no offset). Asymmetric scales
+(the layout above) lifted the same teacher-forced agreement of the default copy from 0.74 to 0.80 (groups
+of 64) and 0.68 to 0.70 (per channel), and the T 0.8 overlap sum(min(p, q)) from 0.80 to 0.86 / 0.73 to
+0.77; the offset costs 4 more bytes a group (0.625 bytes an int4 weight at groups of 64) and, per channel,
+one [N] product after the dot (its cost on a GPU not yet measured: INT4_OFFSETS = False gives the symmetric
+form back for a benchmark to compare).
 
 How an int8 matrix is multiplied (`INT8_DOT`, by backend):
   * "int": the activations are quantized too, per token (max |x| / 127), and the dot runs on the integers,
@@ -69,7 +77,9 @@ INT4_GROUP: int | None = None         # an override of the backend's group for t
 # and the k / v projections, the matrices whose 4-bit error moved SmolLM2's predictions most for their
 # bytes (see the module docstring)
 INT4_KEEP_INT8: tuple[str, ...] = ("embed", "lm_head", "down", "k", "v")
-INT8_MAX, INT4_MAX = 127, 7
+INT8_MAX = 127
+INT4_MIN, INT4_LEVELS = -8, 16        # int4 values -8 .. 7
+INT4_OFFSETS = True                   # asymmetric int4 (scale + offset); False: symmetric, max |w| / 7 (benchmarks)
 INT8_DOTS = ("int", "dequant")
 INT8_DOT = {"cpu": "int", "gpu": "dequant"}   # backend -> one of INT8_DOTS (see above); else DEFAULT_INT8_DOT
 DEFAULT_INT8_DOT = "int"
@@ -82,15 +92,17 @@ CONTRACTED = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1, "lm
 
 @flax.struct.dataclass
 class QuantizedWeight:
-  """A matrix stored as integers + float32 scales. q: int8 ("int8") or int4 ("int4"; INT4_STORAGE) [K, N], with K the
-  contracted size; scale: [N] ("int8") or [K/group, N] ("int4"); both transposed ([N, K...]) when `axis` is
-  1 (the embedding)."""
+  """A matrix stored as integers + float32 scales (and, for int4, offsets): w = q * scale (+ offset). q: int8
+  ("int8") or int4 ("int4"; INT4_STORAGE) [K, N], with K the contracted size; scale: [N] ("int8") or
+  [K/group, N] ("int4"), offset: None (int8, symmetric int4) or scale's shape (int4); all transposed ([N, K...]) when
+  `axis` is 1 (the embedding)."""
   q: jax.Array
   scale: jax.Array
   kind: str = flax.struct.field(pytree_node=False)
   shape: tuple = flax.struct.field(pytree_node=False)       # the parameter's own (logical) shape
   axis: int = flax.struct.field(pytree_node=False)          # the contracted axis of the stored 2-D matrix
   dtype: str = flax.struct.field(pytree_node=False)         # the dtype it stands in for
+  offset: jax.Array | None = None                           # int4: the value of q = 0 in each group
 
   ndim = property(lambda self: len(self.shape))
 
@@ -128,9 +140,11 @@ class QuantizedWeight:
   def dequantize(self, dtype) -> jax.Array:
     """The stored 2-D matrix in `dtype` (integers times their scales)."""
     if self.axis == 1:                       # stored [N, K]: dequantize its transpose
-      scale = self.scale.T if self.kind == "int4" else self.scale
-      return _dequantize_k_major(self.q.T, scale, self.kind, dtype).T
-    return _dequantize_k_major(self.q, self.scale, self.kind, dtype)
+      if self.kind == "int4":
+        offset = None if self.offset is None else self.offset.T
+        return _dequantize_k_major(self.q.T, self.scale.T, offset, self.kind, dtype).T
+      return _dequantize_k_major(self.q.T, self.scale, None, self.kind, dtype).T
+    return _dequantize_k_major(self.q, self.scale, self.offset, self.kind, dtype)
 
   def rows(self, ids: jax.Array, dtype) -> jax.Array:
     """Rows `ids` of an embedding stored with axis 1 ([V, D]), dequantized: [..., D]."""
@@ -143,41 +157,54 @@ class QuantizedWeight:
     vals = q.astype(jnp.float32)
     g = vals.shape[-1] // s.shape[-1]
     vals = vals.reshape(*vals.shape[:-1], s.shape[-1], g) * s[..., None]
+    if self.offset is not None:
+      vals = vals + jnp.take(self.offset, ids, axis=0)[..., None]
     return vals.reshape(*vals.shape[:-2], -1).astype(dtype)
 
 
-def _dequantize_k_major(q, scale, kind, dtype):
+def _dequantize_k_major(q, scale, offset, kind, dtype):
   if kind == "int8":
     return (q.astype(jnp.float32) * scale).astype(dtype)
   vals = q.astype(jnp.float32)                                          # [K, N]
   k, n = vals.shape
   g = k // scale.shape[0]
-  return (vals.reshape(scale.shape[0], g, n) * scale[:, None]).reshape(k, n).astype(dtype)
+  vals = vals.reshape(scale.shape[0], g, n) * scale[:, None]
+  if offset is not None:
+    vals = vals + offset[:, None]
+  return vals.reshape(k, n).astype(dtype)
 
 
-def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int | None = None) -> tuple[jax.Array, jax.Array]:
-  """A 2-D matrix contracted along `axis` -> (q, scale) as QuantizedWeight stores them. group: int4's group
-  size (None: int4_group(); 0: the whole contracted axis, one scale per output channel)."""
+def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int | None = None):
+  """A 2-D matrix contracted along `axis` -> (q, scale, offset) as QuantizedWeight stores them (offset None
+  for int8). group: int4's group size (None: int4_group(); 0: the whole contracted axis, one scale and
+  offset per output channel)."""
   if kind not in QUANT_KINDS:
     raise ValueError(f"quantized weights must be one of {QUANT_KINDS}, got {kind!r}")
   w = jnp.asarray(w, jnp.float32)
   if axis == 1:
-    q, s = quantize_matrix(w.T, kind, 0, group)
-    return q.T, (s.T if kind == "int4" else s)
+    q, s, o = quantize_matrix(w.T, kind, 0, group)
+    return (q.T, s.T, o.T) if kind == "int4" else (q.T, s, o)
   if kind == "int8":
     amax = jnp.max(jnp.abs(w), axis=0)
     scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
-    return jnp.clip(jnp.round(w / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8), scale
+    return jnp.clip(jnp.round(w / scale), -INT8_MAX, INT8_MAX).astype(jnp.int8), scale, None
   k, n = w.shape
   group = int4_group() if group is None else group
   group = k if group <= 0 else min(group, k)
   while k % group:                      # the largest power of two <= group dividing the contracted size
     group //= 2
   wg = w.reshape(k // group, group, n)
-  amax = jnp.max(jnp.abs(wg), axis=1)                                    # [K/g, N]
-  scale = jnp.where(amax > 0, amax / INT4_MAX, 1.0)
-  q = jnp.clip(jnp.round(wg / scale[:, None]), -INT4_MAX, INT4_MAX).reshape(k, n)
-  return q.astype(INT4_STORAGE.get(jax.default_backend(), jnp.int4)), scale
+  storage = INT4_STORAGE.get(jax.default_backend(), jnp.int4)
+  if not INT4_OFFSETS:                  # symmetric: 15 levels around 0, no offset
+    amax = jnp.max(jnp.abs(wg), axis=1)
+    scale = jnp.where(amax > 0, amax / -(INT4_MIN + 1), 1.0)
+    q = jnp.clip(jnp.round(wg / scale[:, None]), INT4_MIN + 1, -(INT4_MIN + 1))
+    return q.reshape(k, n).astype(storage), scale, None
+  lo, hi = jnp.min(wg, axis=1), jnp.max(wg, axis=1)                     # [K/g, N]
+  scale = jnp.where(hi > lo, (hi - lo) / (INT4_LEVELS - 1), 1.0)
+  offset = lo - INT4_MIN * scale                                         # the value of q = 0
+  q = jnp.clip(jnp.round((wg - lo[:, None]) / scale[:, None]), 0, INT4_LEVELS - 1) + INT4_MIN
+  return q.reshape(k, n).astype(storage), scale, offset
 
 
 def quantize_weight(name: str, w: jax.Array, kind: str, group: int | None = None) -> QuantizedWeight:
@@ -190,8 +217,9 @@ def quantize_weight(name: str, w: jax.Array, kind: str, group: int | None = None
     mat, axis = w.reshape(-1, w.shape[-1]), 1
   else:
     mat, axis = w.reshape(math.prod(w.shape[:lead]), -1), 0
-  q, s = quantize_matrix(mat, kind, axis, group)
-  return QuantizedWeight(q, s, kind=kind, shape=tuple(w.shape), axis=axis, dtype=str(jnp.dtype(w.dtype)))
+  q, s, o = quantize_matrix(mat, kind, axis, group)
+  return QuantizedWeight(q, s, kind=kind, shape=tuple(w.shape), axis=axis, dtype=str(jnp.dtype(w.dtype)),
+                         offset=o)
 
 
 def quantize_params(params, kind: str, group: int | None = None):
@@ -208,8 +236,8 @@ def quantize_params(params, kind: str, group: int | None = None):
 
 def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, compute_dtype) -> jax.Array:
   """einsum(eq, x, w) with w quantized: a weight with one scale per output channel (int8, per-channel int4)
-  as a dot against the integers (exact in bfloat16) scaled afterwards; group-wise int4 against the
-  dequantized matrix. Accumulates in float32."""
+  as a dot against the integers (exact in bfloat16) scaled afterwards, plus the offset times the sum of x
+  (int4); group-wise int4 against the dequantized matrix. Accumulates in float32."""
   lhs, out = eq.split("->")
   ws = lhs.split(",")[1]
   if len(ws) != 2 or tuple(w.shape) != w.matrix_shape:
@@ -226,8 +254,12 @@ def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, comput
       xq = jnp.round(x.astype(jnp.float32) / sx).astype(jnp.int8)
       y = jnp.einsum(eq, xq, w.q, preferred_element_type=jnp.int32).astype(jnp.float32) * sx
     else:
-      y = jnp.einsum(eq, x.astype(compute_dtype), w.q.astype(compute_dtype), preferred_element_type=jnp.float32)
-    return (y * w.scale.reshape(-1)).astype(out_dtype)
+      xc = x.astype(compute_dtype)
+      y = jnp.einsum(eq, xc, w.q.astype(compute_dtype), preferred_element_type=jnp.float32)
+    y = y * w.scale.reshape(-1)
+    if w.offset is not None:                 # per-channel int4: + offset * sum over the contracted axis of x
+      y = y + jnp.sum(xc.astype(jnp.float32), axis=-1, keepdims=True) * w.offset.reshape(-1)
+    return y.astype(out_dtype)
   xc = x.astype(compute_dtype)
   return jnp.einsum(eq, xc, w.dequantize(compute_dtype), preferred_element_type=jnp.float32).astype(out_dtype)
 
@@ -248,12 +280,13 @@ def xla_options(kind: str | None) -> dict:
 
 
 def weight_bytes_per_param(kind: str, group: int | None = None, kept_int8: float = 0.0) -> float:
-  """Bytes read per matrix element, scales included (float32 scales; int4 group as in quantize_matrix);
+  """Bytes read per matrix element, scales and offsets included (float32; int4 group as in quantize_matrix);
   kept_int8: the share of an "int4" copy's elements kept in int8 (INT4_KEEP_INT8; kept_int8_share)."""
   group = int4_group() if group is None else group
   if kind == "int8":
     return 1.0
-  return (1.0 - kept_int8) * (0.5 + (4.0 / group if group > 0 else 0.0)) + kept_int8
+  per_group = 8.0 if INT4_OFFSETS else 4.0                 # scale (+ offset), float32
+  return (1.0 - kept_int8) * (0.5 + (per_group / group if group > 0 else 0.0)) + kept_int8
 
 
 def kept_int8_share(matrix_elements: dict, kind: str) -> float:

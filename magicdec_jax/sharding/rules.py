@@ -151,8 +151,8 @@ def shardings(tree: Any, mesh: Mesh, spec_fn) -> Any:
 
 
 def param_shardings(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
-  """NamedShardings for `params` of a model with config `cfg` on `mesh`; a quantized weight's integers and
-  scales are split as its parameter is (quantized_specs)."""
+  """NamedShardings for `params` of a model with config `cfg` on `mesh`; a quantized weight's integers,
+  scales and offsets are split as its parameter is (quantized_specs; offsets as scales)."""
   lay = layout_for(cfg, axis_sizes(mesh)[1])
   quantized = lambda x: isinstance(x, QuantizedWeight)
 
@@ -160,8 +160,9 @@ def param_shardings(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
     keys = _keys(path)
     if quantized(x):
       q_spec, s_spec = quantized_specs(param_spec(keys, x.ndim, lay), x)
-      return x.replace(q=NamedSharding(mesh, fit(q_spec, x.q.shape, mesh)),
-                       scale=NamedSharding(mesh, fit(s_spec, x.scale.shape, mesh)))
+      scales = lambda a: None if a is None else NamedSharding(mesh, fit(s_spec, a.shape, mesh))
+      return x.replace(q=NamedSharding(mesh, fit(q_spec, x.q.shape, mesh)), scale=scales(x.scale),
+                       offset=scales(x.offset))
     return NamedSharding(mesh, fit(param_spec(keys, x.ndim, lay), x.shape, mesh))
   return jax.tree_util.tree_map_with_path(one, params, is_leaf=quantized)
 
