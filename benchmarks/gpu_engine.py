@@ -30,8 +30,8 @@ rewritten after every configuration, so a killed run keeps what it measured):
              (the library's INT4_KEEP_INT8 and group), and the 1 x 4K AR step against its floor;
   offsets    what int4's offsets (asymmetric scales, quant.INT4_OFFSETS) cost on a GPU: one draft step of the
              default int4 copy with and without them against the AR step, then end to end AR and chain 3
-             on each at alpha 0.8 and at its own CPU-measured acceptance (--alpha-int4 asymmetric,
-             --alpha-int4-sym symmetric), int8 chain 3 at --alpha-int8.
+             on each at alpha 0.8 and at its own CPU-measured acceptance (--alpha-int4-offsets,
+             --alpha-int4-sym), int8 chain 3 at --alpha-int8.
 
   PYTHONPATH=. python3 -m benchmarks.gpu_engine --output $OUT/gpu_engine.json --deadline-s 540
   python -m benchmarks.gpu_engine --smoke --output /tmp/gpu_engine.json    # tiny shapes on CPU, ~3 minutes
@@ -198,7 +198,7 @@ def part_offsets(b: Bench, target: Model, C: int, sink: int = 16, window: int = 
   b.res["parts"]["offsets_steps"] = steps
   b.save()
   sd = lambda w: drafts.StreamingDraft(sink, window, weights=w)
-  a4, a4s, a8 = b.args.alpha_int4, b.args.alpha_int4_sym, b.args.alpha_int8
+  a4, a4s, a8 = b.args.alpha_int4_offsets, b.args.alpha_int4_sym, b.args.alpha_int8
   runs = [b.run("offsets", "AR", target, None, Tree((-1,)), None, 8, C, profile=False)]
   for flag, name, alpha in ((True, "offsets", a4), (False, "symmetric", a4s)):
     with int4_offsets_as(flag):
@@ -381,7 +381,10 @@ def main(argv=None):
   ap.add_argument("--shard-batches", default="64,32", help="batches of the shard part (largest first)")
   ap.add_argument("--alpha-int4", type=float, default=0.56, help="int4 part: simulated acceptance of an int4 copy")
   ap.add_argument("--alpha-int8", type=float, default=0.784, help="int4 part: simulated acceptance of an int8 copy")
-  ap.add_argument("--alpha-int4-sym", type=float, default=0.73,
+  # SmolLM2's greedy retention of the bf16 copy's acceptance x 0.8, per channel (quantized_draft, CPU)
+  ap.add_argument("--alpha-int4-offsets", type=float, default=0.765,
+                  help="offsets part: simulated acceptance of the (asymmetric) int4 copy")
+  ap.add_argument("--alpha-int4-sym", type=float, default=0.736,
                   help="offsets part: simulated acceptance of a symmetric int4 copy")
   args = ap.parse_args(argv)
   parts = [p for p in args.parts.split(",") if p]
