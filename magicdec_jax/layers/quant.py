@@ -82,6 +82,7 @@ INT4_GROUP: int | None = None         # an override of the backend's group for t
 INT4_KEEP_INT8: tuple[str, ...] = ("embed", "lm_head", "down", "k", "v")
 INT8_MAX = 127
 INT4_MIN, INT4_LEVELS = -8, 16        # int4 values -8 .. 7
+INT4_SYMMETRIC_MAX = 7                # symmetric int4 (INT4_OFFSETS False): -7 .. 7
 INT4_OFFSETS = True                   # asymmetric int4 (scale + offset); False: symmetric, max |w| / 7 (benchmarks)
 INT8_DOTS = ("int", "dequant")
 INT8_DOT = {"cpu": "int", "gpu": "dequant"}   # backend -> one of INT8_DOTS (see above); else DEFAULT_INT8_DOT
@@ -142,11 +143,9 @@ class QuantizedWeight:
 
   def dequantize(self, dtype) -> jax.Array:
     """The stored 2-D matrix in `dtype` (integers times their scales)."""
-    if self.axis == 1:                       # stored [N, K]: dequantize its transpose
-      if self.kind == "int4":
-        offset = None if self.offset is None else self.offset.T
-        return _dequantize_k_major(self.q.T, self.scale.T, offset, self.kind, dtype).T
-      return _dequantize_k_major(self.q.T, self.scale, None, self.kind, dtype).T
+    if self.axis == 1:                       # stored [N, K]: dequantize its transpose (.T of int8's [N]: itself)
+      offset = None if self.offset is None else self.offset.T
+      return _dequantize_k_major(self.q.T, self.scale.T, offset, self.kind, dtype).T
     return _dequantize_k_major(self.q, self.scale, self.offset, self.kind, dtype)
 
   def rows(self, ids: jax.Array, dtype) -> jax.Array:
@@ -186,7 +185,7 @@ def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int | None = 
   w = jnp.asarray(w, jnp.float32)
   if axis == 1:
     q, s, o = quantize_matrix(w.T, kind, 0, group)
-    return (q.T, s.T, o.T) if kind == "int4" else (q.T, s, o)
+    return q.T, s.T, (None if o is None else o.T)             # (.T of int8's [N] scales: themselves)
   if kind == "int8":
     amax = jnp.max(jnp.abs(w), axis=0)
     scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
@@ -200,8 +199,8 @@ def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int | None = 
   storage = INT4_STORAGE.get(jax.default_backend(), jnp.int4)
   if not INT4_OFFSETS:                  # symmetric: 15 levels around 0, no offset
     amax = jnp.max(jnp.abs(wg), axis=1)
-    scale = jnp.where(amax > 0, amax / -(INT4_MIN + 1), 1.0)
-    q = jnp.clip(jnp.round(wg / scale[:, None]), INT4_MIN + 1, -(INT4_MIN + 1))
+    scale = jnp.where(amax > 0, amax / INT4_SYMMETRIC_MAX, 1.0)
+    q = jnp.clip(jnp.round(wg / scale[:, None]), -INT4_SYMMETRIC_MAX, INT4_SYMMETRIC_MAX)
     return q.reshape(k, n).astype(storage), scale, None
   lo, hi = jnp.min(wg, axis=1), jnp.max(wg, axis=1)                     # [K/g, N]
   scale = jnp.where(hi > lo, (hi - lo) / (INT4_LEVELS - 1), 1.0)
