@@ -141,6 +141,12 @@ def time_steps(b: Bench, target: Model, cases, B: int) -> dict:
     print("step", label, steps[label], flush=True)
     jax.clear_caches()
     gc.collect()
+  return over_ar(steps)
+
+
+def over_ar(steps: dict) -> dict:
+  """`steps` with each timed step's median over the one labelled "AR" added as "over_ar" (where both
+  were timed)."""
   base = steps.get("AR", {}).get("median_ms")
   for v in steps.values():
     if base and "median_ms" in v:
@@ -191,11 +197,7 @@ def part_offsets(b: Bench, target: Model, C: int, sink: int = 16, window: int = 
                                  ("draft int4 offsets", "int4", None, None, ring, "ring", None)], 8)
   with int4_offsets_as(False):
     steps.update(time_steps(b, target, [("draft int4 symmetric", "int4", None, None, ring, "ring", None)], 8))
-  base = steps["AR"].get("median_ms")
-  for v in steps.values():
-    if base and "median_ms" in v:
-      v["over_ar"] = v["median_ms"] / base
-  b.res["parts"]["offsets_steps"] = steps
+  b.res["parts"]["offsets_steps"] = over_ar(steps)
   b.save()
   sd = lambda w: drafts.StreamingDraft(sink, window, weights=w)
   a4, a4s, a8 = b.args.alpha_int4_offsets, b.args.alpha_int4_sym, b.args.alpha_int8
