@@ -371,6 +371,25 @@ def _sampling_cost(doc, out, mod, stdout):
   assert pathlib.Path(doc["figure"]).read_bytes()[:4] == b"\x89PNG"
 
 
+@case("gpu_int4_matmul")
+def _gpu_int4_matmul(doc, out, mod, stdout):
+  """Every variant runs at the smoke shape; its bytes are counted by hand from K x N (half a byte an int4
+  weight, float32 scale and offset per group of 64 or per channel); every g64 form agrees with float64 numpy
+  on the same integers (the XLA form within its bfloat16 operand's rounding, the others exactly)."""
+  _env_ok(doc)
+  (row,) = doc["results"]
+  k, n = row["K"], row["N"]
+  v = row["variants"]
+  assert not [name for name, r in v.items() if "error" in r or "skipped" in r], v
+  assert v["bf16"]["bytes"] == 2 * k * n and v["int8"]["bytes"] == k * n + 4 * n
+  assert v["int4_channel"]["bytes"] == k * n // 2 + 8 * n
+  pallas = [name for name in v if name.startswith("pallas")]
+  assert pallas and row["best_pallas"] in pallas
+  for name in ["int4_g64_xla", "int4_g64_batched", *pallas]:
+    assert v[name]["bytes"] == k * n // 2 + 8 * n * k // 64 and v[name]["us_per_matrix"] > 0
+    assert v[name]["max_rel_err_vs_float64"] < (1e-2 if name == "int4_g64_xla" else 1e-5), (name, v[name])
+
+
 @case("tree_attention_bench", extra=("--strict",))
 def _tree_attention_bench(doc, out, mod, stdout):
   """Every backend that runs on CPU (XLA, Pallas interpreter) lowers and runs at every smoke shape and agrees

@@ -4,6 +4,9 @@
 kernel (Triton lowering on GPU, interpreter on CPU). A Mosaic GPU variant is not written: "auto"
 picks Triton on GPU when the installed jax can still lower it (checked once per shape signature by
 compiling the kernel alone) and XLA otherwise.
+
+`int4_matmul` (imported from its module) multiplies by a group-wise int4 matrix on packed bytes; nothing
+in the draft uses it yet (its GPU speed is unmeasured: benchmarks/gpu_int4_matmul.py).
 """
 from __future__ import annotations
 
