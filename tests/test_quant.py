@@ -1,6 +1,8 @@
 """Quantized draft weights (layers/quant.py): the quantizers against float64 numpy, int4 storage, the
 quantized matmul against float64 numpy of the dequantized operands, and a StreamingDraft on int8 / int4
 copies decoding exactly a plain autoregressive run's tokens (the target verifies with its own weights)."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,9 +10,14 @@ import pytest
 
 import magicdec_jax as md
 from magicdec_jax import compile as compiling
-from magicdec_jax import sharding
+from magicdec_jax import loop, sharding
+from magicdec_jax.cache import aligned_slots
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers import quant
 from magicdec_jax.layers.dense import dense
+from magicdec_jax.model import init_params
+from magicdec_jax.sampling import Sampling
 from magicdec_jax.trees import Tree
 from magicdec_jax.tuning import costmodel
 from conftest import random_prompts, tiny_model
@@ -296,7 +303,8 @@ def test_bad_draft_weights_are_refused_by_name():
 
 def test_the_planner_counts_a_drafts_weight_copy():
   """A self-draft's copy adds its bytes (the target's params at the copy's bytes per element: float32 -> a
-  half for bfloat16, a quarter for int8); a model draft's copy comes on top of its own weights."""
+  half for bfloat16, a quarter for int8, on CPU an int4 copy's storage and the bfloat16 matrices it is
+  converted into); a model draft's copy comes on top of its own weights."""
   model = tiny_model(0)
   cfg = model.config
   plan = lambda draft: sharding.plan_memory(cfg, None, batch=2, max_context=64, draft=draft, tree_nodes=3)
@@ -305,6 +313,36 @@ def test_the_planner_counts_a_drafts_weight_copy():
   assert plan(md.StreamingDraft(2, 8, weights="bfloat16")).draft_params == own // 2
   assert plan(md.StreamingDraft(2, 8, weights="int8")).draft_params == own // 4
   share = int8_share_by_hand(cfg)
-  int4 = (1 - share) * quant.weight_bytes_per_param("int4") + share
+  # an int4 value in an int8 byte, a float32 scale and offset per 64 values, and the bfloat16 matrix XLA:CPU
+  # converts it into before the decode loop (test_xla_cpu_hoists_an_int4_copys_conversion_out_of_the_decode_loop)
+  assert jax.default_backend() == "cpu"
+  int4 = (1 - share) * (1 + 8 / 64 + 2) + share
   assert plan(md.SnapKVDraft(8, 8, weights="int4")).draft_params == pytest.approx(own * int4 / 4, abs=1)
   assert plan(md.ModelDraft(model, 2, 8, weights="int8")).draft_params == own + own // 4
+
+
+def test_xla_cpu_hoists_an_int4_copys_conversion_out_of_the_decode_loop():
+  """What the planner's CPU count rests on (quant.INT4_HOISTED): in loop.decode's compiled HLO with an int4
+  self-draft copy of a float32 model, a while loop carries bfloat16 matrices shaped like the copy's int4
+  matrices (q / o [D, H*hd], gate / up [D, F]: converted once, before the loop), while the matrices kept in
+  int8 (down [F, D]) are carried as int8. If XLA stops hoisting, this fails and the planner's rule goes."""
+  cfg = ModelConfig(vocab_size=160, hidden_size=192, intermediate_size=320, num_layers=1, num_heads=4,
+                       num_kv_heads=2, head_dim=32, max_position_embeddings=512, dtype="float32")
+  params = init_params(cfg, jax.random.key(0))
+  draft, tree = md.StreamingDraft(2, 8, weights="int4"), Tree.chain(2)
+  copy = draft_weights.copy_of(params, "int4")
+  b, p, new = 2, 32, 8
+  tokens, lengths = jnp.ones((b, p), jnp.int32), jnp.full((b,), p, jnp.int32)
+  target, ring = loop.prefill(params, copy, tokens, lengths, cfg=cfg, spec=draft.spec, tree=tree,
+                              num_slots=aligned_slots(p + new + tree.num_nodes + 1), chunk=16)
+  state = loop.initial_state(tokens, lengths, jnp.full((b,), new, jnp.int32), jnp.array([-1], jnp.int32),
+                             jax.random.split(jax.random.key(0), b), target, ring, new + tree.num_nodes, tree, 1)
+  text = loop.decode.lower(params, copy, state, cfg=cfg, spec=draft.spec, tree=tree,
+                           sampling=Sampling()).compile().as_text()
+  carried = set()
+  for line in text.splitlines():
+    if " while(" in line:
+      carried |= {(t, int(a), int(c)) for t, a, c in re.findall(r"(f32|bf16|s8|s4)\[(\d+),(\d+)\]", line.split(" while(")[0])}
+  assert ("bf16", 192, 128) in carried and ("bf16", 192, 320) in carried, carried       # q / o, gate / up
+  assert ("s8", 320, 192) in carried and ("bf16", 320, 192) not in carried, carried      # down: int8, as stored
+  assert quant.INT4_HOISTED["cpu"] == jnp.bfloat16

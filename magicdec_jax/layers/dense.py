@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from magicdec_jax.layers.quant import (QUANT_KINDS, QuantizedWeight, quantize_params, quantized_dense,
-                                      weight_bytes_per_param)
+                                      resident_bytes_per_param, weight_bytes_per_param)
 
 
 def matmul_precision(dtype):
@@ -89,6 +89,12 @@ def copy_bytes_per_param(kind: str, kept_int8: float = 0.0) -> float:
   """Bytes per matrix element of a weight_copy of this kind (scales included; kept_int8: the share of an
   "int4" copy kept in int8, quant.kept_int8_share)."""
   return weight_bytes_per_param(kind, kept_int8=kept_int8) if kind in QUANT_KINDS else float(jnp.dtype(kind).itemsize)
+
+
+def copy_resident_bytes_per_param(kind: str, kept_int8: float = 0.0) -> float:
+  """Bytes per matrix element a weight_copy of this kind occupies while decoding (quant.resident_bytes_per_param:
+  on XLA:CPU an int4 copy also holds the bfloat16 matrix its conversion is hoisted into)."""
+  return resident_bytes_per_param(kind, kept_int8=kept_int8) if kind in QUANT_KINDS else float(jnp.dtype(kind).itemsize)
 
 
 def weight_copy(params, kind: str):

@@ -92,6 +92,10 @@ INT8_DOT = {"cpu": "int", "gpu": "dequant"}   # backend -> one of INT8_DOTS (see
 DEFAULT_INT8_DOT = "int"
 INT4_STORAGE = {"cpu": jnp.int8}      # backend -> container of int4 values (default: native jnp.int4; see above)
 XLA_OPTIONS = {"gpu": {"xla_gpu_enable_triton_gemm": True}}   # what a quantized draft's executables need
+# backend -> the dtype into which XLA converts an int4 copy's matrices once per decode call, before the decode's
+# while_loop, and holds while it runs (loop-invariant code motion: XLA:CPU, jax 0.10.2, seen in loop.decode's
+# compiled HLO: tests/test_quant.py). On an H100 the conversion stayed fused in the loop's GEMMs (run 3).
+INT4_HOISTED = {"cpu": jnp.bfloat16}
 # parameter name -> number of leading axes contracted (-1: the last axis is contracted)
 CONTRACTED = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1, "lm_head": 1, "embed": -1,
               "fuse": 1, "fc": 1, "vocab_head": -1}   # the feature head's (feature_head.py): [nD, D], [2D, D], [Vd, D]
@@ -283,14 +287,31 @@ def xla_options(kind: str | None) -> dict:
   return dict(XLA_OPTIONS.get(jax.default_backend(), {})) if kind in QUANT_KINDS else {}
 
 
+def _int4_group_bytes(group: int | None) -> float:
+  """Scale (and offset) bytes per int4 element: float32 per group (int4_group() for None; 0: per channel)."""
+  group = int4_group() if group is None else group
+  return ((8.0 if INT4_OFFSETS else 4.0) / group) if group > 0 else 0.0
+
+
 def weight_bytes_per_param(kind: str, group: int | None = None, kept_int8: float = 0.0) -> float:
   """Bytes read per matrix element, scales and offsets included (float32; int4 group as in quantize_matrix);
   kept_int8: the share of an "int4" copy's elements kept in int8 (INT4_KEEP_INT8; kept_int8_share)."""
-  group = int4_group() if group is None else group
   if kind == "int8":
     return 1.0
-  per_group = 8.0 if INT4_OFFSETS else 4.0                 # scale (+ offset), float32
-  return (1.0 - kept_int8) * (0.5 + (per_group / group if group > 0 else 0.0)) + kept_int8
+  return (1.0 - kept_int8) * (0.5 + _int4_group_bytes(group)) + kept_int8
+
+
+def resident_bytes_per_param(kind: str, group: int | None = None, kept_int8: float = 0.0) -> float:
+  """Bytes per matrix element a copy occupies while a decode runs (what the memory planner counts): an int4
+  value in its INT4_STORAGE container (half a byte natively, a byte in an int8), its scales and offsets,
+  and, where the backend hoists the conversion out of the loop (INT4_HOISTED), the converted matrix too."""
+  if kind == "int8":
+    return 1.0
+  backend = jax.default_backend()
+  storage = INT4_STORAGE.get(backend, jnp.int4)
+  value = 0.5 if storage == jnp.int4 else float(jnp.dtype(storage).itemsize)
+  hoisted = float(jnp.dtype(INT4_HOISTED[backend]).itemsize) if backend in INT4_HOISTED else 0.0
+  return (1.0 - kept_int8) * (value + _int4_group_bytes(group) + hoisted) + kept_int8
 
 
 def kept_int8_share(matrix_elements: dict, kind: str) -> float:

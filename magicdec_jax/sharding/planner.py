@@ -23,7 +23,7 @@ from magicdec_jax.cache import aligned_slots, ring_margin, ring_sizes
 from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
 from magicdec_jax.sharding import rules
 from magicdec_jax.sharding.mesh import axis_sizes, describe
-from magicdec_jax.tuning.costmodel import copy_bytes
+from magicdec_jax.tuning.costmodel import copy_resident_bytes
 
 GiB = float(1 << 30)
 
@@ -131,7 +131,8 @@ def plan_memory(cfg: ModelConfig, mesh, *, batch: int, max_context: int, draft=N
       draft_params = param_bytes(fp.weights, mesh)
     if fp.weight_copy is not None:                 # a narrower / quantized copy held beside the weights
       src = fp.weights or cfg
-      draft_params += int(param_bytes(src, mesh) * copy_bytes(src, fp.weight_copy) / src.jnp_dtype.itemsize)
+      draft_params += int(param_bytes(src, mesh) * copy_resident_bytes(src, fp.weight_copy)
+                          / src.jnp_dtype.itemsize)
     if fp.prefill_cache is not None:
       prefill_extra = cache_bytes(fp.prefill_cache, mesh, batch, prompt_len)   # its own linear prefill cache
     kv_split = m if lay.kv_axis else 1

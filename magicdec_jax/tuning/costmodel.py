@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.layers.dense import copy_bytes_per_param
+from magicdec_jax.layers.dense import copy_bytes_per_param, copy_resident_bytes_per_param
 from magicdec_jax.layers.quant import kept_int8_share
 from magicdec_jax.tuning import batch_tail
 from magicdec_jax.tuning.draft_cost import DraftCost
@@ -102,6 +102,12 @@ def copy_bytes(cfg: ModelConfig, kind: str) -> float:
   """Bytes per matmul weight element of a `kind` copy of cfg's weights (an "int4" copy's int8 matrices
   included: layers/quant.INT4_KEEP_INT8)."""
   return copy_bytes_per_param(kind, kept_int8_share(matrix_elements(cfg), kind))
+
+
+def copy_resident_bytes(cfg: ModelConfig, kind: str) -> float:
+  """Bytes per matmul weight element a `kind` copy of cfg's weights occupies while decoding (copy_bytes plus
+  what a backend holds beside it: layers/quant.INT4_HOISTED)."""
+  return copy_resident_bytes_per_param(kind, kept_int8_share(matrix_elements(cfg), kind))
 
 
 def num_params(cfg: ModelConfig) -> int:
