@@ -95,6 +95,7 @@ XLA_OPTIONS = {"gpu": {"xla_gpu_enable_triton_gemm": True}}   # what a quantized
 # backend -> the dtype into which XLA converts an int4 copy's matrices once per decode call, before the decode's
 # while_loop, and holds while it runs (loop-invariant code motion: XLA:CPU, jax 0.10.2, seen in loop.decode's
 # compiled HLO: tests/test_quant.py). On an H100 the conversion stayed fused in the loop's GEMMs (run 3).
+# The cost model reads such an int4 element at the hoisted dtype's bytes, the memory planner counts both.
 INT4_HOISTED = {"cpu": jnp.bfloat16}
 # parameter name -> number of leading axes contracted (-1: the last axis is contracted)
 CONTRACTED = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1, "lm_head": 1, "embed": -1,
@@ -293,12 +294,22 @@ def _int4_group_bytes(group: int | None) -> float:
   return ((8.0 if INT4_OFFSETS else 4.0) / group) if group > 0 else 0.0
 
 
+def int4_bytes_per_value(group: int | None = None) -> float:
+  """Bytes an int4 element costs where it is read as stored: half a byte and its share of the group's
+  float32 scale (and offset)."""
+  return 0.5 + _int4_group_bytes(group)
+
+
 def weight_bytes_per_param(kind: str, group: int | None = None, kept_int8: float = 0.0) -> float:
-  """Bytes read per matrix element, scales and offsets included (float32; int4 group as in quantize_matrix);
-  kept_int8: the share of an "int4" copy's elements kept in int8 (INT4_KEEP_INT8; kept_int8_share)."""
+  """Bytes a decode loop reads per matrix element of a copy, scales and offsets included; kept_int8: the
+  share of an "int4" copy's elements kept in int8 (INT4_KEEP_INT8; kept_int8_share). Where the backend
+  hoists the int4 conversion out of the loop (INT4_HOISTED: XLA:CPU) an int4 element is read as the
+  converted matrix's, a bfloat16."""
   if kind == "int8":
     return 1.0
-  return (1.0 - kept_int8) * (0.5 + _int4_group_bytes(group)) + kept_int8
+  backend = jax.default_backend()
+  value = float(jnp.dtype(INT4_HOISTED[backend]).itemsize) if backend in INT4_HOISTED else int4_bytes_per_value(group)
+  return (1.0 - kept_int8) * value + kept_int8
 
 
 def resident_bytes_per_param(kind: str, group: int | None = None, kept_int8: float = 0.0) -> float:
