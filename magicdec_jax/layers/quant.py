@@ -294,6 +294,13 @@ def _int4_group_bytes(group: int | None) -> float:
   return ((8.0 if INT4_OFFSETS else 4.0) / group) if group > 0 else 0.0
 
 
+def _hoisted_bytes() -> float:
+  """Bytes of the matrix the default backend converts an int4 copy into before the loop (INT4_HOISTED); 0:
+  none (the conversion stays in the loop's matmuls)."""
+  dtype = INT4_HOISTED.get(jax.default_backend())
+  return 0.0 if dtype is None else float(jnp.dtype(dtype).itemsize)
+
+
 def int4_bytes_per_value(group: int | None = None) -> float:
   """Bytes an int4 element costs where it is read as stored: half a byte and its share of the group's
   float32 scale (and offset)."""
@@ -307,8 +314,7 @@ def weight_bytes_per_param(kind: str, group: int | None = None, kept_int8: float
   converted matrix's, a bfloat16."""
   if kind == "int8":
     return 1.0
-  backend = jax.default_backend()
-  value = float(jnp.dtype(INT4_HOISTED[backend]).itemsize) if backend in INT4_HOISTED else int4_bytes_per_value(group)
+  value = _hoisted_bytes() or int4_bytes_per_value(group)
   return (1.0 - kept_int8) * value + kept_int8
 
 
@@ -318,11 +324,9 @@ def resident_bytes_per_param(kind: str, group: int | None = None, kept_int8: flo
   and, where the backend hoists the conversion out of the loop (INT4_HOISTED), the converted matrix too."""
   if kind == "int8":
     return 1.0
-  backend = jax.default_backend()
-  storage = INT4_STORAGE.get(backend, jnp.int4)
+  storage = INT4_STORAGE.get(jax.default_backend(), jnp.int4)
   value = 0.5 if storage == jnp.int4 else float(jnp.dtype(storage).itemsize)
-  hoisted = float(jnp.dtype(INT4_HOISTED[backend]).itemsize) if backend in INT4_HOISTED else 0.0
-  return (1.0 - kept_int8) * (value + _int4_group_bytes(group) + hoisted) + kept_int8
+  return (1.0 - kept_int8) * (value + _int4_group_bytes(group) + _hoisted_bytes()) + kept_int8
 
 
 def kept_int8_share(matrix_elements: dict, kind: str) -> float:
