@@ -55,16 +55,15 @@ def variants(ws, tilings, interpret: bool):
   """name -> (params list, matmul(x, p) -> [M, N] float32, bytes read per matrix, g64 QuantizedWeight list)"""
   k, n = ws[0].shape
   g64 = quantized(ws, "int4", GROUP)
+  g64_bytes = k * n // 2 + 8 * n * k // GROUP                  # half a byte a value, f32 scale + offset a group
+  dense = lambda x, p: quant.quantized_dense(EQ, x, p, jnp.float32, jnp.bfloat16)
   out = {
       "bf16": ([w.astype(jnp.bfloat16) for w in ws],
                lambda x, p: jnp.einsum(EQ, x, p, preferred_element_type=jnp.float32), 2 * k * n),
-      "int8": (quantized(ws, "int8", None),
-               lambda x, p: quant.quantized_dense(EQ, x, p, jnp.float32, jnp.bfloat16), k * n + 4 * n),
-      "int4_channel": (quantized(ws, "int4", 0),
-                       lambda x, p: quant.quantized_dense(EQ, x, p, jnp.float32, jnp.bfloat16), k * n // 2 + 8 * n),
-      "int4_g64_xla": (g64, lambda x, p: quant.quantized_dense(EQ, x, p, jnp.float32, jnp.bfloat16),
-                       k * n // 2 + 8 * n * k // GROUP),
-      "int4_g64_batched": (g64, batched_group_dot, k * n // 2 + 8 * n * k // GROUP),
+      "int8": (quantized(ws, "int8", None), dense, k * n + 4 * n),
+      "int4_channel": (quantized(ws, "int4", 0), dense, k * n // 2 + 8 * n),
+      "int4_g64_xla": (g64, dense, g64_bytes),
+      "int4_g64_batched": (g64, batched_group_dot, g64_bytes),
   }
   packed = [(pack_int4(w.q, GROUP), w.scale, w.offset) for w in g64]
   for bn, splits, per_step, warps, stages in tilings:
@@ -76,7 +75,7 @@ def variants(ws, tilings, interpret: bool):
     else:
       kw["compiler_params"] = P._triton_params(warps, stages)
     fn = lambda x, p, kw=kw: pallas_int4_matmul(x, *p, **kw)
-    out[f"pallas_bn{bn}_s{splits}_g{per_step}_w{warps}_st{stages}"] = (packed, fn, k * n // 2 + 8 * n * k // GROUP)
+    out[f"pallas_bn{bn}_s{splits}_g{per_step}_w{warps}_st{stages}"] = (packed, fn, g64_bytes)
   return out, g64
 
 
