@@ -12,6 +12,8 @@ options, for
   * int4_g64_xla: groups of 64 through `quantized_dense` (the dequantized operand);
   * int4_g64_batched: groups of 64 as one batched dot per group against the integers, scaled after it
     and summed over groups (an XLA formulation without a custom kernel);
+  * int4_g64_kernel: groups of 64 packed (quant.INT4_KERNEL on) through `quantized_dense`, the draft's
+    own call of the kernel at its default tiling;
   * pallas_...: groups of 64 through `pallas.int4_matmul` (packed bytes, split-K), several tilings.
 Per variant: microseconds per matrix (median of --repeats calls of the chain / L), the bytes it must read
 and the bandwidth that makes, and for every int4 g64 variant the largest error of the first matrix's
@@ -64,6 +66,7 @@ def variants(ws, tilings, interpret: bool):
       "int4_channel": (quantized(ws, "int4", 0), dense, k * n // 2 + 8 * n),
       "int4_g64_xla": (g64, dense, g64_bytes),
       "int4_g64_batched": (g64, batched_group_dot, g64_bytes),
+      "int4_g64_kernel": (kernel_copy(ws), dense, g64_bytes),
   }
   packed = [(pack_int4(w.q, GROUP), w.scale, w.offset) for w in g64]
   for bn, splits, per_step, warps, stages in tilings:
@@ -77,6 +80,17 @@ def variants(ws, tilings, interpret: bool):
     fn = lambda x, p, kw=kw: pallas_int4_matmul(x, *p, **kw)
     out[f"pallas_bn{bn}_s{splits}_g{per_step}_w{warps}_st{stages}"] = (packed, fn, g64_bytes)
   return out, g64
+
+
+def kernel_copy(ws):
+  """Groups of 64 stored packed (quant.INT4_KERNEL on), multiplied as the draft does: quantized_dense calls
+  the kernel at its default tiling."""
+  old = quant.INT4_KERNEL
+  quant.INT4_KERNEL = True
+  try:
+    return quantized(ws, "int4", GROUP)
+  finally:
+    quant.INT4_KERNEL = old
 
 
 def batched_group_dot(x: jax.Array, w: quant.QuantizedWeight) -> jax.Array:

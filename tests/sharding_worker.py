@@ -17,6 +17,8 @@ import numpy as np
 import magicdec_jax as md
 from magicdec_jax import checkpoints, engine, loop, plan, sharding
 from magicdec_jax import compile as compiling
+from magicdec_jax.drafts import weights as draft_weights
+from magicdec_jax.layers import quant
 from magicdec_jax.prompts import pad_prompts
 from magicdec_jax.sharding import rules
 from magicdec_jax.tuning import hlo
@@ -88,6 +90,26 @@ def mesh_tokens(model, prompts, cases: dict, meshes=MESHES, refs: dict | None = 
     sm = sharding.shard_model(model, mesh)
     for c, v in cases.items():
       out[c][spec] = md.generate(sm, prompts, mesh=mesh, **kw, **v).tokens
+  return out
+
+
+def int4_kernel_tokens(model, prompts, ar) -> dict:
+  """A StreamingDraft on a packed int4 copy (the Pallas kernel, interpreted; groups of 32, so o [64, 32] is
+  packed): per shard over "data" on 8 x 1, XLA's fallback on 2 x 4 (a model axis); plain decoding's tokens."""
+  old = quant.INT4_KERNEL, quant.INT4_GROUP
+  quant.INT4_KERNEL, quant.INT4_GROUP = True, 32
+  draft_weights._NARROW.clear()
+  try:
+    packed = [x.packed for x in jax.tree.leaves(draft_weights.copy_of(model.params, "int4"),
+                                                  is_leaf=lambda x: isinstance(x, quant.QuantizedWeight))
+              if isinstance(x, quant.QuantizedWeight)]
+    cases = {"chain_int4_kernel": dict(draft=md.StreamingDraft(sink=1, window=4, weights="int4"), gamma=2)}
+    out = mesh_tokens(model, prompts, cases, meshes=("data:8,model:1", "data:2,model:4"), max_new_tokens=8,
+                      refs={"chain_int4_kernel": ar})
+  finally:
+    quant.INT4_KERNEL, quant.INT4_GROUP = old
+    draft_weights._NARROW.clear()
+  out["packed_matrices"] = sum(packed)
   return out
 
 
@@ -255,6 +277,7 @@ def main(which: str, tmpdir: str):
     ar = out["greedy"]["ar"]["ref"]                                      # greedy: plain decoding's tokens
     out["quantized"] = mesh_tokens(model, prompts, quantized, meshes=("data:2,model:4", "data:4,model:2"),
                                    max_new_tokens=8, refs={"chain_int8": ar, "tree_int4": ar})
+    out["int4_kernel"] = int4_kernel_tokens(model, prompts, ar)
     head = md.init_head(model, seed=1)
     feature = {"greedy_chain": dict(draft=md.FeatureDraft(head, sink=1, window=4), gamma=2),
                "greedy_tree": dict(draft=md.FeatureDraft(head, sink=1, window=4), tree=md.Tree.kary([2, 2])),

@@ -385,7 +385,7 @@ def _gpu_int4_matmul(doc, out, mod, stdout):
   assert v["int4_channel"]["bytes"] == k * n // 2 + 8 * n
   pallas = [name for name in v if name.startswith("pallas")]
   assert pallas and row["best_pallas"] in pallas
-  for name in ["int4_g64_xla", "int4_g64_batched", *pallas]:
+  for name in ["int4_g64_xla", "int4_g64_batched", "int4_g64_kernel", *pallas]:
     assert v[name]["bytes"] == k * n // 2 + 8 * n * k // 64 and v[name]["us_per_matrix"] > 0
     assert v[name]["max_rel_err_vs_float64"] < (1e-2 if name == "int4_g64_xla" else 1e-5), (name, v[name])
 

@@ -1,10 +1,17 @@
-"""The group-wise int4 Pallas matmul (interpret mode on CPU) against float64 numpy."""
+"""The group-wise int4 Pallas matmul (interpret mode on CPU) against float64 numpy, and a draft's int4 copy
+stored packed for it (quant.INT4_KERNEL) decoding plain decoding's tokens."""
+import jax
 import numpy as np
 import jax.numpy as jnp
 import pytest
 
+import magicdec_jax as md
+from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers import quant
-from magicdec_jax.pallas.int4_matmul import pack_int4, pallas_int4_matmul
+from magicdec_jax.layers.dense import dense
+from magicdec_jax.pallas.int4_matmul import TARGET_PROGRAMS, default_tiling, pack_int4, pallas_int4_matmul, unpack_int4
+from magicdec_jax.trees import Tree
+from conftest import random_prompts, tiny_model
 
 
 def unpack_by_hand(packed: np.ndarray, group: int) -> np.ndarray:
@@ -35,6 +42,7 @@ def test_packing_is_the_documented_layout():
   packed = np.asarray(pack_int4(jnp.asarray(q, jnp.int8), 64))
   assert packed.dtype == np.uint8 and packed.shape == (64, 48)
   np.testing.assert_array_equal(unpack_by_hand(packed, 64), q)
+  np.testing.assert_array_equal(np.asarray(unpack_int4(jnp.asarray(packed), 64)), q)
 
 
 @pytest.mark.parametrize("m, k, n, group, splits, per_step, block_n, offsets", [
@@ -83,3 +91,61 @@ def test_bad_kernel_arguments_are_refused_by_name(kw, match):
   scale = jnp.ones((256 // kw["group"] if 256 % kw["group"] == 0 else 4, 64), jnp.float32)
   with pytest.raises(ValueError, match=match):
     pallas_int4_matmul(x, packed, scale, None, interpret=True, **kw)
+
+
+@pytest.mark.parametrize("k, n", [(4096, 4096), (4096, 14336), (14336, 4096), (576, 1536), (128, 48)])
+def test_default_tiling_is_a_valid_split(k, n):
+  t = default_tiling(k, n, 64)
+  groups = k // 64
+  assert n % t["block_n"] == 0 and groups % t["num_splits"] == 0
+  assert (groups // t["num_splits"]) % t["groups_per_step"] == 0
+  assert (n // t["block_n"]) * t["num_splits"] <= max(TARGET_PROGRAMS, n // t["block_n"])
+
+
+@pytest.fixture
+def int4_kernel_on(monkeypatch):
+  """quant.INT4_KERNEL on (grouped int4 stored packed, multiplied by the kernel), with fresh draft copies."""
+  monkeypatch.setattr(quant, "INT4_KERNEL", True)
+  monkeypatch.setattr(draft_weights, "_NARROW", {})
+
+
+def test_a_packed_copy_multiplies_like_float64(int4_kernel_on):
+  """With the kernel on, quantize_weight packs a grouped int4 matrix (groups of 64: the kernel's default)
+  and dense() multiplies by it: the float64 product of x (rounded to bfloat16) with the matrix the packed
+  bytes, scales and offsets stand for, read back by hand; that matrix is within half a step of w."""
+  rng = np.random.default_rng(5)
+  w = rng.normal(0, 0.05, (4, 64, 96)).astype(np.float32)           # an o projection [N, H, D]
+  qw = quant.quantize_weight("o", jnp.asarray(w), "int4")
+  assert qw.packed and qw.group == 64 and qw.q.shape == (128, 96)
+  scale, offset = np.asarray(qw.scale, np.float64), np.asarray(qw.offset, np.float64)
+  deq = grouped(unpack_by_hand(np.asarray(qw.q), 64), scale, offset, 64)
+  assert np.all(np.abs(deq - w.reshape(256, 96)) <= np.repeat(scale, 64, 0) / 2 * (1 + 1e-5))
+  np.testing.assert_allclose(np.asarray(qw.dequantize(jnp.float32)), deq, rtol=1e-6, atol=1e-7)
+  x = rng.normal(size=(2, 3, 256)).astype(np.float32)                 # the heads flattened, as attention does
+  got = np.asarray(jax.jit(lambda a: dense("BTK,KD->BTD", a, qw.reshape(256, 96)))(jnp.asarray(x)))
+  want = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64).reshape(6, 256) @ deq
+  assert np.abs(got.reshape(6, 96) - want).max() < 1e-4 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("kw", [{"gamma": 3}, {"tree": Tree((-1, 0, 0, 1, 2))}])
+def test_a_self_draft_on_a_packed_int4_copy_decodes_the_autoregressive_tokens(kw, int4_kernel_on, monkeypatch):
+  """A StreamingDraft whose int4 matrices are packed and multiplied by the kernel (groups of 32, so the
+  tiny model's q / gate / up, K = 64, have two groups): plain decoding's tokens, chain and tree."""
+  monkeypatch.setattr(quant, "INT4_GROUP", 32)
+  model = tiny_model(3, attn_scale=8.0, hidden=64)
+  prompts = random_prompts([40, 23, 57], model.config.vocab_size, seed=7)
+  want = md.generate(model, prompts, max_new_tokens=16).tokens
+  copy = draft_weights.copy_of(model.params, "int4")
+  isq = lambda x: isinstance(x, quant.QuantizedWeight)
+  assert sum(x.packed for x in jax.tree.leaves(copy, is_leaf=isq) if isq(x)) == 3 * model.config.num_layers
+  res = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8, weights="int4"), **kw)
+  assert res.tokens == want
+  assert res.stats["acceptance_rate"] > 0
+
+
+def test_a_packed_copy_is_priced_at_its_bytes(int4_kernel_on):
+  """Packed, an int4 element is half a byte and its group's float32 scale and offset, read and held as
+  such (no converted matrix beside it, as XLA:CPU's hoisting keeps for the unpacked form)."""
+  assert quant.int4_group() == 64
+  assert quant.weight_bytes_per_param("int4") == pytest.approx(0.5 + 8 / 64)
+  assert quant.resident_bytes_per_param("int4") == pytest.approx(0.5 + 8 / 64)

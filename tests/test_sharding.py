@@ -90,6 +90,10 @@ def test_tiny_model_on_every_mesh():
   check_same_on_every_mesh(out["pallas"], meshes=("data:2,model:4",))               # vs one-device XLA
   # int8 / int4 draft weights split as their parameters: plain decoding's tokens on both layouts
   check_same_on_every_mesh(out["quantized"], meshes=("data:2,model:4", "data:4,model:2"))
+  # a packed int4 copy through the Pallas kernel: per shard over data (8x1), XLA's fallback with a model axis
+  kernel = out["int4_kernel"]
+  assert kernel.pop("packed_matrices") == 2                          # o in each of the 2 layers
+  check_same_on_every_mesh(kernel, meshes=("data:8,model:1", "data:2,model:4"))
 
   c = out["collectives"]                       # 2x4: rows split over data, q heads over model
   check_collectives(c)

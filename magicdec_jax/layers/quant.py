@@ -62,6 +62,12 @@ dot. On the H100 (2026-11-26) the earlier layout, two values packed by hand into
 (2026-11-27, same shape and method) fused: a chain-3 round's GEMMs 13.2 ms against 17.9 with int8, 1.61x
 plain decoding; grouped scales cost a draft step 19.8 / 21.5 ms (groups of 64 / 128) against 8.2 for int8.
 
+Where `int4_kernel()` is on (INT4_KERNELS by backend; off everywhere until the kernel's GPU speed is
+measured) a grouped int4 matrix (groups of 64 by default then) is stored packed instead, two values a byte
+in pallas/int4_matmul.py's group-local layout (uint8 [K/2, N]), and multiplied by that Pallas kernel, which
+reads the packed bytes and applies each group's scale and offset after the group's dot. Under a mesh with a
+model axis the product falls back to XLA's dequantized operand (sharding/kernels.py).
+
 Every matrix is kept as the 2-D matrix its matmul reads (`dense` below): q/k/v [D, N*H], o [N*H, D],
 gate/up [D, F], down [F, D], lm_head [D, V] (contracted on axis 0) and the embedding [V, D] (contracted on
 axis 1 when it is a tied LM head; its rows dequantize for the lookup). `QuantizedWeight.shape` is the
@@ -69,16 +75,22 @@ parameter's own shape, so the layers' reshapes and Flax's shape check see what t
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
+from magicdec_jax import pallas
+from magicdec_jax.pallas.int4_matmul import pack_int4, packable, unpack_int4
+
 QUANT_KINDS = ("int8", "int4")
 INT4_GROUPS = {"gpu": 0}              # backend -> int4 group size (0: per output channel); else DEFAULT_INT4_GROUP
 DEFAULT_INT4_GROUP = 64
 INT4_GROUP: int | None = None         # an override of the backend's group for this process (benchmarks)
+INT4_KERNELS: dict = {}               # backend -> grouped int4 stored packed for the Pallas kernel (see above)
+INT4_KERNEL: bool | None = None       # an override of the backend's INT4_KERNELS for this process (benchmarks)
 # parameter names an "int4" copy keeps in int8: the LM head (tied: the embedding), the MLP down projections
 # and the k / v projections, the matrices whose 4-bit error moved SmolLM2's predictions most for their
 # bytes (see the module docstring)
@@ -141,6 +153,17 @@ class QuantizedWeight:
     return self.kind == "int8" or self.scale.ndim == 1 or self.scale.shape[self.axis] == 1
 
   @property
+  def packed(self) -> bool:
+    """Two int4 values a byte in pallas/int4_matmul.py's layout (uint8 [K/2, N]), for the Pallas kernel."""
+    return self.q.dtype == jnp.uint8
+
+  @property
+  def group(self) -> int:
+    """Contracted elements per scale (int8: the whole contracted axis)."""
+    k = self.matrix_shape[self.axis]
+    return k if self.scale.ndim == 1 else k // self.scale.shape[self.axis]
+
+  @property
   def leading_contracted(self) -> int:
     """How many leading axes of the logical shape the stored matrix contracts (axis 0: q / k / v 1, o 2)."""
     k = self.matrix_shape[0]
@@ -154,7 +177,8 @@ class QuantizedWeight:
     if self.axis == 1:                       # stored [N, K]: dequantize its transpose (.T of int8's [N]: itself)
       offset = None if self.offset is None else self.offset.T
       return _dequantize_k_major(self.q.T, self.scale.T, offset, self.kind, dtype).T
-    return _dequantize_k_major(self.q, self.scale, self.offset, self.kind, dtype)
+    q = unpack_int4(self.q, self.group) if self.packed else self.q
+    return _dequantize_k_major(q, self.scale, self.offset, self.kind, dtype)
 
   def rows(self, ids: jax.Array, dtype) -> jax.Array:
     """Rows `ids` of an embedding stored with axis 1 ([V, D]), dequantized: [..., D]."""
@@ -187,13 +211,23 @@ def _dequantize_k_major(q, scale, offset, kind, dtype):
 def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int | None = None):
   """A 2-D matrix contracted along `axis` -> (q, scale, offset) as QuantizedWeight stores them (offset None
   for int8). group: int4's group size (None: int4_group(); 0: the whole contracted axis, one scale and
-  offset per output channel)."""
+  offset per output channel). Where int4_kernel() is on, grouped int4 along axis 0 comes packed (uint8
+  [K/2, N]) where the kernel takes its shape."""
   if kind not in QUANT_KINDS:
     raise ValueError(f"quantized weights must be one of {QUANT_KINDS}, got {kind!r}")
   w = jnp.asarray(w, jnp.float32)
   if axis == 1:
-    q, s, o = quantize_matrix(w.T, kind, 0, group)
+    q, s, o = _quantize_k_major(w.T, kind, group)
     return q.T, s.T, (None if o is None else o.T)             # (.T of int8's [N] scales: themselves)
+  q, s, o = _quantize_k_major(w, kind, group)
+  k, n = w.shape
+  if kind == "int4" and s.shape[0] > 1 and int4_kernel() and packable(k, n, k // s.shape[0]):
+    q = pack_int4(q, k // s.shape[0])
+  return q, s, o
+
+
+def _quantize_k_major(w, kind, group):
+  """quantize_matrix along axis 0, values unpacked."""
   if kind == "int8":
     amax = jnp.max(jnp.abs(w), axis=0)
     scale = jnp.where(amax > 0, amax / INT8_MAX, 1.0)
@@ -258,6 +292,11 @@ def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, comput
   if out[-1] != ws[1 - w.axis] or xs[-1] != ws[w.axis] or out[:-1] != xs[:-1]:
     raise ValueError(f"quantized dense expects 'X...K,(KN|NK)->X...N', got {eq!r}")
   xc = x.astype(compute_dtype)
+  if w.packed:                               # grouped int4 on packed bytes: the Pallas kernel
+    k, n = w.matrix_shape
+    y = pallas.int4_matmul(xc.reshape(-1, k), w.q, w.scale, w.offset, group=w.group,
+                           fallback=functools.partial(_unpacked_product, group=w.group, dtype=compute_dtype))
+    return y.reshape(*x.shape[:-1], n).astype(out_dtype)
   if w.kind == "int8" or w.per_channel:
     if w.kind == "int8" and int8_dot() == "int":
       amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
@@ -273,14 +312,30 @@ def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, comput
   return jnp.einsum(eq, xc, w.dequantize(compute_dtype), preferred_element_type=jnp.float32).astype(out_dtype)
 
 
+def _unpacked_product(x, packed, scale, offset, *, group: int, dtype) -> jax.Array:
+  """x [M, K] @ a packed grouped int4 matrix through XLA's dequantized operand, float32 (the kernel's
+  fallback where it cannot run per shard)."""
+  w = _dequantize_k_major(unpack_int4(packed, group), scale, offset, "int4", dtype)
+  return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+
 def int8_dot() -> str:
   """How int8 matrices are multiplied on the default backend (INT8_DOT)."""
   return INT8_DOT.get(jax.default_backend(), DEFAULT_INT8_DOT)
 
 
 def int4_group() -> int:
-  """The int4 group size on the default backend: INT4_GROUP if set, else INT4_GROUPS (0: per channel)."""
-  return INT4_GROUP if INT4_GROUP is not None else INT4_GROUPS.get(jax.default_backend(), DEFAULT_INT4_GROUP)
+  """The int4 group size on the default backend: INT4_GROUP if set, else DEFAULT_INT4_GROUP where the int4
+  kernel is on (it exists to make groups cheap), else INT4_GROUPS (0: per channel)."""
+  if INT4_GROUP is not None:
+    return INT4_GROUP
+  return DEFAULT_INT4_GROUP if int4_kernel() else INT4_GROUPS.get(jax.default_backend(), DEFAULT_INT4_GROUP)
+
+
+def int4_kernel() -> bool:
+  """Whether grouped int4 matrices are stored packed and multiplied by the Pallas kernel on the default
+  backend: INT4_KERNEL if set, else INT4_KERNELS (off where unset)."""
+  return INT4_KERNEL if INT4_KERNEL is not None else INT4_KERNELS.get(jax.default_backend(), False)
 
 
 def xla_options(kind: str | None) -> dict:
@@ -297,7 +352,7 @@ def _int4_group_bytes(group: int | None) -> float:
 def _hoisted_bytes() -> float:
   """Bytes of the matrix the default backend converts an int4 copy into before the loop (INT4_HOISTED); 0:
   none (the conversion stays in the loop's matmuls)."""
-  dtype = INT4_HOISTED.get(jax.default_backend())
+  dtype = None if int4_kernel() else INT4_HOISTED.get(jax.default_backend())
   return 0.0 if dtype is None else float(jnp.dtype(dtype).itemsize)
 
 
@@ -325,7 +380,7 @@ def resident_bytes_per_param(kind: str, group: int | None = None, kept_int8: flo
   if kind == "int8":
     return 1.0
   storage = INT4_STORAGE.get(jax.default_backend(), jnp.int4)
-  value = 0.5 if storage == jnp.int4 else float(jnp.dtype(storage).itemsize)
+  value = 0.5 if storage == jnp.int4 or int4_kernel() else float(jnp.dtype(storage).itemsize)
   return (1.0 - kept_int8) * (value + _int4_group_bytes(group) + _hoisted_bytes()) + kept_int8
 
 

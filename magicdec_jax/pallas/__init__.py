@@ -5,8 +5,9 @@ kernel (Triton lowering on GPU, interpreter on CPU). A Mosaic GPU variant is not
 picks Triton on GPU when the installed jax can still lower it (checked once per shape signature by
 compiling the kernel alone) and XLA otherwise.
 
-`int4_matmul` (imported from its module) multiplies by a group-wise int4 matrix on packed bytes; nothing
-in the draft uses it yet (its GPU speed is unmeasured: benchmarks/gpu_int4_matmul.py).
+`int4_matmul` multiplies by a group-wise int4 matrix on packed bytes (pallas/int4_matmul.py): the Triton
+kernel on a GPU, the interpreter elsewhere. A quantized draft calls it where quant.int4_kernel() is on (off
+by default: its GPU speed is unmeasured, benchmarks/gpu_int4_matmul.py).
 """
 from __future__ import annotations
 
@@ -15,19 +16,24 @@ import warnings
 
 import jax
 
+from magicdec_jax.pallas.int4_matmul import default_tiling, pallas_int4_matmul
 from magicdec_jax.pallas.tree_attention import pallas_tree_attention
 from magicdec_jax.pallas.xla_attention import visibility_mask, xla_tree_attention
 
 IMPLS = ("auto", "xla", "pallas_interpret", "pallas_triton", "pallas_mosaic")
 _warned: set[str] = set()
-_shard_wrapper = None   # set by magicdec_jax.sharding.kernels: runs the kernel per shard under a mesh
+KERNELS = ("tree_attention", "int4_matmul")
+# kernel -> wrapper running it per shard under a mesh; set by magicdec_jax.sharding.kernels
+_shard_wrappers: dict = {}
 
 
-def set_shard_wrapper(wrapper) -> None:
-  """Install `wrapper(kernel, q, k, v, base, anc) -> out` around every Pallas kernel call (None: call the
-  kernel directly). The sharded runtime injects its shard_map wrapper here; pallas never imports it."""
-  global _shard_wrapper
-  _shard_wrapper = wrapper
+def set_shard_wrapper(wrapper, kernel: str = "tree_attention") -> None:
+  """Install `wrapper` around every call of `kernel` (None: call the kernel directly): for tree_attention
+  wrapper(kernel, q, k, v, base, anc), for int4_matmul wrapper(kernel, fallback, x, packed, scale, offset).
+  The sharded runtime injects its shard_map wrappers here; pallas never imports it."""
+  if kernel not in KERNELS:
+    raise ValueError(f"set_shard_wrapper: kernel must be one of {KERNELS}, got {kernel!r}")
+  _shard_wrappers[kernel] = wrapper
 
 
 def _triton_params(num_warps: int | None, num_stages: int | None):
@@ -103,10 +109,31 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, an
   if impl == "pallas_mosaic":
     raise NotImplementedError("no Mosaic GPU variant of tree_attention; use 'pallas_triton' or 'xla'")
   kernel = functools.partial(pallas_tree_attention, scale=scale, **_kernel_kwargs(impl=impl, **knobs))
-  if _shard_wrapper is None:
+  wrapper = _shard_wrappers.get("tree_attention")
+  if wrapper is None:
     return kernel(q, k, v, base, anc)
-  return _shard_wrapper(kernel, q, k, v, base, anc)   # per shard (shard_map) under a ("data", "model") mesh
+  return wrapper(kernel, q, k, v, base, anc)   # per shard (shard_map) under a ("data", "model") mesh
 
 
-__all__ = ["IMPLS", "tree_attention", "resolve_impl", "set_shard_wrapper", "pallas_tree_attention", "xla_tree_attention",
+def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.Array | None, *, group: int,
+                fallback) -> jax.Array:
+  """x [M, K] @ a packed group-wise int4 matrix (pallas/int4_matmul.py) -> [M, N] float32: the Triton kernel
+  on a GPU, the interpreter elsewhere, at default_tiling. Under a mesh the injected wrapper runs it per shard,
+  or calls fallback(x, packed, scale, offset) (an XLA form of the same product) where it cannot."""
+  if jax.default_backend() == "gpu":
+    params = _triton_params(None, None)
+    if params is None:
+      raise NotImplementedError("int4_matmul: this jax has no Pallas Triton backend (quant.INT4_KERNEL off)")
+    lowering = dict(compiler_params=params)
+  else:
+    lowering = dict(interpret=True)
+  kernel = functools.partial(pallas_int4_matmul, group=group, **lowering,
+                             **default_tiling(x.shape[-1], packed.shape[1], group))
+  wrapper = _shard_wrappers.get("int4_matmul")
+  if wrapper is None:
+    return kernel(x, packed, scale, offset)
+  return wrapper(kernel, fallback, x, packed, scale, offset)
+
+
+__all__ = ["IMPLS", "KERNELS", "tree_attention", "int4_matmul", "resolve_impl", "set_shard_wrapper", "pallas_tree_attention", "xla_tree_attention",
            "visibility_mask"]

@@ -18,8 +18,9 @@ walks its groups `groups_per_step` at a time, and writes a float32 partial; XLA 
 batch of 8 decode rows (padded to 16, the Triton dot's minimum) the kernel is bound by reading the weight
 bytes, and the splits exist to give a ~132-SM GPU enough programs.
 
-Not yet wired into the draft (quant.quantized_dense): its speed on a GPU is unmeasured
-(benchmarks/gpu_int4_matmul.py is the prepared check). Tested in interpret mode on CPU.
+An int4 copy is stored in this layout and multiplied here where quant.int4_kernel() says so (off on every
+backend until the kernel's GPU speed is measured: benchmarks/gpu_int4_matmul.py, benchmarks/gpu_engine.py
+--parts kernel); `default_tiling` is a first guess, not tuned. Tested in interpret mode on CPU.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from jax.experimental import pallas as pl
 
 INT4_BIAS = 8              # stored nibble = q + 8, q in -8 .. 7
 MIN_DOT = 16               # the Triton dot's smallest dimension
+TARGET_PROGRAMS = 512      # default_tiling aims at a few waves of programs on a ~132-SM GPU (untuned)
 
 
 def pack_int4(q: jax.Array, group: int) -> jax.Array:
@@ -40,6 +42,20 @@ def pack_int4(q: jax.Array, group: int) -> jax.Array:
   _check_group(k, group)
   nib = (q.astype(jnp.int32) + INT4_BIAS).reshape(k // group, 2, group // 2, n)
   return (nib[:, 0] | (nib[:, 1] << 4)).reshape(k // 2, n).astype(jnp.uint8)
+
+
+def unpack_int4(packed: jax.Array, group: int) -> jax.Array:
+  """pack_int4's bytes [K/2, N] -> the int4 values [K, N] as int8."""
+  half, n = packed.shape
+  _check_group(2 * half, group)
+  p = packed.astype(jnp.int32).reshape(2 * half // group, 1, group // 2, n)
+  q = jnp.concatenate([p & 15, p >> 4], axis=1) - INT4_BIAS
+  return q.reshape(2 * half, n).astype(jnp.int8)
+
+
+def packable(k: int, n: int, group: int) -> bool:
+  """Whether a [K, N] matrix in groups of `group` fits the kernel (see _check_group and default_block_n)."""
+  return group >= 2 * MIN_DOT and not group & (group - 1) and k % group == 0 and n % MIN_DOT == 0
 
 
 def split_activations(x: jax.Array, group: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -85,6 +101,18 @@ def default_block_n(n: int) -> int:
     if n % b == 0:
       return b
   raise ValueError(f"int4 kernel: the output size {n} must be a multiple of {MIN_DOT}")
+
+
+def default_tiling(k: int, n: int, group: int) -> dict:
+  """block_n, num_splits and groups_per_step for a [K, N] matrix: the widest output block, then the most
+  K-splits (a power of two dividing the groups) that keep the programs within TARGET_PROGRAMS, two groups a
+  step where a split has an even number. A first guess (untuned on a GPU)."""
+  block_n = default_block_n(n)
+  groups, splits = k // group, 1
+  while groups % (2 * splits) == 0 and (n // block_n) * 2 * splits <= TARGET_PROGRAMS:
+    splits *= 2
+  per_split = groups // splits
+  return dict(block_n=block_n, num_splits=splits, groups_per_step=2 if per_split % 2 == 0 else 1)
 
 
 def pallas_int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.Array | None, *,
@@ -141,4 +169,5 @@ def pallas_int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset
   return jnp.sum(partial, axis=0)[:m]
 
 
-__all__ = ["pack_int4", "split_activations", "pallas_int4_matmul", "default_block_n"]
+__all__ = ["pack_int4", "unpack_int4", "packable", "split_activations", "pallas_int4_matmul", "default_block_n",
+           "default_tiling"]

@@ -1,7 +1,8 @@
-"""Run the Pallas tree-attention kernel per shard inside `jax.shard_map`.
+"""Run the Pallas kernels per shard inside `jax.shard_map`.
 
-The dispatch (pallas.tree_attention) knows nothing of meshes: importing this module (the sharding
-package does) injects `maybe_shard_map` as its shard wrapper, so pallas never imports sharding.
+The dispatch (pallas.tree_attention, pallas.int4_matmul) knows nothing of meshes: importing this module
+(the sharding package does) injects `maybe_shard_map` and `maybe_shard_int4` as their shard wrappers, so
+pallas never imports sharding.
 
 Why: a pallas_call has no SPMD partitioning rule; left to the partitioner it would be run on gathered,
 replicated operands. Under a ("data", "model") mesh (set by the engine via `jax.set_mesh`) the kernel
@@ -56,4 +57,25 @@ def maybe_shard_map(kernel, q, k, v, base, anc):
                        check_vma=False)(q, k, v, base, anc)
 
 
-pallas.set_shard_wrapper(maybe_shard_map)   # the kernel dispatch gets the mesh-aware wrapper injected
+def maybe_shard_int4(kernel, fallback, x, packed, scale, offset):
+  """kernel(x [M, K], packed [K/2, N], scale / offset [K/g, N]) -> [M, N], per shard when a mesh is set.
+
+  With no model axis (weights replicated) the rows of x go over "data" and each device multiplies its rows
+  by the whole matrix. A model axis splits the matrix by N (column-parallel) or by K (row-parallel, then
+  partial sums), which the call cannot see here, so there `fallback` (XLA's grouped product, partitioned by
+  XLA) runs instead: correct, but without the kernel's byte savings."""
+  mesh = _mesh()
+  if mesh is None:
+    return kernel(x, packed, scale, offset)
+  if mesh.shape[MODEL] > 1:
+    return fallback(x, packed, scale, offset)
+  row = DATA if x.shape[0] % mesh.shape[DATA] == 0 else None
+  if offset is None:
+    body, args, specs = (lambda a, p, s: kernel(a, p, s, None)), (x, packed, scale), (P(row, None), P(), P())
+  else:
+    body, args, specs = kernel, (x, packed, scale, offset), (P(row, None), P(), P(), P())
+  return jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(row, None), check_vma=False)(*args)
+
+
+pallas.set_shard_wrapper(maybe_shard_map)   # the kernel dispatch gets the mesh-aware wrappers injected
+pallas.set_shard_wrapper(maybe_shard_int4, "int4_matmul")
