@@ -105,6 +105,11 @@ def int4_keep_int8_as(names):
   return quant_setting_as("INT4_KEEP_INT8", None if names is None else tuple(names))
 
 
+def int4_kernel_as(flag):
+  """quant.INT4_KERNEL (grouped int4 stored packed and multiplied by the Pallas kernel) as `flag`."""
+  return quant_setting_as("INT4_KERNEL", flag)
+
+
 def int4_offsets_as(flag):
   """quant.INT4_OFFSETS (asymmetric int4: a scale and an offset per group; False: symmetric) as `flag`."""
   return quant_setting_as("INT4_OFFSETS", flag)

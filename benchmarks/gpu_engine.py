@@ -31,7 +31,11 @@ rewritten after every configuration, so a killed run keeps what it measured):
   offsets    what int4's offsets (asymmetric scales, quant.INT4_OFFSETS) cost on a GPU: one draft step of the
              default int4 copy with and without them against the AR step, then end to end AR and chain 3
              on each at alpha 0.8 and at its own CPU-measured acceptance (--alpha-int4-offsets,
-             --alpha-int4-sym), int8 chain 3 at --alpha-int8.
+             --alpha-int4-sym), int8 chain 3 at --alpha-int8;
+  kernel     the Pallas int4 kernel in the draft (quant.INT4_KERNEL: groups of 64 packed, pallas/int4_matmul.py
+             at its default tiling) against the GPU's per-channel int4 copy: one draft step each and int8's
+             against the AR step, then end to end AR and chain 3 on each at alpha 0.8 and at its own
+             CPU-measured acceptance (--alpha-int4-g64, --alpha-int4-offsets).
 
   PYTHONPATH=. python3 -m benchmarks.gpu_engine --output $OUT/gpu_engine.json --deadline-s 540
   python -m benchmarks.gpu_engine --smoke --output /tmp/gpu_engine.json    # tiny shapes on CPU, ~3 minutes
@@ -48,7 +52,8 @@ import traceback
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")   # before jax starts
 
 from benchmarks import common  # noqa: E402
-from benchmarks.gpu_bench import Bench, int4_group_as, int4_keep_int8_as, int4_offsets_as, models  # noqa: E402
+from benchmarks.gpu_bench import (Bench, int4_group_as, int4_kernel_as, int4_keep_int8_as,  # noqa: E402
+                                  int4_offsets_as, models)
 from benchmarks.simulated_acceptance import install_bernoulli  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -64,7 +69,7 @@ from magicdec_jax.trees import Tree  # noqa: E402
 from magicdec_jax.tuning import shapes  # noqa: E402
 
 PARTS = ("headline", "quant", "batch1", "shard", "identity", "invariant", "previous", "quant_rerun", "int4",
-         "defaults", "offsets")
+         "defaults", "offsets", "kernel")
 MIXED_INT8 = ("embed", "lm_head", "down")     # what the "int4 mixed" rows keep in int8 (quant.INT4_KEEP_INT8)
 PREVIOUS_OPTIONS = {"xla_gpu_enable_triton_gemm": False}          # before issue 44: dot merger on
 TRITON = {"xla_gpu_enable_triton_gemm": True}
@@ -210,6 +215,33 @@ def part_offsets(b: Bench, target: Model, C: int, sink: int = 16, window: int = 
                         8, C, profile=False))
   runs.append(b.run("offsets", f"self chain3 int8 a{a8}", target, sd("int8"), Tree.chain(3), a8, 8, C, profile=False))
   b.ratios("offsets", "AR", runs)
+
+
+def part_kernel(b: Bench, target: Model, C: int, sink: int = 16, window: int = 512, group: int | None = None):
+  """The default int4 copy with the Pallas kernel (groups of 64 packed; `group` overrides, for the smoke's
+  narrow matrices) against it without (the backend's group: per channel on a GPU): steps, then end to end
+  (see the module docstring)."""
+  ring = sink + window
+  steps = time_steps(b, target, [("AR", None, None, None, C, "linear", None),
+                                 ("draft int8", "int8", None, None, ring, "ring", None),
+                                 ("draft int4", "int4", None, None, ring, "ring", None)], 8)
+  with int4_kernel_as(True), int4_group_as(group):
+    copy = weight_copy(target.params, "int4")
+    isq = lambda x: isinstance(x, quant.QuantizedWeight)
+    b.res["parts"]["kernel_packed"] = {"packed": sum(x.packed for x in jax.tree.leaves(copy, is_leaf=isq) if isq(x)),
+                                       "group": quant.int4_group()}
+    del copy
+    steps.update(time_steps(b, target, [("draft int4 kernel g64", "int4", None, None, ring, "ring", None)], 8))
+  b.res["parts"]["kernel_steps"] = over_ar(steps)
+  b.save()
+  sd = lambda w: drafts.StreamingDraft(sink, window, weights=w)
+  runs = [b.run("kernel", "AR", target, None, Tree((-1,)), None, 8, C, profile=False)]
+  for flag, name, alpha in ((True, "kernel g64", b.args.alpha_int4_g64), (False, "", b.args.alpha_int4_offsets)):
+    with int4_kernel_as(flag), int4_group_as(group if flag else None):
+      label = f"self chain3 int4 {name}".strip()
+      runs.append(b.run("kernel", label, target, sd("int4"), Tree.chain(3), 0.8, 8, C, profile=flag))
+      runs.append(b.run("kernel", f"{label} a{alpha}", target, sd("int4"), Tree.chain(3), alpha, 8, C, profile=False))
+  b.ratios("kernel", "AR", runs)
 
 
 def part_previous(b: Bench, target: Model, B: int, C: int):
@@ -388,6 +420,9 @@ def main(argv=None):
                   help="offsets part: simulated acceptance of the (asymmetric) int4 copy")
   ap.add_argument("--alpha-int4-sym", type=float, default=0.736,
                   help="offsets part: simulated acceptance of a symmetric int4 copy")
+  # SmolLM2's greedy retention with groups of 64 (asymmetric) x 0.8 (quantized_draft, CPU, 4 seeds)
+  ap.add_argument("--alpha-int4-g64", type=float, default=0.789,
+                  help="kernel part: simulated acceptance of the int4 copy in groups of 64")
   args = ap.parse_args(argv)
   parts = [p for p in args.parts.split(",") if p]
   bad = [p for p in parts if p not in PARTS]
@@ -447,6 +482,8 @@ def run_part(b, part, smoke, target, small, tcfg, C, C1, shard_c, shard_b):
       b.save()
   elif part == "offsets":
     part_offsets(b, target, C, sink=4 if smoke else 16, window=32 if smoke else 512)
+  elif part == "kernel":
+    part_kernel(b, target, C, sink=4 if smoke else 16, window=32 if smoke else 512, group=32 if smoke else None)
   elif part == "invariant":
     rows = [b.run("invariant", "AR", target, None, Tree((-1,)), None, 8, C, numerics="invariant"),
             b.run("invariant", "self chain3", target, drafts.StreamingDraft(16, 512), Tree.chain(3), 0.8, 8, C,
