@@ -8,6 +8,7 @@ import pytest
 import magicdec_jax as md
 from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers import quant
+from magicdec_jax import pallas
 from magicdec_jax.layers.dense import dense
 from magicdec_jax.pallas.int4_matmul import TARGET_PROGRAMS, default_tiling, pack_int4, pallas_int4_matmul, unpack_int4
 from magicdec_jax.trees import Tree
@@ -100,6 +101,23 @@ def test_default_tiling_is_a_valid_split(k, n):
   assert n % t["block_n"] == 0 and groups % t["num_splits"] == 0
   assert (groups // t["num_splits"]) % t["groups_per_step"] == 0
   assert (n // t["block_n"]) * t["num_splits"] <= max(TARGET_PROGRAMS, n // t["block_n"])
+
+
+@pytest.mark.parametrize("m, k, n", [(8, 4096, 4096), (32, 4096, 14336), (8, 14336, 4096), (8, 576, 1536)])
+def test_the_drafts_kernel_call_lowers_to_triton_for_a_gpu(m, k, n):
+  """The call quantized_dense makes on a GPU (Triton, default_tiling), lowered for CUDA on this CPU through
+  jax.export: Pallas Triton's lowering rules hold at LLaMA-3.1-8B's and SmolLM2's shapes (Triton's own
+  compile to GPU code is not checked here)."""
+  if pallas._triton_params(None, None) is None:
+    pytest.skip("this jax has no Pallas Triton backend")
+  kernel = pallas.int4_kernel(k, n, 64, triton=True)
+  args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k // 2, n), jnp.uint8),
+          jax.ShapeDtypeStruct((k // 64, n), jnp.float32), jax.ShapeDtypeStruct((k // 64, n), jnp.float32))
+  triton_call = "__gpu$xla.gpu.triton"
+  exported = jax.export.export(jax.jit(kernel), platforms=["cuda"],
+                               disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton_call)])(*args)
+  assert triton_call in exported.mlir_module()
+  assert exported.out_avals[0].shape == (m, n)
 
 
 @pytest.fixture

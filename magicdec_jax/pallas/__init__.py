@@ -115,25 +115,29 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, an
   return wrapper(kernel, q, k, v, base, anc)   # per shard (shard_map) under a ("data", "model") mesh
 
 
-def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.Array | None, *, group: int,
-                fallback) -> jax.Array:
-  """x [M, K] @ a packed group-wise int4 matrix (pallas/int4_matmul.py) -> [M, N] float32: the Triton kernel
-  on a GPU, the interpreter elsewhere, at default_tiling. Under a mesh the injected wrapper runs it per shard,
-  or calls fallback(x, packed, scale, offset) (an XLA form of the same product) where it cannot."""
-  if jax.default_backend() == "gpu":
+def int4_kernel(k: int, n: int, group: int, *, triton: bool):
+  """pallas_int4_matmul for a [K, N] matrix at default_tiling, lowered by Triton (triton) or interpreted."""
+  if triton:
     params = _triton_params(None, None)
     if params is None:
       raise NotImplementedError("int4_matmul: this jax has no Pallas Triton backend (quant.INT4_KERNEL off)")
     lowering = dict(compiler_params=params)
   else:
     lowering = dict(interpret=True)
-  kernel = functools.partial(pallas_int4_matmul, group=group, **lowering,
-                             **default_tiling(x.shape[-1], packed.shape[1], group))
+  return functools.partial(pallas_int4_matmul, group=group, **lowering, **default_tiling(k, n, group))
+
+
+def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.Array | None, *, group: int,
+                fallback) -> jax.Array:
+  """x [M, K] @ a packed group-wise int4 matrix (pallas/int4_matmul.py) -> [M, N] float32: the Triton kernel
+  on a GPU, the interpreter elsewhere, at default_tiling. Under a mesh the injected wrapper runs it per shard,
+  or calls fallback(x, packed, scale, offset) (an XLA form of the same product) where it cannot."""
+  kernel = int4_kernel(x.shape[-1], packed.shape[1], group, triton=jax.default_backend() == "gpu")
   wrapper = _shard_wrappers.get("int4_matmul")
   if wrapper is None:
     return kernel(x, packed, scale, offset)
   return wrapper(kernel, fallback, x, packed, scale, offset)
 
 
-__all__ = ["IMPLS", "KERNELS", "tree_attention", "int4_matmul", "resolve_impl", "set_shard_wrapper", "pallas_tree_attention", "xla_tree_attention",
+__all__ = ["IMPLS", "KERNELS", "tree_attention", "int4_matmul", "int4_kernel", "resolve_impl", "set_shard_wrapper", "pallas_tree_attention", "xla_tree_attention",
            "visibility_mask"]

@@ -20,7 +20,9 @@ bytes, and the splits exist to give a ~132-SM GPU enough programs.
 
 An int4 copy is stored in this layout and multiplied here where quant.int4_kernel() says so (off on every
 backend until the kernel's GPU speed is measured: benchmarks/gpu_int4_matmul.py, benchmarks/gpu_engine.py
---parts kernel); `default_tiling` is a first guess, not tuned. Tested in interpret mode on CPU.
+--parts kernel); `default_tiling` is a first guess, not tuned. Tested in interpret mode on CPU, and lowered
+to Triton for CUDA there (jax.export), which checks Pallas Triton's rules (power-of-two loads and the like)
+but not Triton's own compile on a GPU.
 """
 from __future__ import annotations
 
@@ -54,11 +56,8 @@ def unpack_int4(packed: jax.Array, group: int) -> jax.Array:
 
 
 def packable(k: int, n: int, group: int) -> bool:
-  """Whether a [K, N] matrix in groups of `group` fits the kernel (see _check_group and default_block_n),
-  with K a power of two: its blocks hold whole rows of x ([16, K/2]) and Pallas Triton loads only arrays of a
-  power-of-two size (its _check_tensor_size); other K may lower, untried on a GPU, so they stay unpacked."""
-  pow2 = lambda v: v > 0 and not v & (v - 1)
-  return group >= 2 * MIN_DOT and pow2(group) and pow2(k) and k % group == 0 and n % MIN_DOT == 0
+  """Whether a [K, N] matrix in groups of `group` fits the kernel (see _check_group and default_block_n)."""
+  return group >= 2 * MIN_DOT and not group & (group - 1) and k % group == 0 and n % MIN_DOT == 0
 
 
 def split_activations(x: jax.Array, group: int) -> tuple[jax.Array, jax.Array, jax.Array]:
