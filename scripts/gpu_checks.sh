@@ -2,7 +2,7 @@
 # The prepared device checks for issue 46, as one call of the device tool (`run`, command
 # "bash scripts/gpu_checks.sh", timeout_s 600; about 9.5 minutes): the int4 matmul forms alone
 # (benchmarks/gpu_int4_matmul.py: bf16, int8, int4 per channel, groups of 64 through XLA, through the draft's
-# kernel call, and the kernel at eleven tilings), then through the engine the draft on the Pallas int4 kernel
+# kernel call, and the kernel at thirteen tilings), then through the engine the draft on the Pallas int4 kernel
 # against the per-channel int4 copy (benchmarks/gpu_engine.py --parts kernel) and asymmetric against
 # symmetric int4 (--parts offsets, what time is left). Each is cut by its own deadline so both report; JSON
 # and logs go to $OUT (the device tool's folder; /tmp/gpu_checks elsewhere). Commit them under

@@ -10,7 +10,8 @@ from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers import quant
 from magicdec_jax import pallas
 from magicdec_jax.layers.dense import dense
-from magicdec_jax.pallas.int4_matmul import TARGET_PROGRAMS, default_tiling, pack_int4, pallas_int4_matmul, unpack_int4
+from magicdec_jax.pallas.int4_matmul import (PARTIAL_SHARE, TARGET_PROGRAMS, default_tiling, pack_int4,
+                                             pallas_int4_matmul, unpack_int4)
 from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
 
@@ -96,11 +97,14 @@ def test_bad_kernel_arguments_are_refused_by_name(kw, match):
 
 @pytest.mark.parametrize("k, n", [(4096, 4096), (4096, 14336), (14336, 4096), (576, 1536), (128, 48)])
 def test_default_tiling_is_a_valid_split(k, n):
+  """The kernel's arguments hold (block_n divides N, splits the groups, steps a split's groups), and a split
+  costs its float32 partials (16 rows, written and read) at most PARTIAL_SHARE of the int4 weight bytes."""
   t = default_tiling(k, n, 64)
-  groups = k // 64
+  groups, programs = k // 64, (n // t["block_n"]) * t["num_splits"]
   assert n % t["block_n"] == 0 and groups % t["num_splits"] == 0
   assert (groups // t["num_splits"]) % t["groups_per_step"] == 0
-  assert (n // t["block_n"]) * t["num_splits"] <= max(TARGET_PROGRAMS, n // t["block_n"])
+  assert t["num_splits"] == 1 or 2 * t["num_splits"] * 16 * n * 4 <= PARTIAL_SHARE * k * n / 2
+  assert t["num_splits"] == 1 or programs <= 2 * TARGET_PROGRAMS
 
 
 @pytest.mark.parametrize("m, k, n", [(8, 4096, 4096), (32, 4096, 14336), (8, 14336, 4096), (8, 576, 1536)])
@@ -110,7 +114,7 @@ def test_the_drafts_kernel_call_lowers_to_triton_for_a_gpu(m, k, n):
   compile to GPU code is not checked here)."""
   if pallas._triton_params(None, None) is None:
     pytest.skip("this jax has no Pallas Triton backend")
-  kernel = pallas.int4_kernel(k, n, 64, triton=True)
+  kernel = pallas.int4_kernel(m, k, n, 64, triton=True)
   args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k // 2, n), jnp.uint8),
           jax.ShapeDtypeStruct((k // 64, n), jnp.float32), jax.ShapeDtypeStruct((k // 64, n), jnp.float32))
   triton_call = "__gpu$xla.gpu.triton"

@@ -16,7 +16,7 @@ import warnings
 
 import jax
 
-from magicdec_jax.pallas.int4_matmul import default_tiling, pallas_int4_matmul
+from magicdec_jax.pallas.int4_matmul import MIN_DOT, default_tiling, pallas_int4_matmul
 from magicdec_jax.pallas.tree_attention import pallas_tree_attention
 from magicdec_jax.pallas.xla_attention import visibility_mask, xla_tree_attention
 
@@ -115,8 +115,8 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, an
   return wrapper(kernel, q, k, v, base, anc)   # per shard (shard_map) under a ("data", "model") mesh
 
 
-def int4_kernel(k: int, n: int, group: int, *, triton: bool):
-  """pallas_int4_matmul for a [K, N] matrix at default_tiling, lowered by Triton (triton) or interpreted."""
+def int4_kernel(m: int, k: int, n: int, group: int, *, triton: bool):
+  """pallas_int4_matmul for [M, K] x [K, N] at default_tiling, lowered by Triton (triton) or interpreted."""
   if triton:
     params = _triton_params(None, None)
     if params is None:
@@ -124,7 +124,8 @@ def int4_kernel(k: int, n: int, group: int, *, triton: bool):
     lowering = dict(compiler_params=params)
   else:
     lowering = dict(interpret=True)
-  return functools.partial(pallas_int4_matmul, group=group, **lowering, **default_tiling(k, n, group))
+  rows = max(MIN_DOT, -(-m // MIN_DOT) * MIN_DOT)                 # as the kernel pads them
+  return functools.partial(pallas_int4_matmul, group=group, **lowering, **default_tiling(k, n, group, rows))
 
 
 def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.Array | None, *, group: int,
@@ -132,7 +133,7 @@ def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.A
   """x [M, K] @ a packed group-wise int4 matrix (pallas/int4_matmul.py) -> [M, N] float32: the Triton kernel
   on a GPU, the interpreter elsewhere, at default_tiling. Under a mesh the injected wrapper runs it per shard,
   or calls fallback(x, packed, scale, offset) (an XLA form of the same product) where it cannot."""
-  kernel = int4_kernel(x.shape[-1], packed.shape[1], group, triton=jax.default_backend() == "gpu")
+  kernel = int4_kernel(*x.shape, packed.shape[1], group, triton=jax.default_backend() == "gpu")
   wrapper = _shard_wrappers.get("int4_matmul")
   if wrapper is None:
     return kernel(x, packed, scale, offset)

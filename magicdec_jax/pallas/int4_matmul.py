@@ -35,7 +35,9 @@ from jax.experimental import pallas as pl
 
 INT4_BIAS = 8              # stored nibble = q + 8, q in -8 .. 7
 MIN_DOT = 16               # the Triton dot's smallest dimension
-TARGET_PROGRAMS = 512      # default_tiling aims at a few waves of programs on a ~132-SM GPU (untuned)
+TARGET_PROGRAMS = 256      # default_tiling aims at about two waves of programs on a ~132-SM GPU (untuned)
+MIN_BLOCK_N = 32
+PARTIAL_SHARE = 1 / 8      # default_tiling keeps the splits' float32 partials within this share of the weight bytes
 
 
 def pack_int4(q: jax.Array, group: int) -> jax.Array:
@@ -105,13 +107,19 @@ def default_block_n(n: int) -> int:
   raise ValueError(f"int4 kernel: the output size {n} must be a multiple of {MIN_DOT}")
 
 
-def default_tiling(k: int, n: int, group: int) -> dict:
-  """block_n, num_splits and groups_per_step for a [K, N] matrix: the widest output block, then the most
-  K-splits (a power of two dividing the groups) that keep the programs within TARGET_PROGRAMS, two groups a
-  step where a split has an even number. A first guess (untuned on a GPU)."""
+def default_tiling(k: int, n: int, group: int, rows: int = MIN_DOT) -> dict:
+  """block_n, num_splits and groups_per_step for a [K, N] matrix and `rows` (padded) rows of x: output
+  blocks narrowed (down to MIN_BLOCK_N) until there are TARGET_PROGRAMS of them, then K-splits (a power of
+  two dividing the groups) added while short of that and while their float32 partials, written and read
+  back, stay within PARTIAL_SHARE of the weight bytes; two groups a step where a split has an even number.
+  A first guess (untuned on a GPU; benchmarks/gpu_int4_matmul.py times others)."""
   block_n = default_block_n(n)
+  while n // block_n < TARGET_PROGRAMS and block_n > MIN_BLOCK_N and n % (block_n // 2) == 0:
+    block_n //= 2
   groups, splits = k // group, 1
-  while groups % (2 * splits) == 0 and (n // block_n) * 2 * splits <= TARGET_PROGRAMS:
+  partial_bytes = lambda s: 2 * s * rows * n * 4
+  while (groups % (2 * splits) == 0 and (n // block_n) * splits < TARGET_PROGRAMS
+         and partial_bytes(2 * splits) <= PARTIAL_SHARE * k * n / 2):
     splits *= 2
   per_split = groups // splits
   return dict(block_n=block_n, num_splits=splits, groups_per_step=2 if per_split % 2 == 0 else 1)
