@@ -10,7 +10,7 @@ from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers import quant
 from magicdec_jax import pallas
 from magicdec_jax.layers.dense import dense
-from magicdec_jax.pallas.int4_matmul import (PARTIAL_SHARE, TARGET_PROGRAMS, default_tiling, pack_int4,
+from magicdec_jax.pallas.int4_matmul import (MAX_ROWS, PARTIAL_SHARE, TARGET_PROGRAMS, default_tiling, pack_int4,
                                              pallas_int4_matmul, unpack_int4)
 from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
@@ -131,10 +131,12 @@ def int4_kernel_on(monkeypatch):
   monkeypatch.setattr(draft_weights, "_NARROW", {})
 
 
-def test_a_packed_copy_multiplies_like_float64(int4_kernel_on):
+@pytest.mark.parametrize("rows", [6, 2 * 100])
+def test_a_packed_copy_multiplies_like_float64(rows, int4_kernel_on):
   """With the kernel on, quantize_weight packs a grouped int4 matrix (groups of 64: the kernel's default)
   and dense() multiplies by it: the float64 product of x (rounded to bfloat16) with the matrix the packed
-  bytes, scales and offsets stand for, read back by hand; that matrix is within half a step of w."""
+  bytes, scales and offsets stand for, read back by hand; that matrix is within half a step of w. Past
+  MAX_ROWS rows (a prefill) XLA multiplies the dequantized bfloat16 matrix: within its rounding."""
   rng = np.random.default_rng(5)
   w = rng.normal(0, 0.05, (4, 64, 96)).astype(np.float32)           # an o projection [N, H, D]
   qw = quant.quantize_weight("o", jnp.asarray(w), "int4")
@@ -143,16 +145,23 @@ def test_a_packed_copy_multiplies_like_float64(int4_kernel_on):
   deq = grouped(unpack_by_hand(np.asarray(qw.q), 64), scale, offset, 64)
   assert np.all(np.abs(deq - w.reshape(256, 96)) <= np.repeat(scale, 64, 0) / 2 * (1 + 1e-5))
   np.testing.assert_allclose(np.asarray(qw.dequantize(jnp.float32)), deq, rtol=1e-6, atol=1e-7)
-  x = rng.normal(size=(2, 3, 256)).astype(np.float32)                 # the heads flattened, as attention does
-  got = np.asarray(jax.jit(lambda a: dense("BTK,KD->BTD", a, qw.reshape(256, 96)))(jnp.asarray(x)))
-  want = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64).reshape(6, 256) @ deq
-  assert np.abs(got.reshape(6, 96) - want).max() < 1e-4 * np.abs(want).max()
+  x = rng.normal(size=(2, rows // 2, 256)).astype(np.float32)          # the heads flattened, as attention does
+  product = lambda a: dense("BTK,KD->BTD", a, qw.reshape(256, 96))
+  assert ("pallas_call" in str(jax.make_jaxpr(product)(jnp.asarray(x)))) == (rows <= MAX_ROWS)
+  got = np.asarray(jax.jit(product)(jnp.asarray(x)))
+  want = np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64).reshape(rows, 256) @ deq
+  tol = 1e-4 if rows <= MAX_ROWS else 2 ** -8 * np.abs(x).max() * np.abs(deq).max() * 256 / np.abs(want).max()
+  assert np.abs(got.reshape(rows, 96) - want).max() < tol * np.abs(want).max()
 
 
-@pytest.mark.parametrize("kw", [{"gamma": 3}, {"tree": Tree((-1, 0, 0, 1, 2))}])
-def test_a_self_draft_on_a_packed_int4_copy_decodes_the_autoregressive_tokens(kw, int4_kernel_on, monkeypatch):
-  """A StreamingDraft whose int4 matrices are packed and multiplied by the kernel (groups of 32, so the
-  tiny model's q / gate / up, K = 64, have two groups): plain decoding's tokens, chain and tree."""
+@pytest.mark.parametrize("make, kw", [
+    (lambda m: md.StreamingDraft(2, 8, weights="int4"), {"gamma": 3}),
+    (lambda m: md.StreamingDraft(2, 8, weights="int4"), {"tree": Tree((-1, 0, 0, 1, 2))}),
+    (lambda m: md.ModelDraft(m, 2, 8, weights="int4"), {"gamma": 2})])        # its prefill: > MAX_ROWS rows
+def test_drafts_on_a_packed_int4_copy_decode_the_autoregressive_tokens(make, kw, int4_kernel_on, monkeypatch):
+  """Drafts whose int4 matrices are packed and multiplied by the kernel (groups of 32, so the tiny model's
+  q / gate / up, K = 64, have two groups): plain decoding's tokens, chain and tree; a model draft's own
+  prefill multiplies its copy through XLA (more rows than the kernel takes)."""
   monkeypatch.setattr(quant, "INT4_GROUP", 32)
   model = tiny_model(3, attn_scale=8.0, hidden=64)
   prompts = random_prompts([40, 23, 57], model.config.vocab_size, seed=7)
@@ -160,7 +169,7 @@ def test_a_self_draft_on_a_packed_int4_copy_decodes_the_autoregressive_tokens(kw
   copy = draft_weights.copy_of(model.params, "int4")
   isq = lambda x: isinstance(x, quant.QuantizedWeight)
   assert sum(x.packed for x in jax.tree.leaves(copy, is_leaf=isq) if isq(x)) == 3 * model.config.num_layers
-  res = md.generate(model, prompts, max_new_tokens=16, draft=md.StreamingDraft(2, 8, weights="int4"), **kw)
+  res = md.generate(model, prompts, max_new_tokens=16, draft=make(model), **kw)
   assert res.tokens == want
   assert res.stats["acceptance_rate"] > 0
 

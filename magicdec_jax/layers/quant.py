@@ -65,8 +65,9 @@ plain decoding; grouped scales cost a draft step 19.8 / 21.5 ms (groups of 64 / 
 Where `int4_kernel()` is on (INT4_KERNELS by backend; off everywhere until the kernel's GPU speed is
 measured) a grouped int4 matrix (groups of 64 by default then) is stored packed instead, two values a byte
 in pallas/int4_matmul.py's group-local layout (uint8 [K/2, N]), and multiplied by that Pallas kernel, which
-reads the packed bytes and applies each group's scale and offset after the group's dot. Under a mesh with a
-model axis the product falls back to XLA's dequantized operand (sharding/kernels.py).
+reads the packed bytes and applies each group's scale and offset after the group's dot. A product of more
+than KERNEL_MAX_ROWS rows (a model draft's prefill), or one under a mesh with a model axis
+(sharding/kernels.py), goes through XLA's dequantized operand instead.
 
 Every matrix is kept as the 2-D matrix its matmul reads (`dense` below): q/k/v [D, N*H], o [N*H, D],
 gate/up [D, F], down [F, D], lm_head [D, V] (contracted on axis 0) and the embedding [V, D] (contracted on
@@ -83,6 +84,7 @@ import jax
 import jax.numpy as jnp
 
 from magicdec_jax import pallas
+from magicdec_jax.pallas.int4_matmul import MAX_ROWS as KERNEL_MAX_ROWS
 from magicdec_jax.pallas.int4_matmul import pack_int4, packable, unpack_int4
 
 QUANT_KINDS = ("int8", "int4")
@@ -292,10 +294,14 @@ def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, comput
   if out[-1] != ws[1 - w.axis] or xs[-1] != ws[w.axis] or out[:-1] != xs[:-1]:
     raise ValueError(f"quantized dense expects 'X...K,(KN|NK)->X...N', got {eq!r}")
   xc = x.astype(compute_dtype)
-  if w.packed:                               # grouped int4 on packed bytes: the Pallas kernel
+  if w.packed:                               # grouped int4 on packed bytes: the Pallas kernel (decode rows)
     k, n = w.matrix_shape
-    y = pallas.int4_matmul(xc.reshape(-1, k), w.q, w.scale, w.offset, group=w.group,
-                           fallback=functools.partial(_unpacked_product, group=w.group, dtype=compute_dtype))
+    x2 = xc.reshape(-1, k)
+    unpacked = functools.partial(_unpacked_product, group=w.group, dtype=compute_dtype)
+    if x2.shape[0] > KERNEL_MAX_ROWS:        # a prefill's many rows: XLA's dequantized operand
+      y = unpacked(x2, w.q, w.scale, w.offset)
+    else:
+      y = pallas.int4_matmul(x2, w.q, w.scale, w.offset, group=w.group, fallback=unpacked)
     return y.reshape(*x.shape[:-1], n).astype(out_dtype)
   if w.kind == "int8" or w.per_channel:
     if w.kind == "int8" and int8_dot() == "int":

@@ -37,6 +37,9 @@ INT4_BIAS = 8              # stored nibble = q + 8, q in -8 .. 7
 MIN_DOT = 16               # the Triton dot's smallest dimension
 TARGET_PROGRAMS = 256      # default_tiling aims at about two waves of programs on a ~132-SM GPU (untuned)
 MIN_BLOCK_N = 32
+# a decode kernel: every program holds all rows of x; more rows than this (a model draft's chunked prefill)
+# go through XLA instead (quant.quantized_dense), where the product is compute-bound anyway
+MAX_ROWS = 128
 PARTIAL_SHARE = 1 / 8      # default_tiling keeps the splits' float32 partials within this share of the weight bytes
 
 
@@ -179,5 +182,5 @@ def pallas_int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset
   return jnp.sum(partial, axis=0)[:m]
 
 
-__all__ = ["pack_int4", "unpack_int4", "packable", "split_activations", "pallas_int4_matmul", "default_block_n",
+__all__ = ["MAX_ROWS", "pack_int4", "unpack_int4", "packable", "split_activations", "pallas_int4_matmul", "default_block_n",
            "default_tiling"]
