@@ -30,11 +30,15 @@ if _SESSION_CACHE_ENV not in os.environ:
 os.environ["MAGICDEC_COMPILATION_CACHE"] = os.environ[_SESSION_CACHE_ENV]
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from magicdec_jax import compile as compiling
+from magicdec_jax import loop
+from magicdec_jax.cache import aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, init_params
+from magicdec_jax.sampling import Sampling
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,6 +62,23 @@ def random_prompts(lengths, vocab: int, seed: int = 0) -> list[list[int]]:
 def xla_flags(flags: str) -> str:
   """XLA_FLAGS for a subprocess that needs `flags` (e.g. a host device count), keeping the suite's own."""
   return f"{flags} {FAST_COMPILE_FLAG}"
+
+
+def compiled_decode(params, dparams, cfg, spec, tree, batch: int, prompt: int, new: int, variants=None,
+                    variant: int = 0):
+  """(optimized HLO text of loop.decode, target cache, ring) for `batch` prompts of `prompt` ones prefilled
+  and `new` tokens to come, as the engine lays them out (variants: an adaptive schedule's trees, the state
+  sized for all of them; variant: the one this loop runs)."""
+  tokens, lengths = jnp.ones((batch, prompt), jnp.int32), jnp.full((batch,), prompt, jnp.int32)
+  target, ring = loop.prefill(params, dparams, tokens, lengths, cfg=cfg, spec=spec, tree=tree,
+                              num_slots=aligned_slots(prompt + new + tree.num_nodes + 1), chunk=16)
+  state = loop.initial_state(tokens, lengths, jnp.full((batch,), new, jnp.int32), jnp.array([-1], jnp.int32),
+                             jax.random.split(jax.random.key(0), batch), target, ring, new + tree.num_nodes, tree,
+                             len(variants) if variants else 1)
+  adaptive = dict(variants=variants, variant=variant) if variants else {}
+  text = loop.decode.lower(params, dparams, state, cfg=cfg, spec=spec, tree=tree, sampling=Sampling(),
+                           **adaptive).compile().as_text()
+  return text, target, ring
 
 
 def compile_count() -> int:

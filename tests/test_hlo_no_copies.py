@@ -14,14 +14,13 @@ import jax.numpy as jnp
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import drafts, engine, loop, plan
+from magicdec_jax import drafts, engine, plan
 from magicdec_jax.prompts import pad_prompts
 from magicdec_jax.tuning import hlo
-from magicdec_jax.cache import aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, init_params
-from magicdec_jax.sampling import Sampling
 from magicdec_jax.trees import Tree
+from conftest import compiled_decode
 
 CFG = ModelConfig(vocab_size=96, hidden_size=48, intermediate_size=80, num_layers=3, num_heads=6,
                   num_kv_heads=2, head_dim=8, max_position_embeddings=512)
@@ -61,17 +60,8 @@ def test_decode_loop_copies_no_weight_or_cache(case, batch):
   if spec == "model":
     dparams = init_params(DRAFT_CFG, jax.random.key(1))
     spec = drafts.ModelDraft(Model(DRAFT_CFG, dparams), sink=2, window=8).spec
-  tokens = jnp.ones((B, P), jnp.int32)
-  lengths = jnp.full((B,), P, jnp.int32)
-  num_slots = aligned_slots(P + NEW + tree.num_nodes + 1)
-  target, ring = loop.prefill(params, dparams, tokens, lengths, cfg=CFG, spec=spec, tree=tree,
-                              num_slots=num_slots, chunk=16)
-  state = loop.initial_state(tokens, lengths, jnp.full((B,), NEW, jnp.int32), jnp.array([-1], jnp.int32),
-                             jax.random.split(jax.random.key(0), B), target, ring, NEW + tree.num_nodes, tree,
-                             len(ADAPTIVE) if case in VARIANT else 1)
-  adaptive = dict(variants=ADAPTIVE, variant=VARIANT[case]) if case in VARIANT else {}
-  text = loop.decode.lower(params, dparams, state, cfg=CFG, spec=spec, tree=tree, sampling=Sampling(),
-                           **adaptive).compile().as_text()
+  text, target, ring = compiled_decode(params, dparams, CFG, spec, tree, B, P, NEW,
+                                       ADAPTIVE if case in VARIANT else None, VARIANT.get(case, 0))
   _, bodies = hlo.while_body_computations(text)
   assert bodies, "no while loop found in the compiled decode"
   shapes = big_shapes(params, target, ring) | (big_shapes(dparams) if dparams is not None else set())

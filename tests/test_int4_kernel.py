@@ -13,7 +13,10 @@ from magicdec_jax.layers.dense import dense
 from magicdec_jax.pallas.int4_matmul import (MAX_ROWS, PARTIAL_SHARE, TARGET_PROGRAMS, default_tiling, pack_int4,
                                              pallas_int4_matmul, unpack_int4)
 from magicdec_jax.trees import Tree
-from conftest import random_prompts, tiny_model
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.model import init_params
+from magicdec_jax.tuning import hlo
+from conftest import compiled_decode, random_prompts, tiny_model
 
 
 def unpack_by_hand(packed: np.ndarray, group: int) -> np.ndarray:
@@ -180,3 +183,18 @@ def test_a_packed_copy_is_priced_at_its_bytes(int4_kernel_on):
   assert quant.int4_group() == 64
   assert quant.weight_bytes_per_param("int4") == pytest.approx(0.5 + 8 / 64)
   assert quant.resident_bytes_per_param("int4") == pytest.approx(0.5 + 8 / 64)
+
+
+def test_the_decode_loop_reads_a_packed_copy_as_stored(int4_kernel_on):
+  """What the cost model's packed count rests on (no quant.INT4_HOISTED matrix with the kernel): in
+  loop.decode's compiled HLO (as in test_quant's hoisting test) the while loop carries the packed bytes
+  (q [192, 128] as u8 [96, 128], gate / up [192, 320] as [96, 320]) and no bfloat16 matrix of their shape."""
+  cfg = ModelConfig(vocab_size=160, hidden_size=192, intermediate_size=320, num_layers=1, num_heads=4,
+                    num_kv_heads=2, head_dim=32, max_position_embeddings=512, dtype="float32")
+  params = init_params(cfg, jax.random.key(0))
+  draft = md.StreamingDraft(2, 8, weights="int4")
+  text, _, _ = compiled_decode(params, draft_weights.copy_of(params, "int4"), cfg, draft.spec, Tree.chain(2),
+                               2, 32, 8)
+  carried = hlo.while_carried(text)
+  assert ("u8", (96, 128)) in carried and ("u8", (96, 320)) in carried, carried
+  assert not {("bf16", (192, 128)), ("bf16", (192, 320))} & carried, carried

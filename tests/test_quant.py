@@ -1,7 +1,6 @@
 """Quantized draft weights (layers/quant.py): the quantizers against float64 numpy, int4 storage, the
 quantized matmul against float64 numpy of the dequantized operands, and a StreamingDraft on int8 / int4
 copies decoding exactly a plain autoregressive run's tokens (the target verifies with its own weights)."""
-import re
 
 import jax
 import jax.numpy as jnp
@@ -10,17 +9,15 @@ import pytest
 
 import magicdec_jax as md
 from magicdec_jax import compile as compiling
-from magicdec_jax import loop, sharding
-from magicdec_jax.cache import aligned_slots
+from magicdec_jax import sharding
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers import quant
 from magicdec_jax.layers.dense import dense
 from magicdec_jax.model import init_params
-from magicdec_jax.sampling import Sampling
 from magicdec_jax.trees import Tree
-from magicdec_jax.tuning import costmodel
-from conftest import random_prompts, tiny_model
+from magicdec_jax.tuning import costmodel, hlo
+from conftest import compiled_decode, random_prompts, tiny_model
 
 
 def ref_int8(w: np.ndarray):
@@ -335,19 +332,8 @@ def test_xla_cpu_hoists_an_int4_copys_conversion_out_of_the_decode_loop():
                        num_kv_heads=2, head_dim=32, max_position_embeddings=512, dtype="float32")
   params = init_params(cfg, jax.random.key(0))
   draft, tree = md.StreamingDraft(2, 8, weights="int4"), Tree.chain(2)
-  copy = draft_weights.copy_of(params, "int4")
-  b, p, new = 2, 32, 8
-  tokens, lengths = jnp.ones((b, p), jnp.int32), jnp.full((b,), p, jnp.int32)
-  target, ring = loop.prefill(params, copy, tokens, lengths, cfg=cfg, spec=draft.spec, tree=tree,
-                              num_slots=aligned_slots(p + new + tree.num_nodes + 1), chunk=16)
-  state = loop.initial_state(tokens, lengths, jnp.full((b,), new, jnp.int32), jnp.array([-1], jnp.int32),
-                             jax.random.split(jax.random.key(0), b), target, ring, new + tree.num_nodes, tree, 1)
-  text = loop.decode.lower(params, copy, state, cfg=cfg, spec=draft.spec, tree=tree,
-                           sampling=Sampling()).compile().as_text()
-  carried = set()
-  for line in text.splitlines():
-    if " while(" in line:
-      carried |= {(t, int(a), int(c)) for t, a, c in re.findall(r"(f32|bf16|s8|s4)\[(\d+),(\d+)\]", line.split(" while(")[0])}
-  assert ("bf16", 192, 128) in carried and ("bf16", 192, 320) in carried, carried       # q / o, gate / up
-  assert ("s8", 320, 192) in carried and ("bf16", 320, 192) not in carried, carried      # down: int8, as stored
+  text, _, _ = compiled_decode(params, draft_weights.copy_of(params, "int4"), cfg, draft.spec, tree, 2, 32, 8)
+  carried = hlo.while_carried(text)
+  assert ("bf16", (192, 128)) in carried and ("bf16", (192, 320)) in carried, carried   # q / o, gate / up
+  assert ("s8", (320, 192)) in carried and ("bf16", (320, 192)) not in carried, carried  # down: int8, as stored
   assert quant.INT4_HOISTED["cpu"] == jnp.bfloat16

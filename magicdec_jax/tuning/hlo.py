@@ -88,6 +88,19 @@ def _callees(ins: Instr) -> list[str]:
   return out
 
 
+def while_carried(text: str) -> set[tuple[str, tuple[int, ...]]]:
+  """(element type, shape) of every array a while loop of the module carries (its tuple-typed result),
+  e.g. ("bf16", (192, 128)): what the loop holds across iterations, such as a matrix converted before it."""
+  carried = set()
+  for instrs in computations(text).values():
+    for ins in instrs:
+      if ins.op == "while":
+        typ = ins.line.split(" while(")[0].partition("=")[2]
+        carried |= {(t, tuple(int(d) for d in dims.split(",") if d))
+                    for t, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", typ)}
+  return carried
+
+
 def while_body_computations(text: str) -> tuple[dict[str, list[Instr]], set[str]]:
   """(all computations, names of every non-fusion computation run inside a while body)."""
   comps = computations(text)
