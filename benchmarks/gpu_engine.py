@@ -35,7 +35,9 @@ rewritten after every configuration, so a killed run keeps what it measured):
   kernel     the Pallas int4 kernel in the draft (quant.INT4_KERNEL: groups of 64 packed, pallas/int4_matmul.py
              at its default tiling) against the GPU's per-channel int4 copy: one draft step each and int8's
              against the AR step, then end to end AR and chain 3 on each at alpha 0.8 and at its own
-             CPU-measured acceptance (--alpha-int4-g64, --alpha-int4-offsets).
+             CPU-measured acceptance (--alpha-int4-g64, --alpha-int4-offsets). With --int4-tilings (a
+             benchmarks/gpu_int4_matmul.py JSON from the same GPU) the kernel runs, per matrix shape, the
+             tiling that measured fastest at the fewest rows where it beat the default one.
 
   PYTHONPATH=. python3 -m benchmarks.gpu_engine --output $OUT/gpu_engine.json --deadline-s 540
   python -m benchmarks.gpu_engine --smoke --output /tmp/gpu_engine.json    # tiny shapes on CPU, ~3 minutes
@@ -63,6 +65,7 @@ from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax import drafts, engine, plan  # noqa: E402
 from magicdec_jax.layers import quant  # noqa: E402
 from magicdec_jax.layers.dense import weight_copy  # noqa: E402
+from magicdec_jax.pallas.int4_matmul import MEASURED_TILINGS  # noqa: E402
 from magicdec_jax.measure import calibrate  # noqa: E402
 from magicdec_jax.model import Model, init_params  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402
@@ -77,6 +80,22 @@ INT4_GROUPS = (64, 128, 0)                                        # 0: one scale
 # Ring all-reduce between 8 GPUs: a prediction from two assumed constants, not a measurement.
 ALLREDUCE_BUS_BYTES_PER_S = 360e9     # NCCL all-reduce bus bandwidth, 8 x H100 NVLink 4 (assumed)
 ALLREDUCE_LATENCY_S = 12e-6           # one small all-reduce's fixed cost (assumed)
+
+
+def measured_tilings(doc: dict) -> dict:
+  """(K, N) -> the fastest Pallas tiling of a benchmarks/gpu_int4_matmul.py run at its fewest rows, for the
+  shapes where it beat the draft's own kernel call (int4_g64_kernel, the default tiling) and agreed with
+  float64 numpy (relative error < 1e-3)."""
+  rows = [r for r in doc.get("results", []) if r.get("best_pallas_tiling")]
+  fewest = min((r["M"] for r in rows), default=None)
+  out = {}
+  for r in rows:
+    if r["M"] != fewest:
+      continue
+    best, default = r["variants"][r["best_pallas"]], r["variants"].get("int4_g64_kernel", {})
+    if best.get("max_rel_err_vs_float64", 1.0) < 1e-3 and best["us_per_matrix"] < default.get("us_per_matrix", 1e30):
+      out[r["K"], r["N"]] = dict(r["best_pallas_tiling"])
+  return out
 
 
 def allreduce_seconds(nbytes: float, devices: int) -> float:
@@ -423,6 +442,8 @@ def main(argv=None):
   # SmolLM2's greedy retention with groups of 64 (asymmetric) x 0.8 (quantized_draft, CPU, 4 seeds)
   ap.add_argument("--alpha-int4-g64", type=float, default=0.789,
                   help="kernel part: simulated acceptance of the int4 copy in groups of 64")
+  ap.add_argument("--int4-tilings", default=None,
+                  help="a benchmarks/gpu_int4_matmul.py JSON: the kernel part uses its fastest tilings (measured_tilings)")
   args = ap.parse_args(argv)
   parts = [p for p in args.parts.split(",") if p]
   bad = [p for p in parts if p not in PARTS]
@@ -431,6 +452,14 @@ def main(argv=None):
   if args.smoke:
     args.bw_bytes = min(args.bw_bytes, 1 << 24)
   b = Bench(args)
+  if args.int4_tilings and not os.path.exists(args.int4_tilings):
+    b.res["int4_tilings"] = {"missing": args.int4_tilings}           # (the matmul check did not write it)
+  elif args.int4_tilings:
+    with open(args.int4_tilings) as f:
+      tilings = measured_tilings(json.load(f))
+    MEASURED_TILINGS.update(tilings)
+    b.res["int4_tilings"] = {f"{k}x{n}": t for (k, n), t in tilings.items()}
+    print("int4 kernel tilings", b.res["int4_tilings"], flush=True)
   b.bandwidth()
   tcfg, dcfg = models(args.smoke)
   shard_b = tuple(sorted((int(x) for x in args.shard_batches.split(",") if x), reverse=True))

@@ -41,6 +41,7 @@ TILINGS = ((32, 1, 2, 2, 3), (32, 2, 2, 2, 3), (128, 1, 2, 4, 3), (128, 2, 2, 4,
            (64, 8, 2, 4, 3), (256, 2, 2, 8, 3), (128, 4, 4, 4, 2), (32, 8, 2, 2, 3), (128, 2, 8, 4, 3),
            (256, 4, 4, 8, 3))
 EQ = "MK,KN->MN"
+TILING_OF: dict = {}        # pallas variant name -> its tiling (pallas.int4_matmul.MEASURED_TILINGS' form)
 
 
 def layer_weights(k: int, n: int, layers: int) -> list[jax.Array]:
@@ -79,6 +80,8 @@ def variants(ws, tilings, interpret: bool):
       kw["compiler_params"] = P._triton_params(warps, stages)
     fn = lambda x, p, kw=kw: pallas_int4_matmul(x, *p, **kw)
     out[f"pallas_bn{bn}_s{splits}_g{per_step}_w{warps}_st{stages}"] = (packed, fn, g64_bytes)
+    TILING_OF[f"pallas_bn{bn}_s{splits}_g{per_step}_w{warps}_st{stages}"] = dict(
+        block_n=bn, num_splits=splits, groups_per_step=per_step, num_warps=warps, num_stages=stages)
   return out, g64
 
 
@@ -184,6 +187,7 @@ def main(argv=None):
       pallas = {v: t for v, t in ok.items() if v.startswith("pallas")}
       if pallas:
         row["best_pallas"] = min(pallas, key=pallas.get)
+        row["best_pallas_tiling"] = TILING_OF[row["best_pallas"]]
       common.write_json(doc, path)
   common.finish(doc, path)
 

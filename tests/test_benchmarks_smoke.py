@@ -484,3 +484,21 @@ def test_decode_attention_layout_formulations_match_numpy():
                              ref, atol=2e-5)
   np.testing.assert_allclose(dal.sq_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask)),
                              ref, atol=2e-5)
+
+
+def test_the_engine_takes_the_matmul_checks_fastest_correct_tilings():
+  """gpu_engine.measured_tilings on a hand-written gpu_int4_matmul result: per shape at the fewest rows, the
+  fastest Pallas tiling where it beat the draft's default kernel call and agreed with float64; not where it
+  lost, not where it was wrong, and nothing from more rows."""
+  gpu_engine = importlib.import_module("benchmarks.gpu_engine")
+  fast = dict(block_n=32, num_splits=2, groups_per_step=2, num_warps=2, num_stages=3)
+  row = lambda k, n, m, best_us, default_us, err: {
+      "K": k, "N": n, "M": m, "best_pallas": "pallas_x", "best_pallas_tiling": fast,
+      "variants": {"pallas_x": {"us_per_matrix": best_us, "max_rel_err_vs_float64": err},
+                   "int4_g64_kernel": {"us_per_matrix": default_us}}}
+  doc = {"results": [row(4096, 4096, 8, 20.0, 30.0, 1e-6),         # faster and right: taken
+                     row(4096, 14336, 8, 50.0, 40.0, 1e-6),        # slower than the default: not taken
+                     row(14336, 4096, 8, 10.0, 40.0, 0.5),         # wrong: not taken
+                     row(1024, 1024, 32, 1.0, 9.0, 1e-6)]}         # more rows than the fewest: not read
+  assert gpu_engine.measured_tilings(doc) == {(4096, 4096): fast}
+  assert gpu_engine.measured_tilings({"results": []}) == {}

@@ -10,7 +10,7 @@ from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers import quant
 from magicdec_jax import pallas
 from magicdec_jax.layers.dense import dense
-from magicdec_jax.pallas.int4_matmul import (MAX_ROWS, PARTIAL_SHARE, TARGET_PROGRAMS, default_tiling, pack_int4,
+from magicdec_jax.pallas.int4_matmul import (MAX_ROWS, MEASURED_TILINGS, PARTIAL_SHARE, TARGET_PROGRAMS, default_tiling, pack_int4,
                                              pallas_int4_matmul, unpack_int4)
 from magicdec_jax.trees import Tree
 from magicdec_jax.config import ModelConfig
@@ -198,3 +198,17 @@ def test_the_decode_loop_reads_a_packed_copy_as_stored(int4_kernel_on):
   carried = hlo.while_carried(text)
   assert ("u8", (96, 128)) in carried and ("u8", (96, 320)) in carried, carried
   assert not {("bf16", (192, 128)), ("bf16", (192, 320))} & carried, carried
+
+
+def test_a_measured_tiling_replaces_the_guess(monkeypatch):
+  """pallas.int4_matmul.MEASURED_TILINGS (filled by a benchmark from measured figures) wins over
+  default_tiling's guess for its shape only, and its Triton warps / stages reach the compiler params."""
+  tiling = dict(block_n=64, num_splits=4, groups_per_step=2, num_warps=2, num_stages=3)
+  monkeypatch.setitem(MEASURED_TILINGS, (4096, 4096), tiling)
+  assert default_tiling(4096, 4096, 64) == tiling and default_tiling(4096, 14336, 64) != tiling
+  kernel = pallas.int4_kernel(8, 4096, 4096, 64, triton=False)
+  assert {k: kernel.keywords[k] for k in ("block_n", "num_splits", "groups_per_step")} == \
+      dict(block_n=64, num_splits=4, groups_per_step=2)
+  if pallas._triton_params(None, None) is not None:
+    params = pallas.int4_kernel(8, 4096, 4096, 64, triton=True).keywords["compiler_params"]
+    assert (params.num_warps, params.num_stages) == (2, 3)

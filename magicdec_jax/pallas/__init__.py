@@ -116,16 +116,19 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, an
 
 
 def int4_kernel(m: int, k: int, n: int, group: int, *, triton: bool):
-  """pallas_int4_matmul for [M, K] x [K, N] at default_tiling, lowered by Triton (triton) or interpreted."""
+  """pallas_int4_matmul for [M, K] x [K, N] at default_tiling, lowered by Triton (triton; with the tiling's
+  num_warps / num_stages where it names them) or interpreted."""
+  rows = max(MIN_DOT, -(-m // MIN_DOT) * MIN_DOT)                 # as the kernel pads them
+  tiling = default_tiling(k, n, group, rows)
+  warps, stages = tiling.pop("num_warps", None), tiling.pop("num_stages", None)
   if triton:
-    params = _triton_params(None, None)
+    params = _triton_params(warps, stages)
     if params is None:
       raise NotImplementedError("int4_matmul: this jax has no Pallas Triton backend (quant.INT4_KERNEL off)")
     lowering = dict(compiler_params=params)
   else:
     lowering = dict(interpret=True)
-  rows = max(MIN_DOT, -(-m // MIN_DOT) * MIN_DOT)                 # as the kernel pads them
-  return functools.partial(pallas_int4_matmul, group=group, **lowering, **default_tiling(k, n, group, rows))
+  return functools.partial(pallas_int4_matmul, group=group, **lowering, **tiling)
 
 
 def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.Array | None, *, group: int,

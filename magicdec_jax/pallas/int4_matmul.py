@@ -41,6 +41,10 @@ MIN_BLOCK_N = 32
 # go through XLA instead (quant.quantized_dense), where the product is compute-bound anyway
 MAX_ROWS = 128
 PARTIAL_SHARE = 1 / 8      # default_tiling keeps the splits' float32 partials within this share of the weight bytes
+# (K, N) -> a tiling measured best for that matrix shape (block_n, num_splits, groups_per_step, and for Triton
+# num_warps / num_stages), which default_tiling returns instead of its guess; empty unless a benchmark fills
+# it from benchmarks/gpu_int4_matmul.py's figures (benchmarks/gpu_engine.py --int4-tilings)
+MEASURED_TILINGS: dict = {}
 
 
 def pack_int4(q: jax.Array, group: int) -> jax.Array:
@@ -115,7 +119,9 @@ def default_tiling(k: int, n: int, group: int, rows: int = MIN_DOT) -> dict:
   blocks narrowed (down to MIN_BLOCK_N) until there are TARGET_PROGRAMS of them, then K-splits (a power of
   two dividing the groups) added while short of that and while their float32 partials, written and read
   back, stay within PARTIAL_SHARE of the weight bytes; two groups a step where a split has an even number.
-  A first guess (untuned on a GPU; benchmarks/gpu_int4_matmul.py times others)."""
+  A first guess (untuned on a GPU; benchmarks/gpu_int4_matmul.py times others); MEASURED_TILINGS wins."""
+  if (k, n) in MEASURED_TILINGS:
+    return dict(MEASURED_TILINGS[k, n])
   block_n = default_block_n(n)
   while n // block_n < TARGET_PROGRAMS and block_n > MIN_BLOCK_N and n % (block_n // 2) == 0:
     block_n //= 2
@@ -182,5 +188,5 @@ def pallas_int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset
   return jnp.sum(partial, axis=0)[:m]
 
 
-__all__ = ["MAX_ROWS", "pack_int4", "unpack_int4", "packable", "split_activations", "pallas_int4_matmul", "default_block_n",
+__all__ = ["MAX_ROWS", "MEASURED_TILINGS", "pack_int4", "unpack_int4", "packable", "split_activations", "pallas_int4_matmul", "default_block_n",
            "default_tiling"]
