@@ -7,14 +7,16 @@
 # check measured fastest where they beat the default) and asymmetric against symmetric int4 (--parts offsets,
 # what time is left). Each is cut by its own deadline so both report; JSON
 # and logs go to $OUT (the device tool's folder; /tmp/gpu_checks elsewhere). Commit them under
-# benchmarks/results/.
+# benchmarks/results/. GPU_CHECKS_SMOKE=1 runs both at their --smoke sizes (CPU, a few minutes: checks the
+# chaining, measures nothing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=. PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
 out=${OUT:-/tmp/gpu_checks}
+smoke=${GPU_CHECKS_SMOKE:+--smoke}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
-timeout 190 python3 -m benchmarks.gpu_int4_matmul --deadline-s 150 --output "$out/gpu_int4_matmul.json" 2>&1 \
+timeout 190 python3 -m benchmarks.gpu_int4_matmul $smoke --deadline-s 150 --output "$out/gpu_int4_matmul.json" 2>&1 \
   | grep -v -i warning | tee "$out/gpu_int4_matmul.log" | tail -70
-timeout 390 python3 -m benchmarks.gpu_engine --parts kernel,offsets --deadline-s 330 \
+timeout 390 python3 -m benchmarks.gpu_engine $smoke --parts kernel,offsets --deadline-s 330 \
   --int4-tilings "$out/gpu_int4_matmul.json" --output "$out/gpu_engine_kernel.json" 2>&1 | grep -v -i warning | tee "$out/gpu_engine_kernel.log" | tail -40
