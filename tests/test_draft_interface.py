@@ -107,12 +107,12 @@ def test_drafts_import_no_measuring_or_cli_code_and_the_planner_runs_no_model():
 def test_each_drafts_cost_descriptor_by_hand():
   head = CFG.replace(num_layers=1)
   small = CFG.replace(num_layers=1, hidden_size=16, intermediate_size=32, num_heads=2, num_kv_heads=1)
-  cases = {    # draft -> (KV slots read, its own network, weight bytes per element of the copy, runs a network)
+  cases = {    # draft -> (KV slots read, its own network, the weight copy it reads, runs a network)
       drafts.StreamingDraft(4, 60): (4 + 60, None, None, True),
-      drafts.StreamingDraft(4, 60, weights="bfloat16"): (64, None, 2, True),
-      drafts.SnapKVDraft(budget=32, window=16, weights="int8"): (32 + 16, None, 1, True),
-      drafts.ModelSpec(small, 2, 8, weights="int8"): (2 + 8, small, 1, True),
-      drafts.ModelSpec(small, 2, 8, weights="bfloat16"): (10, small, 2, True),
+      drafts.StreamingDraft(4, 60, weights="bfloat16"): (64, None, "bfloat16", True),
+      drafts.SnapKVDraft(budget=32, window=16, weights="int8"): (32 + 16, None, "int8", True),
+      drafts.ModelSpec(small, 2, 8, weights="int8"): (2 + 8, small, "int8", True),
+      drafts.ModelSpec(small, 2, 8, weights="bfloat16"): (10, small, "bfloat16", True),
       drafts.FeatureSpec(head, (0, 1), 3, 5): (3 + 5, head, None, True),
       drafts.FeatureSpec(head, (0, 1), 3, 5, vocab=(1, 2, 7)): (8, head.replace(vocab_size=3), None, True),
       drafts.PromptLookupDraft(3): (0, None, None, False),
@@ -120,7 +120,7 @@ def test_each_drafts_cost_descriptor_by_hand():
   for d, (slots, config, wbytes, runs) in cases.items():
     c = d.spec.cost()
     assert isinstance(c, DraftCost), d
-    assert (c.kv_slots, c.config, c.weight_bytes_per_element(), c.runs_network) == (slots, config, wbytes, runs), d
+    assert (c.kv_slots, c.config, c.weights_dtype, c.runs_network) == (slots, config, wbytes, runs), d
     assert c.kv_tokens(10_000) == slots and c.kv_tokens(5) == (min(5, slots) if runs else 0)
     assert c.network_config(CFG) == (CFG if config is None else config)
 

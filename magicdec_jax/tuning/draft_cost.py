@@ -11,7 +11,6 @@ import dataclasses
 import numbers
 
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.layers.dense import copy_bytes_per_param
 
 WEIGHT_COPIES = ("bfloat16", "int8", "int4")    # the weight copies a draft step may read (drafts/weights.py)
 
@@ -47,8 +46,3 @@ class DraftCost:
   def kv_tokens(self, context: int) -> int:
     """Cached tokens the step reads per row at this context (0 where it runs no network)."""
     return min(int(context), self.kv_slots) if self.runs_network else 0
-
-  def weight_bytes_per_element(self) -> float | None:
-    """Bytes per matmul weight element of the copy it reads (scales included); None: the network's own
-    dtype."""
-    return None if self.weights_dtype is None else copy_bytes_per_param(self.weights_dtype)
