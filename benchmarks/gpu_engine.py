@@ -250,12 +250,13 @@ def part_kernel(b: Bench, target: Model, C: int, sink: int = 16, window: int = 5
     b.res["parts"]["kernel_packed"] = {"packed": sum(x.packed for x in jax.tree.leaves(copy, is_leaf=isq) if isq(x)),
                                        "group": quant.int4_group()}
     del copy
-    steps.update(time_steps(b, target, [("draft int4 kernel g64", "int4", None, None, ring, "ring", None)], 8))
+    kernel = f"kernel g{quant.int4_group()}"                     # groups of 64 (the smoke: its override)
+    steps.update(time_steps(b, target, [(f"draft int4 {kernel}", "int4", None, None, ring, "ring", None)], 8))
   b.res["parts"]["kernel_steps"] = over_ar(steps)
   b.save()
   sd = lambda w: drafts.StreamingDraft(sink, window, weights=w)
   runs = [b.run("kernel", "AR", target, None, Tree((-1,)), None, 8, C, profile=False)]
-  for flag, name, alpha in ((True, "kernel g64", b.args.alpha_int4_g64), (False, "", b.args.alpha_int4_offsets)):
+  for flag, name, alpha in ((True, kernel, b.args.alpha_int4_g64), (False, "", b.args.alpha_int4_offsets)):
     with int4_kernel_as(flag), int4_group_as(group if flag else None):
       label = f"self chain3 int4 {name}".strip()
       runs.append(b.run("kernel", label, target, sd("int4"), Tree.chain(3), 0.8, 8, C, profile=flag))

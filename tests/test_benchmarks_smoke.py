@@ -333,10 +333,10 @@ def _gpu_engine(doc, out, mod, stdout):
   # the Pallas int4 kernel in the draft (interpreted here): q / o / gate / up of both layers packed (groups
   # of 32: the smoke's matrices contract 64), its step and the default copy's against AR, both end to end
   kern = doc["parts"]["kernel_steps"]
-  assert set(kern) == {"AR", "draft int8", "draft int4", "draft int4 kernel g64"}
+  assert set(kern) == {"AR", "draft int8", "draft int4", "draft int4 kernel g32"}
   assert all("over_ar" in v for v in kern.values())
   assert doc["parts"]["kernel_packed"] == {"packed": 8, "group": 32}
-  assert {"self chain3 int4", "self chain3 int4 kernel g64"} <= {lab for part, lab in runs if part == "kernel"}
+  assert {"self chain3 int4", "self chain3 int4 kernel g32"} <= {lab for part, lab in runs if part == "kernel"}
   for key, ent in doc["parts"]["shard"]["table"].items():
     ar = runs[("shard", f"AR {key}")]
     for label, row in ent.items():
