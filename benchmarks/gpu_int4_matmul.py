@@ -31,17 +31,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
+from benchmarks.gpu_bench import int4_kernel_as
 from magicdec_jax import pallas as P
 from magicdec_jax.layers import quant
 from magicdec_jax.pallas.int4_matmul import pack_int4, pallas_int4_matmul
 
 GROUP = 64
 # (block_n, num_splits, groups_per_step, num_warps, num_stages)
-TILINGS = ((32, 1, 2, 2, 3), (32, 2, 2, 2, 3), (128, 1, 2, 4, 3), (128, 2, 2, 4, 3), (128, 4, 2, 4, 3), (128, 8, 1, 4, 3), (64, 4, 2, 4, 3),
-           (64, 8, 2, 4, 3), (256, 2, 2, 8, 3), (128, 4, 4, 4, 2), (32, 8, 2, 2, 3), (128, 2, 8, 4, 3),
+TILINGS = ((32, 1, 2, 2, 3), (32, 2, 2, 2, 3), (128, 1, 2, 4, 3), (128, 2, 2, 4, 3), (128, 4, 2, 4, 3),
+           (128, 8, 1, 4, 3), (64, 4, 2, 4, 3), (64, 8, 2, 4, 3), (256, 2, 2, 8, 3), (128, 4, 4, 4, 2), (32, 8, 2, 2, 3), (128, 2, 8, 4, 3),
            (256, 4, 4, 8, 3))
+TILING_FIELDS = ("block_n", "num_splits", "groups_per_step", "num_warps", "num_stages")
 EQ = "MK,KN->MN"
-TILING_OF: dict = {}        # pallas variant name -> its tiling (pallas.int4_matmul.MEASURED_TILINGS' form)
+
+
+def tiling_name(tiling) -> str:
+  """A TILINGS entry's variant name."""
+  return "pallas_bn{}_s{}_g{}_w{}_st{}".format(*tiling)
 
 
 def layer_weights(k: int, n: int, layers: int) -> list[jax.Array]:
@@ -70,7 +76,8 @@ def variants(ws, tilings, interpret: bool):
       "int4_g64_kernel": (kernel_copy(ws), dense, g64_bytes),
   }
   packed = [(pack_int4(w.q, GROUP), w.scale, w.offset) for w in g64]
-  for bn, splits, per_step, warps, stages in tilings:
+  for tiling in tilings:
+    bn, splits, per_step, warps, stages = tiling
     if n % bn or (k // GROUP) % splits or (k // GROUP // splits) % per_step:
       continue
     kw = dict(group=GROUP, block_n=bn, num_splits=splits, groups_per_step=per_step)
@@ -79,21 +86,15 @@ def variants(ws, tilings, interpret: bool):
     else:
       kw["compiler_params"] = P._triton_params(warps, stages)
     fn = lambda x, p, kw=kw: pallas_int4_matmul(x, *p, **kw)
-    out[f"pallas_bn{bn}_s{splits}_g{per_step}_w{warps}_st{stages}"] = (packed, fn, g64_bytes)
-    TILING_OF[f"pallas_bn{bn}_s{splits}_g{per_step}_w{warps}_st{stages}"] = dict(
-        block_n=bn, num_splits=splits, groups_per_step=per_step, num_warps=warps, num_stages=stages)
+    out[tiling_name(tiling)] = (packed, fn, g64_bytes)
   return out, g64
 
 
 def kernel_copy(ws):
   """Groups of 64 stored packed (quant.INT4_KERNEL on), multiplied as the draft does: quantized_dense calls
   the kernel at its default tiling."""
-  old = quant.INT4_KERNEL
-  quant.INT4_KERNEL = True
-  try:
+  with int4_kernel_as(True):
     return quantized(ws, "int4", GROUP)
-  finally:
-    quant.INT4_KERNEL = old
 
 
 def batched_group_dot(x: jax.Array, w: quant.QuantizedWeight) -> jax.Array:
@@ -187,7 +188,8 @@ def main(argv=None):
       pallas = {v: t for v, t in ok.items() if v.startswith("pallas")}
       if pallas:
         row["best_pallas"] = min(pallas, key=pallas.get)
-        row["best_pallas_tiling"] = TILING_OF[row["best_pallas"]]
+        row["best_pallas_tiling"] = next(dict(zip(TILING_FIELDS, t)) for t in tilings
+                                         if tiling_name(t) == row["best_pallas"])
       common.write_json(doc, path)
   common.finish(doc, path)
 

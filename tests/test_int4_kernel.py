@@ -1,20 +1,20 @@
 """The group-wise int4 Pallas matmul (interpret mode on CPU) against float64 numpy, and a draft's int4 copy
 stored packed for it (quant.INT4_KERNEL) decoding plain decoding's tokens."""
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import magicdec_jax as md
+from magicdec_jax import pallas
+from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers import quant
-from magicdec_jax import pallas
 from magicdec_jax.layers.dense import dense
-from magicdec_jax.pallas.int4_matmul import (MAX_ROWS, MEASURED_TILINGS, PARTIAL_SHARE, TARGET_PROGRAMS, default_tiling, pack_int4,
-                                             pallas_int4_matmul, unpack_int4)
-from magicdec_jax.trees import Tree
-from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import init_params
+from magicdec_jax.pallas.int4_matmul import (MAX_ROWS, MEASURED_TILINGS, PARTIAL_SHARE, TARGET_PROGRAMS,
+                                             default_tiling, pack_int4, pallas_int4_matmul, unpack_int4)
+from magicdec_jax.trees import Tree
 from magicdec_jax.tuning import hlo
 from conftest import compiled_decode, random_prompts, tiny_model
 

@@ -76,7 +76,6 @@ parameter's own shape, so the layers' reshapes and Flax's shape check see what t
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import flax.struct
@@ -297,9 +296,9 @@ def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, comput
   if w.packed:                               # grouped int4 on packed bytes: the Pallas kernel (decode rows)
     k, n = w.matrix_shape
     x2 = xc.reshape(-1, k)
-    unpacked = functools.partial(_unpacked_product, group=w.group, dtype=compute_dtype)
+    unpacked = lambda a: jnp.dot(a, w.dequantize(compute_dtype), preferred_element_type=jnp.float32)
     if x2.shape[0] > KERNEL_MAX_ROWS:        # a prefill's many rows: XLA's dequantized operand
-      y = unpacked(x2, w.q, w.scale, w.offset)
+      y = unpacked(x2)
     else:
       y = pallas.int4_matmul(x2, w.q, w.scale, w.offset, group=w.group, fallback=unpacked)
     return y.reshape(*x.shape[:-1], n).astype(out_dtype)
@@ -316,13 +315,6 @@ def quantized_dense(eq: str, x: jax.Array, w: QuantizedWeight, out_dtype, comput
       y = y + jnp.sum(xc.astype(jnp.float32), axis=-1, keepdims=True) * w.offset.reshape(-1)
     return y.astype(out_dtype)
   return jnp.einsum(eq, xc, w.dequantize(compute_dtype), preferred_element_type=jnp.float32).astype(out_dtype)
-
-
-def _unpacked_product(x, packed, scale, offset, *, group: int, dtype) -> jax.Array:
-  """x [M, K] @ a packed grouped int4 matrix through XLA's dequantized operand, float32 (the kernel's
-  fallback where it cannot run per shard)."""
-  w = _dequantize_k_major(unpack_int4(packed, group), scale, offset, "int4", dtype)
-  return jnp.dot(x, w, preferred_element_type=jnp.float32)
 
 
 def int8_dot() -> str:

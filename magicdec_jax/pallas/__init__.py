@@ -135,7 +135,7 @@ def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.A
                 fallback) -> jax.Array:
   """x [M, K] @ a packed group-wise int4 matrix (pallas/int4_matmul.py) -> [M, N] float32: the Triton kernel
   on a GPU, the interpreter elsewhere, at default_tiling. Under a mesh the injected wrapper runs it per shard,
-  or calls fallback(x, packed, scale, offset) (an XLA form of the same product) where it cannot."""
+  or calls fallback(x) (an XLA form of the same product) where it cannot."""
   kernel = int4_kernel(*x.shape, packed.shape[1], group, triton=jax.default_backend() == "gpu")
   wrapper = _shard_wrappers.get("int4_matmul")
   if wrapper is None:

@@ -68,7 +68,7 @@ def maybe_shard_int4(kernel, fallback, x, packed, scale, offset):
   if mesh is None:
     return kernel(x, packed, scale, offset)
   if mesh.shape[MODEL] > 1:
-    return fallback(x, packed, scale, offset)
+    return fallback(x)
   row = DATA if x.shape[0] % mesh.shape[DATA] == 0 else None
   if offset is None:
     body, args, specs = (lambda a, p, s: kernel(a, p, s, None)), (x, packed, scale), (P(row, None), P(), P())
