@@ -148,7 +148,8 @@ def part_quant_rerun(b: Bench, target: Model, small: Model, tcfg, C: int, shard_
 def time_steps(b: Bench, target: Model, cases, B: int) -> dict:
   """One decode step each, against the one labelled "AR": cases of (label, weights, int4 group (None: the
   backend's), int4 keep-int8 names (None: the library's), context, cache kind, XLA options (None: the
-  engine's)); a copy's step records how many of its matrices are packed for the int4 kernel."""
+  engine's)); an int4 copy's step records the group it used (0: per channel) and how many of its matrices
+  are packed for the int4 kernel."""
   steps = {}
   isq = lambda x: isinstance(x, quant.QuantizedWeight)
   for label, w, group, keep, ctx, kind, opts in cases:
@@ -159,9 +160,10 @@ def time_steps(b: Bench, target: Model, cases, B: int) -> dict:
       with int4_group_as(group), int4_keep_int8_as(keep):
         params = target.params if w is None else weight_copy(target.params, w)
         r = calibrate.time_step(params, target.config, B, ctx, 1, kind, 10, options=opts or compiling.engine_options())
+        used_group = quant.int4_group() if w == "int4" else None
       packed = sum(x.packed for x in jax.tree.leaves(params, is_leaf=isq) if isq(x))
       del params
-      steps[label] = {"median_ms": r["median_s"] * 1e3, "min_ms": r["seconds"] * 1e3, "int4_group": group,
+      steps[label] = {"median_ms": r["median_s"] * 1e3, "min_ms": r["seconds"] * 1e3, "int4_group": used_group,
                       "packed_matrices": packed}
     except Exception as e:                                      # noqa: BLE001
       steps[label] = {"error": repr(e)[:400]}

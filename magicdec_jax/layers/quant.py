@@ -62,10 +62,12 @@ dot. On the H100 (2026-11-26) the earlier layout, two values packed by hand into
 (2026-11-27, same shape and method) fused: a chain-3 round's GEMMs 13.2 ms against 17.9 with int8, 1.61x
 plain decoding; grouped scales cost a draft step 19.8 / 21.5 ms (groups of 64 / 128) against 8.2 for int8.
 
-Where `int4_kernel()` is on (INT4_KERNELS by backend; off everywhere until the kernel's GPU speed is
-measured) a grouped int4 matrix (groups of 64 by default then) is stored packed instead, two values a byte
-in pallas/int4_matmul.py's group-local layout (uint8 [K/2, N]), and multiplied by that Pallas kernel, which
-reads the packed bytes and applies each group's scale and offset after the group's dot. A product of more
+Where `int4_kernel()` is on (INT4_KERNELS by backend; off everywhere: on an H100 the kernel read its
+bytes at under half XLA's per-channel rate inside the loop, 1.24x against 1.52x end to end, 2026-11-27,
+docs/gpu.md run 5) a grouped int4 matrix (groups of 64 by default then) is stored packed instead, two
+values a byte in pallas/int4_matmul.py's group-local layout (uint8 [K/2, N]), and multiplied by that
+Pallas kernel, which reads the packed bytes and applies each group's scale and offset after the group's
+dot. A product of more
 than KERNEL_MAX_ROWS rows (a model draft's prefill), or one under a mesh with a model axis
 (sharding/kernels.py), goes through XLA's dequantized operand instead.
 
