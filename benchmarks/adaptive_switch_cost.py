@@ -8,7 +8,6 @@ SmolLM2-135M, batch 8, prompt 1024, StreamingDraft(4, 256), greedy, the schedule
 from __future__ import annotations
 
 import functools
-import json
 import time
 
 import jax

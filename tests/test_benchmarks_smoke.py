@@ -126,7 +126,7 @@ def _long_output(doc, out, mod, stdout):
   """Every setting ran all rows to the end; the figures recomputed from the recorded (time, tokens) series
   with numpy's interpolation; the forced schedule's switches (2 -> plain -> 1) at their contexts."""
   _env_ok(doc)
-  b, new, seg = doc["batch"], doc["new"], doc["segment"]
+  b, new = doc["batch"], doc["new"]
   for name, r in doc["runs"].items():
     assert r["new_tokens"] == b * new
     assert abs(r["tokens_per_s"] - b * new / r["decode_s"]) < 1e-6 * r["tokens_per_s"]
