@@ -25,7 +25,7 @@ calls read 0.92 TB/s where XLA's GEMM fusions read per-channel int4 at 2.07, and
 of 13 tilings came within 10-17% of XLA's per-channel form, so what it lacks is in-loop behaviour, not
 the tiling alone. `default_tiling` is a first guess; MEASURED_TILINGS takes measured ones. Tested in
 interpret mode on CPU and lowered to Triton for CUDA there (jax.export); on the H100 all 13 tilings
-compiled and agreed with float64 numpy (max relative error 3e-7).
+compiled and agreed with float64 numpy (max relative error 4.6e-7).
 """
 from __future__ import annotations
 
