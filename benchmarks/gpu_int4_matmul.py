@@ -39,8 +39,8 @@ from magicdec_jax.pallas.int4_matmul import pack_int4, pallas_int4_matmul
 GROUP = 64
 # (block_n, num_splits, groups_per_step, num_warps, num_stages)
 TILINGS = ((32, 1, 2, 2, 3), (32, 2, 2, 2, 3), (128, 1, 2, 4, 3), (128, 2, 2, 4, 3), (128, 4, 2, 4, 3),
-           (128, 8, 1, 4, 3), (64, 4, 2, 4, 3), (64, 8, 2, 4, 3), (256, 2, 2, 8, 3), (128, 4, 4, 4, 2), (32, 8, 2, 2, 3), (128, 2, 8, 4, 3),
-           (256, 4, 4, 8, 3))
+           (128, 8, 1, 4, 3), (64, 4, 2, 4, 3), (64, 8, 2, 4, 3), (256, 2, 2, 8, 3), (128, 4, 4, 4, 2),
+           (32, 8, 2, 2, 3), (128, 2, 8, 4, 3), (256, 4, 4, 8, 3))
 TILING_FIELDS = ("block_n", "num_splits", "groups_per_step", "num_warps", "num_stages")
 EQ = "MK,KN->MN"
 

@@ -67,9 +67,8 @@ bytes at under half XLA's per-channel rate inside the loop, 1.24x against 1.52x 
 docs/gpu.md run 5) a grouped int4 matrix (groups of 64 by default then) is stored packed instead, two
 values a byte in pallas/int4_matmul.py's group-local layout (uint8 [K/2, N]), and multiplied by that
 Pallas kernel, which reads the packed bytes and applies each group's scale and offset after the group's
-dot. A product of more
-than KERNEL_MAX_ROWS rows (a model draft's prefill), or one under a mesh with a model axis
-(sharding/kernels.py), goes through XLA's dequantized operand instead.
+dot. A product of more than KERNEL_MAX_ROWS rows (a model draft's prefill), or one under a mesh with a
+model axis (sharding/kernels.py), goes through XLA's dequantized operand instead.
 
 Every matrix is kept as the 2-D matrix its matmul reads (`dense` below): q/k/v [D, N*H], o [N*H, D],
 gate/up [D, F], down [F, D], lm_head [D, V] (contracted on axis 0) and the embedding [V, D] (contracted on

@@ -191,5 +191,5 @@ def pallas_int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset
   return jnp.sum(partial, axis=0)[:m]
 
 
-__all__ = ["MAX_ROWS", "MEASURED_TILINGS", "pack_int4", "unpack_int4", "packable", "split_activations", "pallas_int4_matmul", "default_block_n",
-           "default_tiling"]
+__all__ = ["MAX_ROWS", "MEASURED_TILINGS", "pack_int4", "unpack_int4", "packable", "split_activations",
+           "pallas_int4_matmul", "default_block_n", "default_tiling"]
