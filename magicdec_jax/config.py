@@ -12,6 +12,8 @@ import json
 
 import jax.numpy as jnp
 
+from magicdec_jax.backend import FixedShapes, fixed_shapes
+
 ACTIVATIONS = ("silu", "gelu_tanh")
 NUMERICS = ("fast", "invariant")   # ModelConfig.numerics (layers/invariant.py)
 
@@ -45,6 +47,7 @@ class ModelConfig:
   eos_token_ids: tuple[int, ...] = ()
   dtype: str = "float32"  # params and caches: "float32" or "bfloat16"
   numerics: str = "fast"  # "invariant": the target computed at fixed shapes (layers/invariant.py); set by the engine
+  fixed: FixedShapes | None = None  # those shapes (invariant only; None: the backend's, backend.fixed_shapes)
   # ---- family features (docs/families.md) ----
   qkv_bias: bool = False                # biases on the q, k, v projections (Qwen2; attention_bias)
   o_bias: bool = False                  # a bias on the o projection (attention_bias of LLaMA, Qwen3, Gemma)
@@ -73,6 +76,10 @@ class ModelConfig:
       raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {self.dtype!r}")
     if self.numerics not in NUMERICS:
       raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
+    if self.numerics == "invariant" and self.fixed is None:
+      object.__setattr__(self, "fixed", fixed_shapes())
+    elif self.numerics != "invariant":
+      object.__setattr__(self, "fixed", None)
     if self.activation not in ACTIVATIONS:
       raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
     if self.layer_windows and len(self.layer_windows) != self.num_layers:

@@ -28,7 +28,7 @@ from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import Attention, GatedMLP, RMSNorm, rms_norm
 from magicdec_jax.layers.attention import PrefixTree, ring_rule
 from magicdec_jax.layers.dense import dense
-from magicdec_jax.layers.invariant import row_tile, tile_map
+from magicdec_jax.layers.invariant import tile_map
 from magicdec_jax.layers.prefill_attention import CausalChunk, softcapped
 from magicdec_jax.layers.quant import QuantizedWeight
 
@@ -82,13 +82,13 @@ class Block(nn.Module):
 
 def invariant_block(lp, cfg: ModelConfig, impl: str, layer: int, x, positions, cache_k, cache_v, write_slots,
                     spec, return_scores=False):
-  """Block `layer` with fixed-shape numerics (layers/invariant.py): its token-wise stages over tiles of
-  row_tile() tokens, its attention per row."""
+  """Block `layer` with fixed-shape numerics (layers/invariant.py): its token-wise stages in calls of the
+  config's fixed row counts (cfg.fixed), its attention per row."""
   if getattr(spec, "alt_pos", None) is not None:
     raise ValueError("fixed-shape numerics compute the target, which has no alternative query positions "
                      "(a draft's ring rule); drafts compute with loop.draft_config")
   block, variables = Block(cfg, impl, layer), {"params": lp}
-  rows = row_tile(isinstance(spec, CausalChunk))
+  rows = cfg.fixed.rows(isinstance(spec, CausalChunk), cfg.hidden_size)
   q, q_alt, k, v = tile_map(lambda xt, pt: block.apply(variables, xt, pt, method=Block.pre), rows, x, positions)
   o, cache_k, cache_v, scores = block.apply(variables, q, q_alt, k, v, positions, cache_k, cache_v, write_slots,
                                             spec, return_scores, method=Block.attend)
@@ -152,7 +152,7 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
   head = lambda h: lm_logits(params, cfg, h, params["final_norm"]["scale"])
   logits = None
   if compute_logits:                                          # (decode rounds only: prefill computes none)
-    logits = tile_map(head, row_tile(False), x) if cfg.invariant else head(x)
+    logits = tile_map(head, cfg.fixed.rows(False, cfg.hidden_size), x) if cfg.invariant else head(x)
   out = (logits, cache)
   if return_scores:
     out += (tuple(scores),)

@@ -22,7 +22,6 @@ from magicdec_jax import schedule
 from magicdec_jax.cache import MAX_CHUNK, aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts import Draft
-from magicdec_jax.layers.invariant import KEY_BLOCK
 from magicdec_jax.settings import DecodeSettings
 from magicdec_jax.sharding import mesh as meshes
 from magicdec_jax.sharding import planner
@@ -35,12 +34,12 @@ def bucket(n: int, minimum: int = 16) -> int:
   return max(minimum, 1 << max(0, int(n - 1).bit_length()))
 
 
-def cache_slots(prompt_bucket: int, max_new_tokens: int, tree_nodes: int, whole_blocks: bool = False) -> int:
+def cache_slots(prompt_bucket: int, max_new_tokens: int, tree_nodes: int, key_block: int = 1) -> int:
   """Target-cache slots for prompts of `prompt_bucket` tokens: the prompt, the new tokens' bucket, a
-  round's tree and the pending token (rounded for the attention tile; whole_blocks: to whole KEY_BLOCKs,
-  which fixed-shape attention sums one by one, layers/invariant.py)."""
+  round's tree and the pending token (rounded for the attention tile, and to whole blocks of `key_block`
+  slots, which fixed-shape attention sums one by one: layers/invariant.py)."""
   n = aligned_slots(prompt_bucket + bucket(max_new_tokens) + tree_nodes + 1)
-  return -(-n // KEY_BLOCK) * KEY_BLOCK if whole_blocks else n
+  return -(-n // key_block) * key_block
 
 
 def attention_reads_live_range(impl: str) -> bool:
@@ -139,7 +138,8 @@ class DecodePlan:
     return bucket(longest, MAX_CHUNK if self.cfg.invariant else 16)
 
   def num_slots(self, prompt_bucket: int) -> int:
-    return cache_slots(prompt_bucket, self.max_new_tokens, self.tree.num_nodes, self.cfg.invariant)
+    return cache_slots(prompt_bucket, self.max_new_tokens, self.tree.num_nodes,
+                       self.cfg.fixed.key_block if self.cfg.invariant else 1)
 
   def out_len(self) -> int:
     return bucket(self.max_new_tokens) + self.tree.num_nodes
@@ -206,12 +206,13 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
   if mesh is not None and (not isinstance(mesh, jax.sharding.Mesh) or set(mesh.axis_names) != set(meshes.AXES)):
     raise ValueError(f"mesh must be a ('data', 'model') jax Mesh (sharding.make_mesh), got {mesh!r:.80}")
   st = settings
-  cfg = dataclasses.replace(model.config, numerics=st.numerics)
+  cfg = dataclasses.replace(model.config, numerics=st.numerics, fixed=st.fixed_shapes)
   draft = st.draft
   if draft is not None:
     draft.check_compatible(model)
   options = {} if draft is None else draft.xla_options()
-  options = compiling.engine_options({**options, **(st.xla_options or {})})
+  fixed = cfg.fixed.compiler_options() if cfg.invariant else {}
+  options = compiling.engine_options({**options, **fixed, **(st.xla_options or {})})
   base = DecodePlan(settings=st, cfg=cfg, mesh=one_device_mesh() if mesh is None else mesh, draft=draft,
                     eos=eos_ids(cfg, st.eos_token_id), options=tuple(sorted(options.items())), batch=int(batch),
                     contexts=(int(shortest), int(longest) + st.max_new_tokens), fixed_batch=fixed_batch,

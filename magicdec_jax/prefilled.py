@@ -30,6 +30,7 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import engine, loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
+from magicdec_jax.backend import fixed_shapes
 from magicdec_jax.plan import bucket, cache_slots, make_plan
 from magicdec_jax.prompts import pad_prompts, prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
@@ -89,7 +90,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   n = len(ids)
   b = bucket(n, 1)
   p = -(-longest // chunk) * chunk
-  num_slots = cache_slots(p, max_new_tokens, max_tree_nodes, whole_blocks=True)   # either numerics
+  num_slots = cache_slots(p, max_new_tokens, max_tree_nodes, fixed_shapes().key_block)   # either numerics
   tokens, lengths = pad_prompts(ids, b, p)
   shared = shared_chunks(ids, chunk) if share_prefix else 0
   compiling.ensure_persistent_cache()

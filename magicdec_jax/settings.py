@@ -17,7 +17,7 @@ import numpy as np
 
 from magicdec_jax.config import NUMERICS
 from magicdec_jax.drafts import Draft, REGISTRY
-from magicdec_jax.layers.invariant import default_numerics
+from magicdec_jax.backend import FixedShapes, default_numerics
 from magicdec_jax.pallas import IMPLS
 from magicdec_jax.sampling import MODES as SAMPLING_MODES, Sampling
 from magicdec_jax.schedule import check_forced
@@ -25,7 +25,7 @@ from magicdec_jax.trees import Tree
 
 DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
 MAX_TOP_LOGPROBS = 20    # the most alternatives per position top_logprobs may ask for (OpenAI's limit)
-OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling", "min_p")   # fingerprinted only when set (older data sets resume unchanged)
+OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling", "min_p", "fixed_shapes")   # fingerprinted only when set (older data sets resume unchanged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +44,10 @@ class DecodeSettings:
   logits at a position are bitwise the same in a one-token step and a chain's verify pass, whatever the
   batch, slot, refill, draft or gamma: greedy and invariant sampling of a chain then give plain decoding's
   tokens exactly, in bfloat16 too; a tree's only to rounding) or "fast"
-  (the backend's own shapes: equal to rounding; layers/invariant.py); None: invariant on CPU, fast on
-  a GPU, where fixed shapes measured 2.07x slower (layers/invariant.DEFAULT_NUMERICS). The value is
-  decided when the settings are made, so `settings.numerics` is always one of the two. logprobs: return
+  (the backend's own shapes: equal to rounding; layers/invariant.py); None: the backend's default
+  (backend.default_numerics). The value is decided when the settings are made, so `settings.numerics` is
+  always one of the two. fixed_shapes: the shapes invariant numerics compute at (None: the backend's,
+  backend.fixed_shapes; benchmarks vary them). logprobs: return
   each emitted token's log-probability under the distribution it was drawn from (greedy: the model's
   log_softmax; sampling: the temperature / top-k / top-p filtered distribution), read from the verify pass
   (exact under speculation); top_logprobs: also the k (0..MAX_TOP_LOGPROBS) most likely tokens of that
@@ -73,6 +74,7 @@ class DecodeSettings:
   schedule: Any = None                   # forced adaptive thresholds [(from_context, gamma), ...] (schedule.py)
   learn_acceptance: bool = True          # gamma="auto": re-plan a call from its own acceptance and speed
   numerics: str | None = None            # "invariant" (bitwise plain decoding's logits), "fast"; None: by backend
+  fixed_shapes: FixedShapes | None = None  # invariant numerics' shapes; None: the backend's
   logprobs: bool = False                 # return each emitted token's log-probability
   top_logprobs: int = 0                  # and the k most likely alternatives per position (needs logprobs)
   per_row_sampling: bool = False         # each row's temperature / top-k / top-p as data (mixed batches)
@@ -102,6 +104,10 @@ class DecodeSettings:
       object.__setattr__(self, "numerics", default_numerics())
     if self.numerics not in NUMERICS:
       raise ValueError(f"numerics must be one of {NUMERICS}, got {self.numerics!r}")
+    if self.fixed_shapes is not None and (not isinstance(self.fixed_shapes, FixedShapes)
+                                          or self.numerics != "invariant"):
+      raise ValueError(f"fixed_shapes must be a backend.FixedShapes, with numerics='invariant', got "
+                       f"{self.fixed_shapes!r:.80} with numerics={self.numerics!r}")
     if not isinstance(self.learn_acceptance, bool):
       raise ValueError(f"learn_acceptance must be True or False, got {self.learn_acceptance!r}")
     if self.schedule is not None:

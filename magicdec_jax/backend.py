@@ -1,0 +1,102 @@
+"""What the backend decides, resolved once: the shapes fixed-shape numerics compute at, and the default numerics.
+
+A backend picks its algorithms (matmul blocking, how a reduction is vectorised or split over threads) from the
+shapes of the operands, so a row's result depends on what else is computed with it. `FixedShapes` names, per
+backend, the shapes at which it does not: the target is computed only at those (layers/invariant.py). The
+values are the backend's measured algorithm classes ([docs](../docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding));
+`fixed_shapes()` is read when a config is made (config.py) and travels in it, so layers never ask the backend.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedShapes:
+  """The shapes of fixed-shape numerics.
+
+  Token-wise stages (norms, projections, RoPE, the MLP, the LM head) of a call of m tokens with rows (lo, hi):
+  m < lo: one call padded up to lo tokens; lo <= m <= hi: one call of m tokens; m > hi: calls of hi tokens
+  and one of the rest (padded up to lo). So every call's row count lies in [lo, hi], a range in which the
+  backend computes a row the same whatever the count (lo == hi: one fixed count, the choice where nothing
+  better is known). Attention: query tiles of `query_tokens` tokens (x the G heads of a KV group), a single
+  shorter tile padded to a whole one when `pad_query_tile`; values summed over a prefix and a tail of
+  `tail_blocks` blocks of `key_block` slots (layers/invariant.tiled_attention)."""
+  decode_rows: tuple[int, int]     # (lo, hi) tokens per token-wise call of a decode round
+  prefill_rows: tuple[int, int]    # (lo, hi) tokens per token-wise call of a prefill chunk
+  query_tokens: int = 4            # query tokens per attention tile
+  pad_query_tile: bool = True      # pad a single tile of fewer tokens up to query_tokens
+  key_block: int = 64              # slots per block of the attention's value sums (cache sizes round to it)
+  tail_blocks: int = 2             # blocks of a query's canonical tail: rounds of depth <= (this - 1) blocks
+  reduction_floor: int = 0         # a row-wise reduction of m rows x d changes algorithm at m * d = this (0: none)
+  xla_options: tuple[tuple[str, object], ...] = ()   # compiler options the shapes are measured under
+
+  def __post_init__(self):
+    for name in ("decode_rows", "prefill_rows"):
+      lo, hi = getattr(self, name)
+      if not 1 <= lo <= hi:
+        raise ValueError(f"FixedShapes.{name} must be (lo, hi) with 1 <= lo <= hi, got {(lo, hi)}")
+    if self.query_tokens < 1 or self.key_block < 1 or self.key_block & (self.key_block - 1) or self.tail_blocks < 2:
+      raise ValueError(f"FixedShapes needs query_tokens >= 1, a power-of-two key_block and tail_blocks >= 2, "
+                       f"got {self.query_tokens}, {self.key_block}, {self.tail_blocks}")
+
+  def compiler_options(self) -> dict[str, str]:
+    return dict(self.xla_options)
+
+  def rows(self, prefill: bool, width: int) -> tuple[int, int]:
+    """(lo, hi) for the token-wise calls of a prefill chunk or a decode round of a model whose row-wise
+    reductions (its norms) run over `width` elements: lo raised where the range would straddle the
+    reduction floor."""
+    lo, hi = self.prefill_rows if prefill else self.decode_rows
+    if self.reduction_floor and lo * width < self.reduction_floor <= hi * width:
+      lo = -(-self.reduction_floor // width)
+    return lo, hi
+
+
+# XLA:CPU fuses elementwise producers into its YNNPACK dots and reductions by the context they sit in, so
+# the same rows computed in another program could round differently; with YNNPACK kept to standalone dots
+# (`CPU_FUSION`) a dot computes a row the same for any 2..32 rows and for any 33..4096 (one row is a third
+# algorithm), row-wise reductions are the same for any row count, and attention's dots the same for any
+# batch, 2..64 query rows and any slot count (docs/decisions.md#fixed-shape-numerics).
+CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
+              ("xla_allow_excess_precision", False))
+CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,
+                  key_block=32, reduction_floor=4608, xla_options=CPU_FUSION)
+# Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction).
+ACCELERATOR = FixedShapes(decode_rows=(128, 128), prefill_rows=(256, 256), query_tokens=4, pad_query_tile=True,
+                          key_block=64)
+FIXED_SHAPES = {"cpu": CPU}
+DEFAULT_NUMERICS = {"cpu": "invariant"}   # numerics when the settings name none (else "fast")
+
+
+def name() -> str:
+  """The default backend's platform name ("cpu", "gpu", "tpu")."""
+  return jax.default_backend()
+
+
+def fixed_shapes(platform: str | None = None) -> FixedShapes:
+  """The fixed shapes of `platform` (default: the default backend's), without the compiler options this
+  jaxlib does not know."""
+  fixed = FIXED_SHAPES.get(platform or name(), ACCELERATOR)
+  known = tuple(o for o in fixed.xla_options if option_known(*o))
+  return fixed if known == fixed.xla_options else dataclasses.replace(fixed, xla_options=known)
+
+
+@functools.lru_cache(maxsize=None)
+def option_known(option: str, value: str) -> bool:
+  """Whether this jaxlib's compiler takes `option` = `value` (a tiny computation compiled with it, once)."""
+  try:
+    jax.jit(lambda x: x + 1).lower(jnp.zeros((2,), jnp.float32)).compile(compiler_options={option: value})
+    return True
+  except Exception:  # noqa: BLE001  (an unknown option or value: XLA raises its own error types)
+    return False
+
+
+def default_numerics(platform: str | None = None) -> str:
+  """The numerics a run gets on `platform` when its settings name none: fixed shapes ("invariant") where
+  their measured cost is within the project's goals, else the backend's own ("fast")."""
+  return DEFAULT_NUMERICS.get(platform or name(), "fast")
