@@ -202,7 +202,7 @@ class Bench:
     n1, n2 = self.args.n1, self.args.n2
     eng = common.loop_engine(model, draft, tree, batch=batch, context=context, max_new=n2, impl=impl,
                              numerics=numerics, options=options)
-    slots = plan.cache_slots(context, n2, tree.num_nodes, whole_blocks=cfg.invariant)
+    slots = plan.cache_slots(context, n2, tree.num_nodes, cfg.fixed.key_block if cfg.invariant else 1)
 
     def fresh(n):
       gc.collect()

@@ -9,7 +9,8 @@ not timed: its decode is run once before). Per setting: the median decode second
 tokens/s; per numerics: MagicDec's speedup over plain decoding of the same numerics and whether their tokens
 are identical (rows identical of B); across numerics: the cost (fast tokens/s / invariant tokens/s).
 `--temperature 0.8 --top_p 0.95` decodes with invariant sampling (samples are then plain decoding's).
-`--pad_query_tile` / `--decode_rows` override the invariant tiles for this run (design exploration; recorded).
+`--design NAME=FIELD:VALUE,...` adds invariant numerics at other fixed shapes (backend.FixedShapes fields, e.g.
+`--design rows8=decode_rows:8-8 --design padded=pad_query_tile:1`), decoded interleaved with the rest.
 
   python -m benchmarks.invariant_numerics                       # 8 x 4096 float32, ~15 min on the 2-core CPU
   python -m benchmarks.invariant_numerics --dtype bfloat16 --shape 4x512 --new 96
@@ -17,13 +18,23 @@ are identical (rows identical of B); across numerics: the cost (fast tokens/s / 
 """
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
-import jax
-
 from benchmarks import common
-from magicdec_jax import drafts, prefilled
-from magicdec_jax.layers import invariant
+from magicdec_jax import backend, drafts, prefilled
+
+
+def design(text: str) -> tuple[str, backend.FixedShapes]:
+  """'NAME=field:value,...' -> (NAME, the backend's FixedShapes with those fields; ranges as lo-hi)."""
+  name, _, fields = text.partition("=")
+  changes = {}
+  for item in filter(None, fields.split(",")):
+    key, _, value = item.partition(":")
+    changes[key] = tuple(int(x) for x in value.split("-")) if "-" in value else int(value)
+  if "pad_query_tile" in changes:
+    changes["pad_query_tile"] = bool(changes["pad_query_tile"])
+  return name, dataclasses.replace(backend.fixed_shapes(), **changes)
 
 
 def main(argv=None) -> str:
@@ -36,15 +47,10 @@ def main(argv=None) -> str:
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--temperature", type=float, default=0.0)
   ap.add_argument("--top_p", type=float, default=1.0)
-  ap.add_argument("--pad_query_tile", choices=["yes", "no"], default=None,
-                  help="pad a round of fewer than QUERY_TOKENS query tokens to a whole attention tile")
-  ap.add_argument("--decode_rows", type=int, default=None)
+  ap.add_argument("--design", action="append", default=[],
+                  help="NAME=field:value,...: invariant numerics at other fixed shapes (backend.FixedShapes)")
   a = common.parse(ap, argv, shape="4x64", new=8, repeats=1)
-  backend = jax.default_backend()
-  if a.pad_query_tile is not None:
-    invariant.PAD_QUERY_TILE[backend] = a.pad_query_tile == "yes"
-  if a.decode_rows is not None:
-    invariant.DECODE_ROWS[backend] = a.decode_rows
+  designs = dict(design(d) for d in a.design)
   b, p = common.shape_list(a.shape)[0]
   model, source = common.model(a.smoke, a.dtype)
   prompts, text = common.text_prompts(model, b, p, model.config.vocab_size, held_out=not a.smoke)
@@ -52,10 +58,12 @@ def main(argv=None) -> str:
   weights = "bfloat16" if a.dtype == "float32" else None
   sample = dict(temperature=a.temperature, top_p=a.top_p, sampling="invariant" if a.temperature else "rejection")
   settings = {}
-  for n in a.numerics.split(","):
-    settings[f"{n}/plain"] = dict(numerics=n, **sample)
-    settings[f"{n}/magicdec"] = dict(numerics=n, draft=drafts.StreamingDraft(4, 256, weights=weights),
-                                     gamma=a.gamma, **sample)
+  numerics = {n: dict(numerics=n) for n in a.numerics.split(",")}
+  numerics.update({name: dict(numerics="invariant", fixed_shapes=f) for name, f in designs.items()})
+  for n, kw in numerics.items():
+    settings[f"{n}/plain"] = dict(**kw, **sample)
+    settings[f"{n}/magicdec"] = dict(**kw, draft=drafts.StreamingDraft(4, 256, weights=weights), gamma=a.gamma,
+                                     **sample)
   runs = common.interleaved_decodes(model, pre, settings, a.repeats)
   rows = {}
   for k, rs in runs.items():
@@ -66,25 +74,25 @@ def main(argv=None) -> str:
                "acceptance_rate": rs[0].stats.get("acceptance_rate")}
   tokens = {k: rs[0].tokens for k, rs in runs.items()}
   per_numerics = {}
-  for n in a.numerics.split(","):
+  for n in numerics:
     plain, md = f"{n}/plain", f"{n}/magicdec"
     per_numerics[n] = {"speedup": rows[md]["tokens_per_s"] / rows[plain]["tokens_per_s"],
                        "rows_identical_to_plain": sum(x == y for x, y in zip(tokens[plain], tokens[md])),
                        "rows": b}
-  names = a.numerics.split(",")
+  names = list(numerics)
   cost = {}
-  if "fast" in names and "invariant" in names:
-    for kind in ("plain", "magicdec"):
-      cost[kind] = rows[f"fast/{kind}"]["tokens_per_s"] / rows[f"invariant/{kind}"]["tokens_per_s"]
+  if "fast" in names:
+    for n in names[1:] if names[0] == "fast" else [x for x in names if x != "fast"]:
+      cost[n] = {kind: rows[f"fast/{kind}"]["tokens_per_s"] / rows[f"{n}/{kind}"]["tokens_per_s"]
+                 for kind in ("plain", "magicdec")}
   doc = {"benchmark": "invariant_numerics", "env": common.env_info(), "command": common.command(),
          "model": source, "dtype": a.dtype, "text": text, "batch": b, "prompt_tokens": p, "new_tokens": a.new,
          "gamma": a.gamma, "draft": f"StreamingDraft(4, 256, weights={weights})", "sampling": sample,
          "repeats": a.repeats,
-         "invariant_tiles": {"decode_rows": invariant.row_tile(False), "prefill_rows": invariant.row_tile(True),
-                             "query_tokens": invariant.QUERY_TOKENS, "pad_query_tile": invariant.pad_query_tile(),
-                             "key_block": invariant.KEY_BLOCK},
+         "fixed_shapes": {n: dataclasses.asdict(kw.get("fixed_shapes") or backend.fixed_shapes())
+                          for n, kw in numerics.items() if kw["numerics"] == "invariant"},
          "settings": rows, "per_numerics": per_numerics,
-         "cost_fast_over_invariant_tokens_per_s": cost,
+         "cost_fast_over_numerics_tokens_per_s": cost,
          "plain_tokens_identical_across_numerics": (tokens.get("fast/plain") == tokens.get("invariant/plain")
                                                     if len(names) > 1 else None)}
   tag = f"{b}x{p}_{a.dtype}" + ("_smoke" if a.smoke else "")

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from magicdec_jax import pallas
+from magicdec_jax.backend import FixedShapes
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.dense import dense, weight_param
 from magicdec_jax.layers.invariant import tiled_attention
@@ -105,10 +106,11 @@ def ring_rule(spec, q_pos: jax.Array, size: int) -> DenseMask:
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                      return_scores: bool = False, q_alt: jax.Array | None = None,
                      alt_slots: jax.Array | None = None, *, scale: float | None = None,
-                     softcap: float | None = None, invariant: bool = False):
+                     softcap: float | None = None, fixed: FixedShapes | None = None, tree=None):
   """q [B,T,H,D], k/v [B,K,S,D], mask [B,T,S] -> out [B,T,H,D] (and [B,K,S] probability mass per KV head).
   Logits are q.k x `scale` (default D ** -0.5), soft-capped to softcap * tanh(. / softcap) if given.
-  `invariant`: fixed-shape numerics (layers/invariant.tiled_attention; not with scores or q_alt)."""
+  `fixed`: fixed-shape numerics at those shapes (layers/invariant.tiled_attention; not with scores or q_alt),
+  with tree = (base, anc) where the mask is a PrefixTree's (a tree's nodes then summed at canonical slots)."""
   b, t, h, d = q.shape
   kh = k.shape[1]
   out_dtype = q.dtype
@@ -117,11 +119,11 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   q_alt = None if alt_slots is None else q_alt
   prec = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None   # no TF32 on GPU for fp32
   mask_q = jnp.repeat(mask, h // kh, axis=1)                                  # [B, T*G, S]
-  if invariant:
+  if fixed is not None:
     if return_scores or q_alt is not None:
       raise ValueError("fixed-shape attention returns no scores and takes no alternative query positions")
     out = tiled_attention(fold_queries(q, kh), k, v, mask_q, tokens=t, scale=scale, softcap=softcap,
-                          precision=prec)
+                          precision=prec, fixed=fixed, tree=tree)
     return unfold_queries(out, t).astype(out_dtype)
 
   def scores(qq):
@@ -143,13 +145,13 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
 
 def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=None, *, q_pos=None,
            window: int | None = None, scale: float | None = None, softcap: float | None = None,
-           invariant: bool = False):
+           fixed: FixedShapes | None = None):
   """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel (not with a window
-  or soft-capping, nor with fixed-shape numerics: `invariant`). q_pos [B, T]: the query positions (needed
+  or soft-capping, nor with fixed-shape numerics: `fixed`). q_pos [B, T]: the query positions (needed
   with a window)."""
   num_slots = k.shape[2]
   if isinstance(spec, PrefixTree):
-    kernel = window is None and softcap is None and not return_scores and not invariant
+    kernel = window is None and softcap is None and not return_scores and fixed is None
     if kernel and impl == "auto":
       impl = pallas.resolve_impl(q, k, v, spec.base, spec.anc, scale=scale)
     if kernel and impl != "xla":
@@ -157,7 +159,8 @@ def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=
     mask = visibility_mask(spec.base, spec.anc, num_slots)
     if window is not None:
       mask = mask & in_window(tree_key_positions(spec.base, q_pos, num_slots), q_pos, window)
-    return masked_attention(q, k, v, mask, return_scores, scale=scale, softcap=softcap, invariant=invariant)
+    return masked_attention(q, k, v, mask, return_scores, scale=scale, softcap=softcap, fixed=fixed,
+                            tree=(spec.base, spec.anc) if window is None else None)
   mask = spec.mask
   if window is not None:
     key_pos = spec.key_pos
@@ -165,7 +168,7 @@ def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=
       key_pos = jnp.broadcast_to(jnp.arange(num_slots, dtype=jnp.int32), (q.shape[0], num_slots))
     mask = mask & in_window(key_pos, q_pos, window)
   return masked_attention(q, k, v, mask, return_scores, q_alt, spec.alt_slots, scale=scale, softcap=softcap,
-                          invariant=invariant)
+                          fixed=fixed)
 
 
 class Attention(nn.Module):
@@ -203,9 +206,10 @@ class Attention(nn.Module):
     q_raw, k = project(x, self.wq, bq), project(x, self.wk, bk)
     if cfg.qk_norm:
       q_raw, k = self.q_norm(q_raw), self.k_norm(k)
-    q = apply_rope(q_raw, positions, inv_freq)
-    q_alt = None if alt_pos is None else apply_rope(q_raw, alt_pos, inv_freq)
-    return q, q_alt, apply_rope(k, positions, inv_freq), project(x, self.wv, bv)
+    tabled = cfg.max_position_embeddings if cfg.invariant else None
+    q = apply_rope(q_raw, positions, inv_freq, tabled)
+    q_alt = None if alt_pos is None else apply_rope(q_raw, alt_pos, inv_freq, tabled)
+    return q, q_alt, apply_rope(k, positions, inv_freq, tabled), project(x, self.wv, bv)
 
   def attend_cache(self, q, q_alt, k, v, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
     """The new tokens' k/v written at write_slots, then q attending to the cache under `spec` ->
@@ -220,7 +224,7 @@ class Attention(nn.Module):
       return causal_chunk_attention(q, k, v, cache_k, cache_v, spec.start, scale=scale,
                                     softcap=cfg.attn_softcap, window=window), cache_k, cache_v, None
     res = attend(q, cache_k, cache_v, spec, self.impl, return_scores, q_alt, q_pos=positions, window=window,
-                 scale=scale, softcap=cfg.attn_softcap, invariant=cfg.invariant)
+                 scale=scale, softcap=cfg.attn_softcap, fixed=cfg.fixed)
     out, scores = res if return_scores else (res, None)
     return out, cache_k, cache_v, scores
 

@@ -34,108 +34,202 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from magicdec_jax.backend import FixedShapes
 from magicdec_jax.layers.prefill_attention import NEG_BIG, softcapped
 
-DECODE_ROWS = {"cpu": 8}          # tokens per token-wise tile in a decode round (else DEFAULT_DECODE_ROWS)
-DEFAULT_DECODE_ROWS = 128         # accelerators: a projection reads its weights once up to 128 rows (prediction)
-PREFILL_ROWS = 256                # tokens per token-wise tile in a prefill chunk (one row's chunk)
-QUERY_TOKENS = 4                  # query tokens per attention tile: plain decoding and chains up to gamma 3
-PAD_QUERY_TILE = {"cpu": False}   # pad a single tile of fewer tokens up to QUERY_TOKENS (else True)
-KEY_BLOCK = 64                    # slots per partial sum of the attention's value reduction
-# DecodeSettings.numerics when none is given, by backend (else "fast"). On CPU fixed shapes cost little
-# (SmolLM2 f32 8 x 4096: plain decoding 1.06x, MagicDec 1.19x). On one H100 (LLaMA-3.1-8B shape, bf16,
-# 8 x 32K, 2026-11-26) they cost the AR loop 2.07x (214 against 444 tok/s: XLA's attention over the whole
-# cache in 4-token tiles instead of the Pallas kernel) and its compile 197 s against 7 s
-# (benchmarks/results/gpu_engine_h100_2026-11-26_run2_invariant.json), so a GPU asks for them explicitly.
-DEFAULT_NUMERICS = {"cpu": "invariant"}
+
+def unknown_one(x: jax.Array) -> jax.Array:
+  """1.0 (float32, shape []) computed from x's first element, so that no compiler folds it (x finite)."""
+  return x.reshape(-1)[0].astype(jnp.float32) * 0 + 1
 
 
-def default_numerics() -> str:
-  """The numerics a DecodeSettings gets on the default backend when it names none (DEFAULT_NUMERICS)."""
-  return DEFAULT_NUMERICS.get(jax.default_backend(), "fast")
+def rounded(product: jax.Array, one: jax.Array) -> jax.Array:
+  """product x one (unknown_one): the product rounded on its own whatever follows. A compiler may fuse a
+  product into the addition it feeds (a fused multiply-add, rounding once), and whether it does depends on
+  the program around it; a product multiplied by 1.0 feeds the addition exactly in either case."""
+  return product * one
 
 
-def row_tile(prefill: bool) -> int:
-  """Tokens per token-wise tile for a prefill chunk or a decode round on the default backend."""
-  return PREFILL_ROWS if prefill else DECODE_ROWS.get(jax.default_backend(), DEFAULT_DECODE_ROWS)
-
-
-def pad_query_tile() -> bool:
-  """Whether a round of fewer than QUERY_TOKENS query tokens is padded up to a whole tile on this backend."""
-  return PAD_QUERY_TILE.get(jax.default_backend(), True)
-
-
-def key_block(num_slots: int) -> int:
-  """The largest power of two <= KEY_BLOCK dividing num_slots: KEY_BLOCK for the target caches the engine
-  sizes (whole blocks); a target's ring layer (a windowed layer) keeps one size in every run."""
-  blk = KEY_BLOCK
+def key_block(num_slots: int, fixed: FixedShapes) -> int:
+  """The largest power of two <= fixed.key_block dividing num_slots: fixed.key_block for the target caches
+  the engine sizes (whole blocks); a target's ring layer (a windowed layer) keeps one size in every run."""
+  blk = fixed.key_block
   while num_slots % blk:
     blk //= 2
   return blk
 
 
-def tile_map(fn, rows: int, *xs):
-  """fn over the tokens of xs (arrays [B, T, ...] or None) in tiles of exactly `rows` tokens, each tile
-  given to fn as [rows, 1, ...] -> fn's outputs (a pytree of [rows, 1, ...] arrays) as [B, T, ...]. The
-  tokens are padded up to a multiple of `rows` and the tiles run as a loop whose body is fenced by
-  optimization barriers, so XLA compiles fn once for that shape and fuses nothing across it."""
+def tile_calls(m: int, rows: tuple[int, int]) -> list[tuple[int, int]]:
+  """The token-wise calls of m tokens under rows (lo, hi) (backend.FixedShapes): [(tokens, padded size)]."""
+  lo, hi = rows
+  calls = [(hi, hi)] * (m // hi) if m > hi else []
+  rest = m - hi * len(calls)
+  if rest:
+    calls.append((rest, max(rest, lo)))
+  return calls
+
+
+def tile_map(fn, rows: tuple[int, int], *xs):
+  """fn over the tokens of xs (arrays [B, T, ...] or None) in calls whose token counts lie in rows = (lo, hi)
+  (tile_calls), each call given to fn as [n, 1, ...] -> fn's outputs (a pytree of [n, 1, ...] arrays) as
+  [B, T, ...]. Each call is fenced by optimization barriers, so XLA fuses nothing across it and compiles
+  its body as it would alone; with lo == hi the calls are one loop over equal tiles (one body)."""
   b, t = next(x for x in xs if x is not None).shape[:2]
   m = b * t
-  tiles = -(-m // rows)
-
-  def split(x):
-    x = x.reshape(m, *x.shape[2:])
-    x = jnp.pad(x, ((0, tiles * rows - m),) + ((0, 0),) * (x.ndim - 1))
-    return x.reshape(tiles, rows, 1, *x.shape[1:])
+  flat = tuple(None if x is None else x.reshape(m, 1, *x.shape[2:]) for x in xs)
 
   def body(args):
     return jax.lax.optimization_barrier(fn(*jax.lax.optimization_barrier(args)))
 
-  out = jax.lax.map(body, tuple(None if x is None else split(x) for x in xs))
-  return jax.tree.map(lambda y: y.reshape(tiles * rows, *y.shape[3:])[:m].reshape(b, t, *y.shape[3:]), out)
+  def pad(x, n):
+    return jnp.pad(x, ((0, n - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
+
+  lo, hi = rows
+  if lo == hi:
+    tiles = -(-m // hi)
+    out = jax.lax.map(body, tuple(None if x is None else pad(x, tiles * hi).reshape(tiles, hi, *x.shape[1:])
+                                  for x in flat))
+    out = jax.tree.map(lambda y: y.reshape(tiles * hi, *y.shape[2:])[:m], out)
+  else:
+    parts, at, prev = [], 0, ()
+    for n, size in tile_calls(m, rows):
+      # each call's inputs pass one barrier with the previous call's outputs: the calls then run in order, and
+      # XLA cannot merge their dots (which share the weights) into one of another row count
+      args, _ = jax.lax.optimization_barrier((tuple(None if x is None else pad(x[at:at + n], size) for x in flat),
+                                              prev))
+      prev = body(args)
+      parts.append(jax.tree.map(lambda y, n=n: y[:n], prev))
+      at += n
+    out = parts[0] if len(parts) == 1 else jax.tree.map(lambda *ys: jnp.concatenate(ys, 0), *parts)
+  return jax.tree.map(lambda y: y.reshape(b, t, *y.shape[2:]), out)
+
+
+def tree_sources(anc: jax.Array) -> jax.Array:
+  """anc [T, T] bool (anc[t, j]: node j is t or an ancestor of t; nodes in BFS order) -> [T, T] int32: the
+  node at depth d on node t's path, or -1 past t's depth. A node at depth d of a tree is computed, in plain
+  decoding, at the slot base + d: its ancestors' canonical slots."""
+  anc = anc.astype(bool)
+  depth = anc.sum(-1).astype(jnp.int32) - 1                                     # [T]
+  at = anc[:, :, None] & (depth[None, :, None] == jnp.arange(anc.shape[0])[None, None, :])   # [t, j, d]
+  return jnp.where(at.any(1), jnp.argmax(at, axis=1), -1).astype(jnp.int32)
+
+
+def pairwise_sum(x: jax.Array) -> jax.Array:
+  """x [..., n] summed over its last axis as a fixed binary tree of elementwise adds over n padded with zeros
+  to a power of two: the same bits whatever the shape around it (a backend's own reduction vectorises by
+  shape), and whatever the zeros past the last nonzero entry (padding to 2n adds exact zeros first)."""
+  n = 1 << max(0, int(x.shape[-1] - 1).bit_length())
+  x = jnp.pad(x, ((0, 0),) * (x.ndim - 1) + ((0, n - x.shape[-1]),))
+  while x.shape[-1] > 1:
+    half = x.shape[-1] // 2
+    x = x[..., :half] + x[..., half:]
+  return x[..., 0]
+
+
+def max_depth(anc) -> int:
+  """The deepest node of the ancestor mask anc [T, T] (T - 1 when the mask is traced, not a constant)."""
+  try:
+    return int(np.asarray(anc).astype(bool).sum(-1).max()) - 1
+  except jax.errors.TracerArrayConversionError:
+    return anc.shape[0] - 1
 
 
 def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, tokens: int, scale: float,
-                    softcap: float | None, precision) -> jax.Array:
+                    softcap: float | None, precision, fixed: FixedShapes,
+                    tree: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
   """Folded queries qf [B, K, T*G, D] of `tokens` = T query tokens, one layer's k/v [B, K, S, D] (already in
-  the dot's dtype) and the visibility mask [B, T*G, S] -> [B, K, T*G, D] float32, in tiles of QUERY_TOKENS
-  tokens (see the module docstring; more run as a loop, each tile reading the whole cache) and KEY_BLOCK
-  slot blocks."""
+  the dot's dtype) and the visibility mask [B, T*G, S] -> [B, K, T*G, D] float32, in tiles of
+  fixed.query_tokens tokens (more run one after another, each tile reading the whole cache).
+
+  With tree = (base [B], anc [T, T]) (a PrefixTree rule: slots < base the prefix, the T new tokens at
+  base + j), a query at position p sums its values in two parts that depend on p alone: the prefix
+  [0, s) with s = p - W rounded down to whole key blocks (W = (tail_blocks - 1) blocks) as one dot over
+  the cache, whose zeros past s add nothing; and the tail, tail_blocks blocks from s on, with the query
+  token's ancestors gathered to their canonical slots base + depth (tree_sources), as one dot over those
+  slots. A tree node's output is then bitwise the one-token step's at its position (chains and plain
+  steps take the same path), whatever the slot count or the batch. Without `tree` (a ring's DenseMask):
+  value sums over key blocks added in slot order."""
   b, kh, tg, d = qf.shape
   s = k.shape[2]
   g = tg // tokens
-  tiles = -(-tokens // QUERY_TOKENS)
-  q0 = QUERY_TOKENS * g
-  if tiles == 1 and not pad_query_tile():     # one short tile left unpadded (at least 2 rows): see the docstring
+  tiles = -(-tokens // fixed.query_tokens)
+  q0 = fixed.query_tokens * g
+  if tiles == 1 and not fixed.pad_query_tile:   # one short tile left unpadded (at least 2 rows): see the docstring
     q0 = max(tg, 2)
+  tt = q0 // g                                  # query tokens per tile (padding included)
   pad = tiles * q0 - tg
   qf = jnp.pad(qf, ((0, 0), (0, 0), (0, pad), (0, 0)))
   mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
-  blk = key_block(s)
+  blk = key_block(s, fixed)
   nb = s // blk
-  vb = v.reshape(b, kh, nb, blk, d)
+  slot_ids = jnp.arange(s, dtype=jnp.int32)
+  if tree is not None:
+    # sums of probabilities as dots too (a backend's own reduction vectorises by shape; a dot against two
+    # columns of ones, computed so that XLA cannot fold them into a reduction, sums in one fixed order)
+    ones = jnp.broadcast_to(unknown_one(qf), (b, kh, s, 2)).astype(v.dtype)
+    base = tree[0].astype(jnp.int32)
+    anc = jnp.pad(tree[1].astype(bool), ((0, tiles * tt - tokens), (0, 0)))  # padded tokens see nothing new
+    src = jnp.pad(tree_sources(tree[1]), ((0, tiles * tt - tokens), (0, 0)), constant_values=-1)
+    depth = jnp.maximum(anc.sum(-1).astype(jnp.int32) - 1, 0)                # [T'] each token's depth
+    width = fixed.tail_blocks * blk
+    lookback = (fixed.tail_blocks - 1) * blk
+    deepest = max_depth(tree[1])
+    if deepest > lookback:
+      raise ValueError(f"a round of depth {deepest} exceeds fixed-shape attention's tail of {lookback} slots "
+                       f"(FixedShapes.tail_blocks={fixed.tail_blocks}, key_block={blk})")
 
-  def tile(args):
+  one = unknown_one(qf)
+
+  def scores(qt, mt):
+    """The [B, K, q0, S] logits with invisible slots at NEG_BIG, and their max (exact in any order)."""
+    logits = softcapped(rounded(jnp.einsum("BKQD,BKSD->BKQS", qt, k, preferred_element_type=jnp.float32,
+                                           precision=precision) * scale, one), softcap)
+    logits = jnp.where(mt[:, None], logits, NEG_BIG)
+    return logits, logits.max(-1, keepdims=True)
+
+  def value_dot(p, vals, eq):
+    return jnp.einsum(eq, p.astype(v.dtype), vals, preferred_element_type=jnp.float32, precision=precision)
+
+  def block_tile(args):
     qt, mt = args                                                              # [B, K, q0, D], [B, q0, S]
-    logits = softcapped(jnp.einsum("BKQD,BKSD->BKQS", qt, k, preferred_element_type=jnp.float32,
-                                   precision=precision) * scale, softcap)
-    seen = mt[:, None]
-    logits = jnp.where(seen, logits, NEG_BIG)
-    top = logits.max(-1, keepdims=True)                                        # a max is exact in any order
-    p = jnp.where(seen, jnp.exp(logits - top), 0.0).reshape(b, kh, q0, nb, blk)
-    part_l = p.sum(-1)                                                         # [B, K, q0, nb]
-    part_o = jnp.einsum("BKQnS,BKnSD->BKnQD", p.astype(v.dtype), vb, preferred_element_type=jnp.float32,
-                        precision=precision)                                  # [B, K, nb, q0, D]
+    logits, top = scores(qt, mt)
+    p = jnp.where(mt[:, None], jnp.exp(logits - top), 0.0).reshape(b, kh, q0, nb, blk)
+    part_o = value_dot(p, v.reshape(b, kh, nb, blk, d), "BKQnS,BKnSD->BKnQD")   # [B, K, nb, q0, D]
+    part_l = pairwise_sum(p)                                                   # [B, K, q0, nb]
     o, l = part_o[:, :, 0], part_l[..., 0]
     for i in range(1, nb):                                                     # in slot order, one by one
       o, l = o + part_o[:, :, i], l + part_l[..., i]
     return o / l[..., None]
 
-  if tiles == 1:
-    out = tile((qf, mask))
+  def tree_tile(args):
+    qt, mt, at, st, dt = args                # [B, K, q0, D], [B, q0, S], [tt, T], [tt, T], [tt]
+    logits, top = scores(qt, mt)
+    pos = base[:, None] + dt[None, :]                                          # [B, tt] query positions
+    cut = jnp.maximum((pos - lookback) // blk * blk, 0)                        # [B, tt] where the tail starts
+    cut_q = jnp.repeat(cut, g, axis=1)                                         # [B, q0]
+    p = jnp.where(slot_ids[None, None, None, :] < cut_q[:, None, :, None], jnp.exp(logits - top), 0.0)
+    o = value_dot(p, v, "BKQS,BKSD->BKQD")                                     # the prefix: one dot
+    l = value_dot(p, ones, "BKQS,BKSE->BKQE")[..., 0]
+    c = cut[:, :, None] + jnp.arange(width, dtype=jnp.int32)[None, None, :]    # [B, tt, C] canonical slots
+    rel = c - base[:, None, None]
+    node = jnp.take_along_axis(jnp.broadcast_to(st[None], (b,) + st.shape), jnp.clip(rel, 0, tokens - 1), axis=2)
+    live = jnp.where(rel < 0, True, (rel <= dt[None, :, None]) & (node >= 0)) & (c < s)
+    slot = jnp.where(live, jnp.where(rel < 0, c, base[:, None, None] + node), 0)   # [B, tt, C]
+    rows = jnp.repeat(slot, g, axis=1)                                         # [B, q0, C]
+    lt = jnp.take_along_axis(logits, jnp.broadcast_to(rows[:, None], (b, kh, q0, width)), axis=3)
+    pt = jnp.where(jnp.repeat(live, g, axis=1)[:, None], jnp.exp(lt - top), 0.0)  # [B, K, q0, C]
+    vt = jnp.take_along_axis(v[:, :, None], slot[:, None, :, :, None], axis=3)  # [B, K, tt, C, D]
+    ot = value_dot(pt.reshape(b, kh, tt, g, width), vt, "BKTGC,BKTCD->BKTGD").reshape(b, kh, q0, d)
+    lt_sum = value_dot(pt.reshape(b, kh, tt, g, width), ones[:, :, None, :width], "BKTGC,BKTCE->BKTGE")
+    return (o + ot) / (l + lt_sum.reshape(b, kh, q0, -1)[..., 0])[..., None]
+
+  qs = qf.reshape(b, kh, tiles, q0, d)
+  ms = mask.reshape(b, tiles, q0, s)
+  if tree is None:
+    outs = [block_tile((qs[:, :, i], ms[:, i])) for i in range(tiles)]
   else:
-    qs = jnp.moveaxis(qf.reshape(b, kh, tiles, q0, d), 2, 0)
-    ms = jnp.moveaxis(mask.reshape(b, tiles, q0, s), 1, 0)
-    out = jnp.moveaxis(jax.lax.map(tile, (qs, ms)), 0, 2).reshape(b, kh, tiles * q0, d)
-  return out[:, :, :tg]
+    ats, sts, dts = (x.reshape(tiles, tt, *x.shape[1:]) for x in (anc, src, depth))
+    outs = [tree_tile((qs[:, :, i], ms[:, i], ats[i], sts[i], dts[i])) for i in range(tiles)]
+  return jnp.concatenate(outs, axis=2)[:, :, :tg]
