@@ -73,7 +73,7 @@ def _is_number(v) -> bool:
 
 
 # field -> (kind, type check, limits, range check); range checks see values that passed the type check
-_NUMBERS = {
+NUMBER_CHECKS = {
     "max_new_tokens": ("an integer", _is_int, ">= 1", lambda v: v >= 1),
     "seed": ("an integer", _is_int, "in [0, 2**32)", lambda v: 0 <= v < SEED_LIMIT),
     "num_samples": ("an integer", _is_int, ">= 1", lambda v: v >= 1),
@@ -88,14 +88,14 @@ _NUMBERS = {
 def check_number(name: str, value: Any) -> None:
   """OptionError unless `value` (not None) is of the kind and inside the limits of number field `name` (one
   of NUMBER_FIELDS): the one place these ranges are written (Sampling and DecodeSettings check by it too)."""
-  kind, is_kind, limits, in_range = _NUMBERS[name]
+  kind, is_kind, limits, in_range = NUMBER_CHECKS[name]
   if not is_kind(value):
     raise OptionError(name, value, kind, limits, type_error=True)
   if not in_range(value):
     raise OptionError(name, value, kind, limits)
 
 
-NUMBER_FIELDS = tuple(_NUMBERS)
+NUMBER_FIELDS = tuple(NUMBER_CHECKS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
