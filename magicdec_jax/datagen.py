@@ -7,12 +7,13 @@ every (id, sample) already in the output is skipped, so a resumed run ends with 
 sample's random stream depends only on (seed, id, sample index) (`stream_id`) and its own round count, so
 what a record holds never depends on which run, slot or neighbours produced it.
 
-Input formats: native lines `{"id", "prompt" | "messages"}` and OpenAI batch request lines
-(openai_batch.py: each request with its own max_tokens, stop, n, seed, temperature, top_p; one output line
-per choice in the batch output shape, bad requests as error lines). Requests with their own temperature /
-top_p share one `generate_stream` (per-row sampling: the settings are data in the loop); the loop compiles
-the log-probability setting in, so requests are grouped by it, each group its own stream (plan and
-executables); the summary says how many groups ran.
+Input formats: native lines `{"id", "prompt" | "messages"}`, each with its own options by their
+`options.RequestOptions` names (NATIVE_OPTIONS), and OpenAI batch request lines (openai_batch.py: each
+request with its own max_tokens, stop, n, seed, temperature, top_p, response_format; one output line per
+choice in the batch output shape, bad requests as error lines). Both become RequestOptions, checked there.
+Requests with their own temperature / top_p share one `generate_stream` (per-row sampling: the settings
+are data in the loop); the loop compiles the log-probability setting in, so requests are grouped by it,
+each group its own stream (plan and executables); the summary says how many groups ran.
 """
 from __future__ import annotations
 
@@ -25,12 +26,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from magicdec_jax import engine, openai_batch, sampling
+from magicdec_jax import engine, openai_batch, row_features, sampling
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.model import Model
+from magicdec_jax.options import FIELDS, OptionError, RequestOptions
 from magicdec_jax.plan import DecodePlan, bucket, make_plan
 from magicdec_jax.settings import DecodeSettings, decode_settings
-from magicdec_jax.stream import Request, generate_stream, needs_per_row
+from magicdec_jax.stream import Request, generate_stream, with_features
 
 # settings that only steer gamma / tree = "auto": the fingerprint holds the draft and tree auto chose instead
 AUTO_INPUTS = ("gamma", "hardware", "acceptance", "auto_fallback", "learn_acceptance")
@@ -48,41 +50,33 @@ class Item:
   key: str           # json.dumps(id): distinguishes 1 from "1"
   ids: list[int]     # prompt token ids (after chat rendering and truncation)
   truncated: int     # tokens dropped from the left
-  options: dict | None = None   # an OpenAI request's own options (openai_batch.to_native), or a native
-                                #   record's (native_options; None: the run's)
+  options: Any = None    # an OpenAI request's own options (openai_batch.OpenAIOptions), or a native
+                          #   record's RequestOptions (native_options; None: the run's)
 
 
 NATIVE_FIELDS = ("id", "prompt", "messages")
-NATIVE_OPTIONS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "seed", "stop")   # a record's own settings
+# a record's own options: every RequestOptions field but those a native record cannot honour (its samples are
+# the run's num_samples_per_prompt; its output has no log-probabilities)
+NATIVE_OPTIONS = tuple(f for f in FIELDS if f not in ("num_samples", "logprobs", "top_logprobs"))
 
 
-def native_options(rec: dict, max_new_tokens: int) -> dict | None:
-  """A native record's own settings (NATIVE_OPTIONS; None when it has none), checked; a field that is
-  neither a setting nor NATIVE_FIELDS is refused by name."""
+def native_options(rec: dict, max_new_tokens: int) -> RequestOptions | None:
+  """A native record's own options (NATIVE_OPTIONS; None when it has none), checked as RequestOptions
+  (and against the run's budget and the registered row features); a field that is neither an option nor
+  NATIVE_FIELDS is refused by name."""
   unknown = sorted(set(rec) - set(NATIVE_FIELDS) - set(NATIVE_OPTIONS))
   if unknown:
     raise DatagenError(f"unknown field(s) {', '.join(map(repr, unknown))} (a record holds "
                        f"{', '.join(NATIVE_FIELDS)} and its own {', '.join(NATIVE_OPTIONS)})")
-  opts = {k: rec[k] for k in NATIVE_OPTIONS if rec.get(k) is not None}
-  if not opts:
+  own = {k: rec[k] for k in NATIVE_OPTIONS if rec.get(k) is not None}
+  if not own:
     return None
-  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)          # noqa: E731
-  integer = lambda v: isinstance(v, int) and not isinstance(v, bool)                   # noqa: E731
-  checks = {"max_new_tokens": (lambda v: integer(v) and 1 <= v <= max_new_tokens,
-                               f"an integer in [1, {max_new_tokens}] (the run's max_new_tokens)"),
-            "temperature": (lambda v: number(v) and v >= 0, "a number >= 0"),
-            "top_k": (lambda v: integer(v) and v >= 0, "an integer >= 0"),
-            "top_p": (lambda v: number(v) and 0 < v <= 1, "a number in (0, 1]"),
-            "min_p": (lambda v: number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-            "seed": (lambda v: integer(v) and 0 <= v < 2**32, "an integer in [0, 2**32)"),
-            "stop": (lambda v: isinstance(v, str) and v or isinstance(v, list) and v and
-                     all(isinstance(x, str) and x for x in v), "a non-empty string or list of them")}
-  for k, v in opts.items():
-    ok, what = checks[k]
-    if not ok(v):
-      raise DatagenError(f"'{k}' must be {what}, got {json.dumps(v)}")
-  if isinstance(opts.get("stop"), str):
-    opts["stop"] = [opts["stop"]]
+  try:
+    opts = RequestOptions(**own)
+    opts.check_budget(max_new_tokens)
+    row_features.check_served(opts)
+  except OptionError as e:
+    raise DatagenError(e.render(f"'{e.field}'")) from None
   return opts
 
 
@@ -163,11 +157,16 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
       options = None
       if openai:
         try:
-          rec, options = openai_batch.to_native(rec, max_new_tokens=max_new_tokens)
+          native, options = openai_batch.to_native(rec, max_new_tokens=max_new_tokens)
+          try:
+            row_features.check_served(options.request)
+          except OptionError as e:
+            raise openai_batch.body_error(e, rec["body"]) from None
         except openai_batch.RequestError as e:
           if isinstance(rec, dict) and isinstance(rec.get("custom_id"), str):
             rid = rec["custom_id"]
           raise DatagenError(str(e)) from None
+        rec = native
       if not isinstance(rec, dict):
         raise DatagenError(f"expected a JSON object, got {type(rec).__name__}")
       if "id" not in rec:
@@ -331,8 +330,7 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
       more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
       raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
     if fmt == "native" and any(it.options for it in items):
-      own = [Request([0], **it.options) for it in items if it.options]
-      st = st.replace(per_row_sampling=st.per_row_sampling or needs_per_row(own, st.sampler))
+      st = with_features(st, [it.options for it in items if it.options], model)
     try:
       used = plan_over(model, st, items, batch_size, mesh, device_memory)
     except ValueError as e:
@@ -355,8 +353,8 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
     else:
       jobs = [(it, [s for s in range(num_samples) if (it.key, s) not in done]) for it in items]
       jobs = sorted((j for j in jobs if j[1]), key=lambda j: (bucket(len(j[0].ids)), j[0].line))
-      requests = [Request(it.ids, stream_ids=[stream_id(it.id, s) for s in samples], tag=(it, samples),
-                          **(it.options or {})) for it, samples in jobs]
+      requests = [Request.of(it.ids, it.options or RequestOptions(), tag=(it, samples),
+                             stream_ids=[stream_id(it.id, s) for s in samples]) for it, samples in jobs]
       bar = _bar(sum(len(j[1]) for j in jobs), len(done), progress)
       stats = _generate_jobs(model, [(requests, dict(gen, decode_plan=used))],
                              lambda it, s, res: _record(model, it, s, res), out_f, bar)
@@ -435,9 +433,9 @@ def _generate_jobs(model, streams, line, out_f, bar) -> dict:
 def _run_openai(model, st: DecodeSettings, items, errors, done, out_f, gen, progress, plan_kw) -> dict:
   """OpenAI batch requests: error lines for the bad ones not yet written, then every missing (custom_id,
   choice) in one stream per log-probability setting (its own plan and executables); requests with their
-  own temperature / top_p share it, their settings data in the loop (per_row_sampling). A request with a seed draws choice s from stream id s with that seed (two requests with
-  the same seed, prompt and settings give the same choices); without one, from stream_id(custom_id, s)
-  with the run's seed."""
+  own temperature / top_p share it, their settings data in the loop (per_row_sampling). A request with a
+  seed draws choice s from stream id s with that seed (two requests with the same seed, prompt and
+  settings give the same choices); without one, from stream_id(custom_id, s) with the run's seed."""
   n_err = 0
   for e in errors:
     if ("error", f"batch_req_line_{e['line']}") not in done:
@@ -445,22 +443,22 @@ def _run_openai(model, st: DecodeSettings, items, errors, done, out_f, gen, prog
       n_err += 1
   groups: dict[tuple, list] = {}
   for it in items:
-    groups.setdefault((it.options["logprobs"], it.options["top_logprobs"]), []).append(it)
+    groups.setdefault((it.options.request.logprobs, it.options.request.top_logprobs), []).append(it)
   streams, todo = [], 0
   for (lp, top), group in sorted(groups.items()):
-    jobs = [(it, [s for s in range(it.options["n"]) if (it.key, s) not in done]) for it in group]
+    jobs = [(it, [s for s in range(it.options.request.num_samples) if (it.key, s) not in done]) for it in group]
     jobs = sorted((j for j in jobs if j[1]), key=lambda j: (bucket(len(j[0].ids)), j[0].line))
     if not jobs:
       continue
     todo += sum(len(s) for _, s in jobs)
-    reqs = [Request(it.ids, tag=(it, s), seed=it.options["seed"], max_new_tokens=it.options["max_new_tokens"],
-                    stop=it.options["stop"], temperature=it.options["temperature"],
-                    top_p=None if it.options["temperature"] == 0 else it.options["top_p"],
-                    stream_ids=[x if it.options["seed"] is not None else stream_id(it.id, x) for x in s])
-            for it, s in jobs]
+    reqs = []
+    for it, s in jobs:
+      o = dataclasses.replace(it.options.request, num_samples=None)    # its missing choices: stream_ids
+      reqs.append(Request.of(it.ids, o, tag=(it, s),
+                             stream_ids=[x if o.seed is not None else stream_id(it.id, x) for x in s]))
     g_st = st.replace(logprobs=lp, top_logprobs=top)
     try:
-      g_st = g_st.replace(per_row_sampling=needs_per_row(reqs, g_st.sampler))
+      g_st = with_features(g_st, [it.options.request for it, _ in jobs], model)
       used = plan_over(model, g_st, group, mesh=plan_kw["mesh"], batch_size=plan_kw["batch_size"],
                        device_memory=plan_kw["device_memory"])
     except ValueError as e:

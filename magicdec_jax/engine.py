@@ -21,12 +21,15 @@ import tqdm
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from magicdec_jax import compile as compiling
-from magicdec_jax import loop, schedule, shrink, slots
+from magicdec_jax import loop, row_features, schedule, shrink, slots
+from magicdec_jax.loop_state import Rows
 from magicdec_jax.model import Model, full_forward
 from magicdec_jax.plan import DecodePlan, make_plan
 from magicdec_jax.plan import replan as plan_replan
 from magicdec_jax.prompts import pad_prompts, prompt_ids
-from magicdec_jax.sampling import ROW_FIELDS, RowSampling
+from magicdec_jax.options import OptionError, RequestOptions
+from magicdec_jax.row_features import Run
+from magicdec_jax.sampling import ROW_FIELDS
 from magicdec_jax.settings import DecodeSettings, decode_settings
 from magicdec_jax.sharding import rules
 
@@ -75,9 +78,9 @@ def row_stat(new_tokens: int, rounds: int, accepted: int, drafted: int) -> dict[
           "acceptance_rate": rate, "mean_accepted_length": mean}
 
 
-def logprob_arrays(x) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None:
-  """The log-probability buffers of a LoopState or shrink.Finished on the host: (logprob [B, M], top ids
-  [B, M, K], top log-probs [B, M, K]), the top ones None without alternatives; None: logprobs off."""
+def logprob_arrays(x: Rows) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+  """The log-probability buffers of a LoopState's rows or shrink.Finished's on the host: (logprob [B, M],
+  top ids [B, M, K], top log-probs [B, M, K]), the top ones None without alternatives; None: logprobs off."""
   if x.out_logprob.shape[1] == 0:
     return None
   top = x.out_top_ids.shape[-1] > 0
@@ -108,9 +111,9 @@ def check_shrink_batch(shrink_batch, p: DecodePlan) -> None:
                      "multiple of the data shards)")
 
 
-def _initial_state(tokens, lengths, max_new, eos, keys, target, ring, row_sampling, **static) -> loop.LoopState:
-  """loop.initial_state with the rows' sampling settings positional (the engine passes its arrays so)."""
-  return loop.initial_state(tokens, lengths, max_new, eos, keys, target, ring, row_sampling=row_sampling, **static)
+def _initial_state(tokens, lengths, max_new, eos, keys, target, ring, features, **static) -> loop.LoopState:
+  """loop.initial_state with the row features' states positional (the engine passes its arrays so)."""
+  return loop.initial_state(tokens, lengths, max_new, eos, keys, target, ring, features=features, **static)
 
 
 class Engine:
@@ -130,6 +133,8 @@ class Engine:
       dcfg = self.draft_cfg if self.draft_cfg is not None else self.cfg
       self.draft_params = rules.place_params(p.draft.params(model), dcfg, self.mesh)
     self.param_sh = self._params_sh()      # the placed params' shardings: fixed, so computed once
+    self.features = row_features.enabled(p.settings)      # the row features compiled in
+    self.run_info = Run(dataclasses.replace(p.sampling, per_row=False), self.cfg.vocab_size, model.tokenizer)
     self.learning: schedule.Learning | None = None
     if p.learn:
       self.learning = schedule.Learning(p.prior_alpha, self._replan,
@@ -192,44 +197,47 @@ class Engine:
     return self._run("prefill_draft", loop.prefill_draft, args, self._static(chunk=chunk), in_sh,
                      lambda ring: self._state_sh((None, ring))[1])
 
-  def row_sampling(self, n: int) -> RowSampling:
-    """n rows of the plan's own sampling settings (what a row without its own gets)."""
-    return RowSampling.uniform(self.plan.settings.sampler, n)
+  def feature_rows(self, options: Sequence[RequestOptions] | int) -> dict:
+    """The states of the row features compiled in for these requests' options (an int n: n rows of the
+    run's own settings), [n, ...] each (row_features.fill)."""
+    if isinstance(options, int):
+      options = [RequestOptions()] * options
+    return row_features.fill(self.features, options, self.run_info)
 
   def initial_state(self, tokens, lengths, max_new, keys, target, ring,
-                    row_sampling: RowSampling | None = None) -> loop.LoopState:
+                    features: dict | None = None) -> loop.LoopState:
     """The loop state of a freshly prefilled batch, the caches donated into it (not donated, XLA copies
-    the whole target cache: 0.6 s at SmolLM2 8 x 2048 on CPU, ten AR steps). row_sampling: each row's
-    sampling settings (None: the plan's)."""
+    the whole target cache: 0.6 s at SmolLM2 8 x 2048 on CPU, ten AR steps). features: the rows' row
+    feature states (`feature_rows`; None: the run's own settings on every row)."""
     eos = jnp.asarray(eos_array(self.plan.eos))
-    if row_sampling is None:
-      row_sampling = self.row_sampling(tokens.shape[0])
-    args = (tokens, lengths, max_new, eos, keys, target, ring)
+    if features is None:
+      features = self.feature_rows(int(tokens.shape[0]))
+    args = (tokens, lengths, max_new, eos, keys, target, ring, features)
     static = dict(out_len=self.plan.out_len(), tree=self.tree, num_variants=self.plan.num_variants,
                   logprobs=self.plan.settings.logprob_width)
     in_sh = (self._rows(tokens), self._rows(lengths), self._rows(max_new), self._replicated(), self._rows(keys),
-             *self._state_sh((target, ring)))
-    args, in_sh = (*args, row_sampling), (*in_sh, jax.tree.map(self._rows, row_sampling))
+             *self._state_sh((target, ring)), jax.tree.map(self._rows, features))
     return self.with_schedule(self._run("initial_state", _initial_state, args, static, in_sh, self._state_sh,
                                         donate=("target", "ring")))
 
   def empty_state(self, batch: int, num_slots: int) -> loop.LoopState:
     """`batch` free slots for continuous batching (stream.py), built straight into their shards."""
-    args = (jnp.asarray(eos_array(self.plan.eos)),)
+    features = self.feature_rows(batch)
+    args = (jnp.asarray(eos_array(self.plan.eos)), features)
     static = self._static(batch=batch, num_slots=num_slots, out_len=self.plan.out_len(),
                           num_variants=self.plan.num_variants, logprobs=self.plan.settings.logprob_width)
-    return self.with_schedule(self._run("empty_state", slots.empty_state, args, static, (self._replicated(),),
-                                        self._state_sh))
+    in_sh = (self._replicated(), jax.tree.map(self._rows, features))
+    return self.with_schedule(self._run("empty_state", slots.empty_state, args, static, in_sh, self._state_sh))
 
   def insert(self, state, prefilled, slot_ids, rows, stream_ids, max_new, seed,
-             row_sampling: RowSampling | None = None) -> loop.LoopState:
+             features: dict | None = None) -> loop.LoopState:
     """Prefilled rows (target, ring, tokens, lengths) into free slots of the donated state (slots.insert):
-    the caches keep their shardings, the small arrays are replicated. row_sampling [n]: each entry's
-    sampling settings (None: the plan's)."""
+    the caches keep their shardings, the small arrays are replicated. features: each entry's row feature
+    states ([n, ...], `feature_rows`; None: the run's own settings)."""
     target, ring, *rest = prefilled
-    if row_sampling is None:
-      row_sampling = self.row_sampling(slot_ids.shape[0])
-    rest = (*rest, slot_ids, rows, stream_ids, max_new, seed, row_sampling)
+    if features is None:
+      features = self.feature_rows(int(slot_ids.shape[0]))
+    rest = (*rest, slot_ids, rows, stream_ids, max_new, seed, features)
     st = self._state_sh(state)
     in_sh = (st, *self._state_sh((target, ring)), *(self._replicated() for _ in rest))
     return self._run("insert", slots.insert, (state, target, ring, *rest), {"spec": self.spec}, in_sh, st,
@@ -290,8 +298,9 @@ class Engine:
   # ---- results ---------------------------------------------------------------------------------------------
   def result(self, fin: shrink.Finished, n: int, prefill_s: float, decode_s: float) -> GenerateResult:
     """The first n rows' tokens, texts, finish reasons and figures."""
-    out, n_out, p = fin.out, fin.n_out, self.plan
-    rounds, accepted, acc_at, drafted = fin.rounds[:n], fin.accepted[:n], fin.accepted_at[:n], fin.drafted[:n]
+    rs, p = fin.rows, self.plan
+    out, n_out = rs.out, rs.n_out
+    rounds, accepted, acc_at, drafted = rs.rounds[:n], rs.accepted[:n], rs.accepted_at[:n], rs.drafted[:n]
     toks = [out[i, :n_out[i]].tolist() for i in range(n)]
     reasons = ["eos" if t and t[-1] in p.eos else "length" for t in toks]
     row_stats = [row_stat(len(toks[i]), int(rounds[i]), int(accepted[i]), int(drafted[i])) for i in range(n)]
@@ -318,7 +327,7 @@ class Engine:
     texts = None
     if self.model.tokenizer is not None:
       texts = [self.model.tokenizer.decode(t, skip_special_tokens=False) for t in toks]
-    arrays = logprob_arrays(fin)
+    arrays = logprob_arrays(rs)
     lp = [row_logprobs(arrays, i, len(toks[i])) for i in range(n)]
     logprobs = None if not p.settings.logprobs else [c for c, _ in lp]
     top = None if not p.settings.top_logprobs else [t for _, t in lp]
@@ -337,9 +346,9 @@ def _segmented(decode_fn, bar, target_params, draft_params, state, **static):
 
 
 def with_row_sampling(st: DecodeSettings, rows: Sequence[Mapping[str, Any]] | None, n: int):
-  """(settings, RowSampling [n] or None) for `row_sampling`: one dict per prompt of its own temperature /
-  top_k / top_p over the run's, each checked as Sampling checks them; the settings turn per_row_sampling
-  on. None: (st, None)."""
+  """(settings, RequestOptions [n] or None) for `row_sampling`: one dict per prompt of its own temperature
+  / top_k / top_p / min_p over the run's, each checked as a request's options are; the settings turn
+  per_row_sampling on. None: (st, None)."""
   if rows is None:
     return st, None
   rows = list(rows)
@@ -350,17 +359,15 @@ def with_row_sampling(st: DecodeSettings, rows: Sequence[Mapping[str, Any]] | No
     if not isinstance(r, Mapping) or set(r) - set(ROW_FIELDS):
       raise ValueError(f"row_sampling[{i}] must be a dict of {ROW_FIELDS}, got {r!r:.80}")
     try:
-      out.append(st.sampler.over(**r))
-    except ValueError as e:
+      out.append(RequestOptions(**r))
+    except OptionError as e:
       raise ValueError(f"row_sampling[{i}]: {e}") from None
-  return st.replace(per_row_sampling=True), RowSampling.of(out)
+  return st.replace(per_row_sampling=True), out
 
 
-def pad_row_sampling(rs: RowSampling, b: int) -> RowSampling:
-  """rs [n] padded to b rows (greedy padding rows)."""
-  n = rs.temperature.shape[0]
-  pad = RowSampling.placeholder(b - n)
-  return jax.tree.map(lambda x, y: jnp.concatenate([x, y]), rs, pad)
+def padded(options: Sequence[RequestOptions] | None, b: int) -> list[RequestOptions] | None:
+  """options [n] padded to b rows with the run's own settings (None stays None)."""
+  return None if options is None else list(options) + [RequestOptions()] * (b - len(options))
 
 
 def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, stream_ids: Sequence[int] | None = None,
@@ -405,7 +412,7 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   st = decode_settings(settings, **kwargs)
   ids = prompt_ids(model, prompts, lengths=lengths, attention_mask=attention_mask)
   n = len(ids)
-  st, rows_s = with_row_sampling(st, row_sampling, n)
+  st, rows_o = with_row_sampling(st, row_sampling, n)
   stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
@@ -429,8 +436,9 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
     bar = tqdm.tqdm(total=n * st.max_new_tokens, unit="tok", desc="generate", leave=False)
 
   def decode():
+    opts = padded(rows_o, b)
     state = eng.initial_state(tokens, row_lengths, jnp.asarray(max_new), keys, target, ring,
-                              None if rows_s is None else pad_row_sampling(rows_s, b))
+                              None if opts is None else eng.feature_rows(opts))
     return eng.run(state, shrink_batch, bar)
   try:
     fin, decode_s, decode_compile_s = compiling.timed(decode)

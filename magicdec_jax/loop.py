@@ -4,6 +4,9 @@ One round: propose (a draft fills the tree; autoregressive = the root-only tree,
 verify (one target pass over the tree with a prefix + ancestor mask) -> accept (verify.py) -> commit
 (compact the accepted path into the target cache, refresh the draft ring, write tokens at per-row
 offsets) -> stop (per-row EOS / max_new_tokens). Every row advances on its own; finished rows freeze.
+The row features compiled in (row_features/: per-row sampling, ...) transform the logits the draft draws
+its proposals from and the target's that acceptance reads (`row_features.scores_at`), then see the
+round's emitted tokens (`row_features.end_and_advance`: their states move, and a feature may end a row).
 With several `variants` (adaptive speculation, schedule.py) the loop of one variant returns before a round
 the schedule gives another, and the host re-enters that variant's executable (a `lax.switch` of whole
 rounds copied the caches every round); a plain-decoding round with a draft still commits its token to the
@@ -15,48 +18,26 @@ import dataclasses
 import functools
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from magicdec_jax import row_features
 from magicdec_jax import schedule as sched_lib
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import DraftSpec, Prefill, Round
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.layers.prefill_attention import CausalChunk
+from magicdec_jax.loop_state import LoopState, Rows, Shared, fresh_rows
 from magicdec_jax.model import forward
-from magicdec_jax.sampling import (RowSampling, Sampling, filter_logits, greedy_scores, position_noise,
-                                   probabilities)
+from magicdec_jax.row_features import Nodes
+from magicdec_jax.sampling import Sampling, Scores, position_noise
 from magicdec_jax.trees import Tree
 from magicdec_jax.verify import accept
 
-
-@flax.struct.dataclass
-class LoopState:
-  out: jax.Array         # [B, M] generated tokens (M = max new tokens + tree size)
-  n_out: jax.Array       # [B] tokens written to `out`
-  lengths: jax.Array     # [B] L: committed tokens (prompt + generated); token L-1 is pending in no cache
-  last: jax.Array        # [B] token at position L-1
-  prev: jax.Array        # [B] token at position L-2 (model drafts re-encode it)
-  done: jax.Array        # [B] bool
-  max_new: jax.Array     # [B] per-row budget
-  eos: jax.Array         # [E] stop token ids (-1 padded)
-  keys: jax.Array        # [B] per-row PRNG keys; a row's own round r uses fold_in(key, r)
-  step: jax.Array        # [] rounds run
-  target: KVCache
-  ring: Any              # the draft's state (DraftSpec.empty_ring), None without a draft
-  rounds: jax.Array      # [B] verify steps while active
-  accepted: jax.Array    # [B] accepted draft tokens
-  drafted: jax.Array     # [B] draft tokens proposed on a path (a round's tree depth; 0 in plain rounds)
-  accepted_at: jax.Array  # [B, D] accepted count per tree depth
-  refill_at: jax.Array   # [] decode returns once this many rows are done (B: when all are; traced)
-  sched: sched_lib.Sched  # adaptive speculation: thresholds (data), rounds per variant, switches
-  out_logprob: jax.Array      # [B, M] float32 log-probability of each `out` token ([B, 0]: logprobs off)
-  out_top_ids: jax.Array      # [B, M, K] int32 the K most likely tokens at each position ([B, 0, 0]: K = 0)
-  out_top_logprob: jax.Array  # [B, M, K] float32 their log-probabilities
-  row_sampling: RowSampling   # [B] each row's temperature / top-k / top-p (read when Sampling.per_row)
+__all__ = ["LoopState", "Rows", "Shared", "decode", "draft_config", "initial_state", "path_logprobs", "prefill",
+           "prefill_chunk", "prefill_draft"]
 
 
 def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, lengths: jax.Array | None = None,
@@ -107,17 +88,15 @@ def draft_config(cfg: ModelConfig) -> ModelConfig:
   return dataclasses.replace(cfg, numerics="fast") if cfg.invariant else cfg
 
 
-def path_logprobs(logits: jax.Array, path: jax.Array, emitted: jax.Array, sampling: Sampling, k: int,
-                  rows: RowSampling | None = None):
+def path_logprobs(scores: Scores, path: jax.Array, emitted: jax.Array, k: int):
   """Log-probabilities of the tokens a round emits, from its verify pass: emitted token i [B, D+1] is
-  drawn at the accepted path's node path[:, i], whose target logits [B, N, V] give its distribution: the
-  raw log_softmax (greedy), else the log of the filtered distribution p it is sampled from (not the
-  residual a rejected position's token comes from: its probability under p is what a user asks for).
-  Per-row sampling (rows): each row's own, greedy rows the raw log_softmax.
+  drawn at the accepted path's node path[:, i], whose scores [B, N, V] (after the row features and the
+  sampling filter) give its distribution: greedy rows the model's log_softmax, sampled rows the log of
+  the filtered distribution p they are drawn from (not the residual a rejected position's token comes
+  from: its probability under p is what a user asks for).
   -> (logprob [B, D+1], and with k > 0 the k most likely tokens [B, D+1, k] and their log-probs)."""
-  at = jnp.take_along_axis(logits, path[:, :, None], axis=1).astype(jnp.float32)     # [B, D+1, V]
-  logp = jax.nn.log_softmax(at if sampling.greedy else greedy_scores(at, filter_logits(at, sampling, rows),
-                                                                     sampling, rows), axis=-1)
+  at = jnp.take_along_axis(scores.x, path[:, :, None], axis=1)                      # [B, D+1, V]
+  logp = Scores(at).log_probabilities()
   chosen = jnp.take_along_axis(logp, jnp.maximum(emitted, 0)[:, :, None], axis=2)[:, :, 0]
   if k <= 0:
     return chosen, None, None
@@ -127,40 +106,42 @@ def path_logprobs(logits: jax.Array, path: jax.Array, emitted: jax.Array, sampli
 
 def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec, tree: Tree,
            sampling: Sampling, impl: str) -> LoopState:
-  b = state.lengths.shape[0]
+  rs, sh = state.rows, state.shared
+  b = rs.lengths.shape[0]
   rows = jnp.arange(b)
-  keys = jax.vmap(jax.random.fold_in)(state.keys, state.rounds)   # the row's own round: slot-independent
+  if sampling.per_row and "sampling" not in rs.features:
+    raise ValueError("a per-row Sampling needs the state's per-row sampling rows (initial_state features)")
+  keys = jax.vmap(jax.random.fold_in)(rs.keys, rs.rounds)   # the row's own round: slot-independent
   draft_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
   verify_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2))(keys)
-  base = state.lengths - 1
+  base = rs.lengths - 1
   ring, q, noise = state.ring, None, None
   if sampling.noisy_argmax:     # invariant: the noise of the tokens at positions L .. L + D, shared by all
-    noise = position_noise(state.keys, state.lengths[:, None] + jnp.arange(tree.max_depth + 1)[None, :],
+    noise = position_noise(rs.keys, rs.lengths[:, None] + jnp.arange(tree.max_depth + 1)[None, :],
                            cfg.vocab_size)
-  rows_s = state.row_sampling if sampling.per_row else None
-  r = Round(tree, sampling, target_params, draft_config(cfg), draft_params, state.last, state.prev, state.lengths,
-            draft_keys, noise=noise, rows=rows_s)
+  scores_at = functools.partial(row_features.scores_at, rs.features, sampling)
+  r = Round(tree, sampling, target_params, draft_config(cfg), draft_params, rs.last, rs.prev, rs.lengths,
+            draft_keys, noise=noise, scores=scores_at)
   if spec is None or tree.num_nodes == 1:    # plain decoding (with a draft: a plain round of a schedule)
-    node_tokens = state.last[:, None]
+    node_tokens = rs.last[:, None]
   else:
     node_tokens, draft_dist, ring = spec.propose(ring, r)
     if not (sampling.greedy or sampling.noisy_argmax):
-      q = draft_dist          # already filtered: the q the draft sampled from
+      q = draft_dist          # already transformed and filtered: the q the draft sampled from
   n_nodes = tree.num_nodes
   positions = base[:, None] + jnp.asarray(tree.depths)[None, :]
   slots = base[:, None] + jnp.arange(n_nodes)[None, :]      # virtual: a ring layer keeps them at slot % R
   logits, target, *feats = forward(target_params, cfg, node_tokens, positions, state.target, slots,
                                    PrefixTree(base, jnp.asarray(tree.ancestor_mask)), impl=impl,
                                    feature_layers=() if spec is None else spec.feature_layers)
+  scores = scores_at(logits, Nodes(tree, node_tokens, jnp.arange(n_nodes, dtype=jnp.int32)))
   if sampling.greedy:
-    path, n, nxt, acc_at = accept(tree, True, logits, None, node_tokens, verify_keys)
-  elif sampling.noisy_argmax:   # the target's token at each node: argmax of filtered logits + that noise
-    scores = filter_logits(logits, sampling, rows_s) + noise[:, np.asarray(tree.depths)]
-    path, n, nxt, acc_at = accept(tree, True, greedy_scores(logits, scores, sampling, rows_s), None, node_tokens,
+    path, n, nxt, acc_at = accept(tree, True, scores.x, None, node_tokens, verify_keys)
+  elif sampling.noisy_argmax:   # the target's token at each node: argmax of its scores + that noise
+    path, n, nxt, acc_at = accept(tree, True, scores.noisy(noise[:, np.asarray(tree.depths)]), None, node_tokens,
                                   verify_keys)
-  else:   # (per-row greedy rows: one-hot p and q, so acceptance is the greedy comparison)
-    path, n, nxt, acc_at = accept(tree, False, probabilities(logits, sampling, rows_s), q, node_tokens,
-                                  verify_keys)
+  else:   # (argmax rows: one-hot p and q, so acceptance is the greedy comparison)
+    path, n, nxt, acc_at = accept(tree, False, scores.probabilities(), q, node_tokens, verify_keys)
   if not tree.is_chain:   # move the accepted path's K/V to consecutive (virtual) slots (a chain already is)
     k, v = target.gather(base[:, None] + path)
     target = target.put(base[:, None] + jnp.arange(path.shape[1])[None, :], k, v)
@@ -173,36 +154,37 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   cand = jnp.take_along_axis(node_tokens, path[:, 1:], axis=1)                  # [B, D]
   cand = jnp.concatenate([cand, jnp.zeros((b, 1), jnp.int32)], axis=1)
   emitted = jnp.where(i < n[:, None], cand, jnp.where(i == n[:, None], nxt[:, None], -1))
-  is_eos = (emitted[:, :, None] == state.eos[None, None, :]).any(-1) & (i <= n[:, None])
+  is_eos = (emitted[:, :, None] == sh.eos[None, None, :]).any(-1) & (i <= n[:, None])
   hit_eos = is_eos.any(-1)
   count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=-1) + 1, n + 1)
-  count = jnp.minimum(count, state.max_new - state.n_out)
-  active = ~state.done
+  count = jnp.minimum(count, rs.max_new - rs.n_out)
+  active = ~rs.done
   count = jnp.where(active, count, 0)
-  write_at = jnp.where(i < count[:, None], state.n_out[:, None] + i, state.out.shape[1])
-  out = state.out.at[rows[:, None], write_at].set(emitted, mode="drop")
+  count, ended, features = row_features.end_and_advance(rs.features, emitted, count)
+  finished = hit_eos | (ended if ended is not None else False)
+  write_at = jnp.where(i < count[:, None], rs.n_out[:, None] + i, rs.out.shape[1])
+  out = rs.out.at[rows[:, None], write_at].set(emitted, mode="drop")
   lp = {}
-  if state.out_logprob.shape[1]:    # static shapes: without the buffers, the round computes none of this
-    k = state.out_top_ids.shape[2]
-    chosen, top_ids, top_lp = path_logprobs(logits, path, emitted, sampling, k, rows_s)
-    lp["out_logprob"] = state.out_logprob.at[rows[:, None], write_at].set(chosen, mode="drop")
+  if rs.out_logprob.shape[1]:    # static shapes: without the buffers, the round computes none of this
+    k = rs.out_top_ids.shape[2]
+    chosen, top_ids, top_lp = path_logprobs(scores, path, emitted, k)
+    lp["out_logprob"] = rs.out_logprob.at[rows[:, None], write_at].set(chosen, mode="drop")
     if k:
-      lp["out_top_ids"] = state.out_top_ids.at[rows[:, None], write_at].set(top_ids, mode="drop")
-      lp["out_top_logprob"] = state.out_top_logprob.at[rows[:, None], write_at].set(top_lp, mode="drop")
-  n_out = state.n_out + count
-  prev_tok = jnp.where(n > 0, jnp.take_along_axis(emitted, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0],
-                       state.last)
-  return state.replace(
+      lp["out_top_ids"] = rs.out_top_ids.at[rows[:, None], write_at].set(top_ids, mode="drop")
+      lp["out_top_logprob"] = rs.out_top_logprob.at[rows[:, None], write_at].set(top_lp, mode="drop")
+  n_out = rs.n_out + count
+  prev_tok = jnp.where(n > 0, jnp.take_along_axis(emitted, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0], rs.last)
+  rs = rs.replace(
       out=out, n_out=n_out,
-      lengths=jnp.where(active, state.lengths + n + 1, state.lengths),
-      last=jnp.where(active, nxt, state.last), prev=jnp.where(active, prev_tok, state.prev),
-      done=state.done | (active & (hit_eos | (n_out >= state.max_new))),
-      step=state.step + 1, target=target, ring=ring,
-      rounds=state.rounds + active, accepted=state.accepted + jnp.where(active, n, 0),
-      drafted=state.drafted + jnp.where(active, tree.max_depth, 0),
-      accepted_at=state.accepted_at + jnp.pad(acc_at & active[:, None],
-                                              ((0, 0), (0, state.accepted_at.shape[1] - acc_at.shape[1]))),
-      **lp)
+      lengths=jnp.where(active, rs.lengths + n + 1, rs.lengths),
+      last=jnp.where(active, nxt, rs.last), prev=jnp.where(active, prev_tok, rs.prev),
+      done=rs.done | (active & (finished | (n_out >= rs.max_new))),
+      rounds=rs.rounds + active, accepted=rs.accepted + jnp.where(active, n, 0),
+      drafted=rs.drafted + jnp.where(active, tree.max_depth, 0),
+      accepted_at=rs.accepted_at + jnp.pad(acc_at & active[:, None],
+                                           ((0, 0), (0, rs.accepted_at.shape[1] - acc_at.shape[1]))),
+      features=features, **lp)
+  return LoopState(rs, target, ring, sh.replace(step=sh.step + 1))
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "sampling", "impl", "variants", "variant"),
@@ -237,23 +219,14 @@ def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, s
 def initial_state(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, eos: jax.Array,
                   keys: jax.Array, target: KVCache, ring: Any, out_len: int,
                   tree: Tree, num_variants: int = 1, logprobs: int = -1,
-                  row_sampling: RowSampling | None = None) -> LoopState:
+                  features: dict | None = None) -> LoopState:
   """The loop state of prefilled rows tokens [B, P] / lengths [B]. logprobs (static: settings.logprob_width)
   sizes the log-probability buffers: -1 off ([B, 0] placeholders: the loop compiles as without them), 0 the
-  emitted tokens' only, k > 0 also k alternatives per position. row_sampling: each row's sampling settings
-  (read only by a per-row Sampling; None: greedy placeholders)."""
+  emitted tokens' only, k > 0 also k alternatives per position. features: the row features compiled in,
+  name -> its rows' state [B, ...] (row_features.fill; None: none)."""
   b = tokens.shape[0]
-  rows = jnp.arange(b)
-  m = out_len if logprobs >= 0 else 0
-  k = max(logprobs, 0)
-  return LoopState(
-      out=jnp.full((b, out_len), -1, jnp.int32), n_out=jnp.zeros((b,), jnp.int32), lengths=lengths,
-      last=tokens[rows, lengths - 1], prev=tokens[rows, jnp.maximum(lengths - 2, 0)],
-      done=max_new <= 0, max_new=max_new, eos=eos, keys=keys, step=jnp.zeros((), jnp.int32),
-      target=target, ring=ring, rounds=jnp.zeros((b,), jnp.int32), accepted=jnp.zeros((b,), jnp.int32),
-      drafted=jnp.zeros((b,), jnp.int32),
-      accepted_at=jnp.zeros((b, tree.max_depth), jnp.int32), refill_at=jnp.asarray(b, jnp.int32),
-      sched=sched_lib.empty(num_variants), out_logprob=jnp.zeros((b, m), jnp.float32),
-      out_top_ids=jnp.zeros((b, m if k else 0, k), jnp.int32),
-      out_top_logprob=jnp.zeros((b, m if k else 0, k), jnp.float32),
-      row_sampling=RowSampling.placeholder(b) if row_sampling is None else row_sampling)
+  rows = fresh_rows(tokens, lengths, max_new, keys, out_len=out_len, depth=tree.max_depth, logprobs=logprobs,
+                    features=features)
+  shared = Shared(eos=eos, step=jnp.zeros((), jnp.int32), refill_at=jnp.asarray(b, jnp.int32),
+                  sched=sched_lib.empty(num_variants))
+  return LoopState(rows, target, ring, shared)

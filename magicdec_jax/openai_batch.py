@@ -3,24 +3,33 @@ choice or a bad request -> an output line in the OpenAI batch output shape.
 
 Why a module of its own: datagen.py keeps the run (parsing, resume, crash safety); this one only knows the
 format. Input lines are `{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
-"body": {...}}`; every body field is checked here (type and range), and anything unknown is refused naming
-the field, never silently ignored. A request with n choices gives one output line per choice (its
-`choices[0].index`), written as the choice finishes, so a crash loses at most the choice being written and a
-resume regenerates only the missing (custom_id, index) pairs.
+"body": {...}}`; the body's options convert into `options.RequestOptions` (which checks their types and
+ranges once for every way in; an error names the body field), and this module adds only the format's own
+limits (temperature <= 2, n <= 128, up to 4 stops) and shapes (response_format). Anything unknown is
+refused naming the field, never silently ignored. A request with n choices gives one output line per
+choice (its `choices[0].index`), written as the choice finishes, so a crash loses at most the choice
+being written and a resume regenerates only the missing (custom_id, index) pairs.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
 
+from magicdec_jax.options import SEED_LIMIT, OptionError, RequestOptions
+
 URLS = {"/v1/chat/completions": ("messages", "chat.completion", "chatcmpl-"),
         "/v1/completions": ("prompt", "text_completion", "cmpl-")}
 TOP_FIELDS = {"custom_id", "method", "url", "body"}
-BODY_FIELDS = {"messages", "prompt", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-               "stop", "n", "seed", "logprobs", "top_logprobs"}
+# body field -> the RequestOptions field it sets (response_format: one of json_schema / regex / choices)
+BODY_OPTIONS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens",
+                "temperature": "temperature", "top_p": "top_p", "stop": "stop", "n": "num_samples", "seed": "seed",
+                "logprobs": "logprobs", "top_logprobs": "top_logprobs", "response_format": "json_schema"}
+BODY_FIELDS = {"messages", "prompt", "model"} | set(BODY_OPTIONS)
+FORMAT_LIMITS = {"temperature": 2.0, "n": 128}   # the format's own upper limits, beyond the options' ranges
 MAX_STOPS = 4                  # as the OpenAI API
-SEED_MOD = 2**32               # a seed is reduced modulo this (the loop's PRNG seed is a uint32)
+JSON_SCHEMA_FIELDS = {"name", "schema", "strict", "description"}    # response_format.json_schema's keys
 
 
 class RequestError(ValueError):
@@ -31,34 +40,59 @@ class RequestError(ValueError):
     self.field = field
 
 
+@dataclasses.dataclass(frozen=True)
+class OpenAIOptions:
+  """A request line's own options: its url (the shape of its output) and its RequestOptions (n is its
+  num_samples, max_tokens its max_new_tokens). options[body_field] reads one by its body name."""
+  url: str
+  request: RequestOptions
+
+  def __getitem__(self, body_field: str) -> Any:
+    return self.url if body_field == "url" else getattr(self.request, BODY_OPTIONS[body_field])
+
+
 def is_openai(first: dict) -> bool:
   """Whether a parsed first input line is an OpenAI batch request (it has "custom_id" and "body")."""
   return isinstance(first, dict) and "custom_id" in first and "body" in first
 
 
-def _int(body: dict, name: str, lo: int, hi: int | None = None) -> int | None:
-  v = body.get(name)
-  if v is None:
-    return None
-  if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-    rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-    raise RequestError(f"body.{name} must be an integer {rng}, got {json.dumps(v)}", name)
-  return v
+def body_error(e: OptionError, body: dict) -> RequestError:
+  """An options error in the body's words (body.<field>), naming the body field that set the option."""
+  names = [k for k, v in BODY_OPTIONS.items() if v == e.field and body.get(k) is not None]
+  if e.field in ("json_schema", "regex", "choices"):
+    names = ["response_format"]
+  name = names[0] if names else e.field
+  return RequestError(e.render(f"body.{name}"), name)
 
 
-def _float(body: dict, name: str, lo: float, hi: float) -> float | None:
-  v = body.get(name)
-  if v is None:
-    return None
-  if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-    raise RequestError(f"body.{name} must be a number in [{lo}, {hi}], got {json.dumps(v)}", name)
-  return float(v)
+def _response_format(rf: Any) -> dict[str, Any]:
+  """response_format -> the options it sets: {"type": "text"} none, "json_object" any JSON object,
+  "json_schema" its json_schema.schema."""
+  if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
+    raise RequestError("body.response_format must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}, "
+                       f"got {json.dumps(rf)}", "response_format")
+  unknown = sorted(set(rf) - {"type", "json_schema"})
+  if unknown:
+    raise RequestError(f"unknown response_format field {unknown[0]!r}", "response_format")
+  if rf["type"] == "text":
+    return {}
+  if rf["type"] == "json_object":
+    return {"json_schema": {"type": "object"}}
+  spec = rf.get("json_schema")
+  if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+    raise RequestError("body.response_format.json_schema must be an object with a \"schema\" object, got "
+                       f"{json.dumps(spec)}", "response_format")
+  unknown = sorted(set(spec) - JSON_SCHEMA_FIELDS)
+  if unknown:
+    raise RequestError(f"unknown response_format.json_schema field {unknown[0]!r}", "response_format")
+  return {"json_schema": spec["schema"]}
 
 
-def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, dict]:
-  """One parsed request line -> (native record {"id", "prompt" | "messages"}, options): options hold
-  url, max_new_tokens, temperature / top_p (None: the run's), stop (list of str), n, seed, logprobs,
-  top_logprobs. Raises RequestError naming the field."""
+def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, OpenAIOptions]:
+  """One parsed request line -> (native record {"id", "prompt" | "messages"}, its OpenAIOptions): url and
+  the RequestOptions of max_tokens (or max_completion_tokens), temperature / top_p (None: the run's), stop,
+  n (default 1), seed (reduced modulo 2**32), logprobs, top_logprobs, response_format. Raises RequestError
+  naming the field."""
   if not isinstance(rec, dict):
     raise RequestError(f"expected a JSON object, got {type(rec).__name__}")
   if "custom_id" not in rec:
@@ -91,36 +125,32 @@ def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, dict]:
   served = body.get("model")          # the model the request names (informational: the run's model serves it)
   if served is not None and not isinstance(served, str):
     raise RequestError(f"body.model must be a string, got {json.dumps(served)}", "model")
-  max_tokens = _int(body, "max_tokens", 1)
-  mct = _int(body, "max_completion_tokens", 1)
-  if max_tokens is None:
-    max_tokens = mct
-  name = "max_tokens" if body.get("max_tokens") is not None else "max_completion_tokens"
-  if max_tokens is not None and max_tokens > max_new_tokens:
-    raise RequestError(f"body.{name}={max_tokens} is over the run's max_new_tokens={max_new_tokens} "
-                       "(which sizes the buffers; raise --max_new_tokens)", name)
-  stop = body.get("stop")
-  if isinstance(stop, str):
-    stop = [stop]
-  if stop is not None and (not isinstance(stop, list) or len(stop) > MAX_STOPS
-                           or not all(isinstance(s, str) and s for s in stop)):
+  given = {name: body[name] for name in BODY_OPTIONS if body.get(name) is not None}
+  own = {BODY_OPTIONS[name]: v for name, v in given.items() if name not in ("response_format", "max_tokens")}
+  if "max_tokens" in given:           # max_tokens wins over max_completion_tokens
+    own["max_new_tokens"] = given["max_tokens"]
+  if "response_format" in given:
+    own.update(_response_format(given["response_format"]))
+  if isinstance(own.get("seed"), int) and not isinstance(own["seed"], bool):
+    own["seed"] %= SEED_LIMIT
+  if own.get("temperature") == 0:     # a greedy request's top_p changes nothing (and asks for no per-row sampling)
+    own.pop("top_p", None)
+  own.setdefault("num_samples", 1)
+  own["logprobs"] = own.get("logprobs", False)
+  own.setdefault("top_logprobs", 0)
+  if isinstance(own.get("stop"), list) and len(own["stop"]) > MAX_STOPS:
     raise RequestError(f"body.stop must be a non-empty string or a list of up to {MAX_STOPS} of them, "
-                       f"got {json.dumps(stop)}", "stop")
-  seed = body.get("seed")
-  if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-    raise RequestError(f"body.seed must be an integer, got {json.dumps(seed)}", "seed")
-  logprobs = body.get("logprobs")
-  if logprobs is not None and not isinstance(logprobs, bool):
-    raise RequestError(f"body.logprobs must be true or false, got {json.dumps(logprobs)}", "logprobs")
-  top = _int(body, "top_logprobs", 0, 20)
-  if top and not logprobs:
-    raise RequestError("body.top_logprobs needs body.logprobs = true", "top_logprobs")
-  options = dict(url=url, max_new_tokens=max_tokens, temperature=_float(body, "temperature", 0.0, 2.0),
-                 top_p=_float(body, "top_p", 0.0, 1.0), stop=stop, n=_int(body, "n", 1, 128) or 1,
-                 seed=None if seed is None else seed % SEED_MOD, logprobs=bool(logprobs), top_logprobs=top or 0)
-  if options["top_p"] == 0.0:
-    raise RequestError("body.top_p must be > 0, got 0", "top_p")
-  return {"id": cid, key: body[key]}, options
+                       f"got {json.dumps(own['stop'])}", "stop")
+  try:
+    options = RequestOptions(**own)
+    options.check_budget(max_new_tokens)
+  except OptionError as e:
+    raise body_error(e, body) from None
+  for name, hi in FORMAT_LIMITS.items():
+    v = getattr(options, BODY_OPTIONS[name])
+    if v is not None and v > hi:
+      raise RequestError(f"body.{name} must be at most {hi} in this format, got {json.dumps(v)}", name)
+  return {"id": cid, key: body[key]}, OpenAIOptions(url, options)
 
 
 def _hash(*parts) -> str:
@@ -151,15 +181,16 @@ def _logprobs(res, model, chat: bool) -> dict | None:
                                                    for c in content]}
 
 
-def output_line(model, custom_id: str, options: dict, prompt_tokens: int, index: int, res, text: str) -> str:
+def output_line(model, custom_id: str, options: OpenAIOptions, prompt_tokens: int, index: int, res,
+                text: str) -> str:
   """The batch output line of one finished choice (its completion text already cut at EOS / a stop)."""
-  _, obj, prefix = URLS[options["url"]]
+  _, obj, prefix = URLS[options.url]
   chat = obj == "chat.completion"
   h = _hash(custom_id, index)
   choice = {"index": index}
   choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
   choice["finish_reason"] = finish_reason(res.finish_reason)
-  choice["logprobs"] = _logprobs(res, model, chat) if options.get("logprobs") else None
+  choice["logprobs"] = _logprobs(res, model, chat) if options.request.logprobs else None
   n_new = len(res.tokens)
   body = {"id": prefix + h, "object": obj, "model": model.name, "choices": [choice],
           "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_new,

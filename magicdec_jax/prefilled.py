@@ -142,7 +142,7 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
   if options is not None:
     kwargs["xla_options"] = options
   st = decode_settings(settings, **kwargs)
-  st, rows_s = engine.with_row_sampling(st, row_sampling, pre.num_prompts)
+  st, rows_o = engine.with_row_sampling(st, row_sampling, pre.num_prompts)
   if not 1 <= st.max_new_tokens <= pre.max_new_tokens:
     raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got "
                      f"{st.max_new_tokens}")
@@ -162,9 +162,10 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
     return target, eng.prefill_draft(target, pre.tokens, pre.lengths, pre.chunk)
   (target, draft_ring), ring_s, ring_compile_s = compiling.timed(ring)
   # the out buffer is sized for the prefill's room, so a shorter budget reuses one executable
-  rows_b = None if rows_s is None else engine.pad_row_sampling(rows_s, b)
+  opts = engine.padded(rows_o, b)
+  feats = None if opts is None else eng.feature_rows(opts)
   fin, decode_s, decode_compile_s = compiling.timed(lambda: eng.run(eng.initial_state(
-      pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), keys, target, draft_ring, rows_b), shrink_batch))
+      pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), keys, target, draft_ring, feats), shrink_batch))
   res = eng.result(fin, n, pre.prefill_s, decode_s)
   res.stats.update(ring_s=ring_s, compile_s=ring_compile_s + decode_compile_s, prefill_compile_s=pre.compile_s,
                    decode_compile_s=decode_compile_s)

@@ -1,7 +1,8 @@
 """Sampling settings and the one filter that turns logits into probabilities.
 
-Target (p) and draft (q) distributions both come from `probabilities`, so temperature / top-k / top-p are
-always applied identically to both.
+Target (p) and draft (q) distributions both come from the same `Scores` (the row features' transform, then
+`filter_logits`: `with_static_filter`), so temperature / top-k / top-p / min-p are always applied
+identically to both.
 
 The top-k and top-p cuts never sort the vocabulary. Each is a threshold on the row's temperature-scaled
 logits, and the kept set is the sorted definition's:
@@ -35,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from magicdec_jax.options import check_number
+
 
 # Names the way tokens are drawn (datagen fingerprints it): a data set resumed under another sampler would
 # mix two sets of samples. rejection: the two-stage inverse CDF of `sample_without_replacement` with
@@ -53,9 +56,10 @@ class Sampling:
   min-p cut (else, after the other cuts, tokens below min_p times the most likely one's probability go). invariant:
   drafter-invariant sampling (a token is the argmax of the filtered logits plus the noise of its
   position, shared by draft and target: `position_noise`); False: speculative rejection sampling.
-  per_row: the rows' temperature / top-k / top-p are a RowSampling passed beside it (mixed batches: greedy
-  rows are then sampled from one-hot distributions, which speculative sampling accepts exactly as greedy
-  decoding would)."""
+  per_row: the rows' temperature / top-k / top-p / min-p are a RowSampling passed beside it (in the loop:
+  the per-row sampling row feature's state, row_features/sampling.py; mixed batches: greedy rows are then
+  sampled from one-hot distributions, which speculative sampling accepts exactly as greedy decoding
+  would)."""
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
@@ -64,14 +68,8 @@ class Sampling:
   min_p: float = 0.0           # 0 means no cut; else drop tokens below min_p x the most likely one's probability
 
   def __post_init__(self):
-    if not (self.temperature >= 0.0):
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if not (0.0 < self.top_p <= 1.0):
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-    if self.top_k < 0:
-      raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-    if not (0.0 <= self.min_p <= 1.0):
-      raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+    for name in ROW_FIELDS:                      # ranges as a request's options have them (options.py)
+      check_number(name, getattr(self, name))
 
   def over(self, **own) -> "Sampling":
     """A row's own settings (ROW_FIELDS; None: this one's) over this sampling, per_row off: each checked
@@ -79,9 +77,8 @@ class Sampling:
     for name, v in own.items():
       if name not in ROW_FIELDS:
         raise ValueError(f"unknown sampling field {name!r} (a row sets {', '.join(ROW_FIELDS)})")
-      kinds = (int, np.integer) if name == "top_k" else (int, float, np.integer, np.floating)
-      if v is not None and (isinstance(v, bool) or not isinstance(v, kinds)):
-        raise ValueError(f"{name} must be a number, got {v!r}")
+      if v is not None:
+        check_number(name, v)
     base = dataclasses.replace(self, per_row=False)
     return dataclasses.replace(base, **{k: (int if k == "top_k" else float)(v) for k, v in own.items()
                                         if v is not None})
@@ -226,12 +223,12 @@ def probabilities(logits: jax.Array, s: Sampling, rows: "RowSampling | None" = N
 
 @flax.struct.dataclass
 class RowSampling:
-  """One `Sampling` per row as data, each [B]: temperature float32 (0 = greedy row), top_k int32 (0 = no
-  cut), top_p float32 (1 = no cut). A new mix of settings is new data, not a new compiled program."""
-  temperature: jax.Array
-  top_k: jax.Array
-  top_p: jax.Array
-  min_p: jax.Array
+  """One `Sampling` per row as data (the per-row sampling row feature's state in the loop). A new mix of
+  settings is new data, not a new compiled program."""
+  temperature: jax.Array   # [B] float32 (0: a greedy row)
+  top_k: jax.Array         # [B] int32 (0: no cut)
+  top_p: jax.Array         # [B] float32 (1: no cut)
+  min_p: jax.Array         # [B] float32 (0: no cut)
 
   @classmethod
   def of(cls, rows) -> "RowSampling":
@@ -310,13 +307,46 @@ def probabilities_rows(logits: jax.Array, rs: RowSampling) -> jax.Array:
   return jnp.where(rows_over(greedy_rows(rs), logits.shape[:-1])[..., None], one_hot, soft)
 
 
-def greedy_scores(logits: jax.Array, scores: jax.Array, s: Sampling, rows: RowSampling | None) -> jax.Array:
-  """scores [B, ..., V] whose argmax picks a row's token (invariant sampling: filtered logits + noise),
-  with a per-row Sampling's greedy rows taking the raw logits instead (their argmax is greedy decoding's)."""
-  if not s.per_row:
+@dataclasses.dataclass(frozen=True)
+class Scores:
+  """What rows draw their next token from at some positions: logits x [B, ..., V] whose softmax is the
+  distribution (-inf: a token that cannot come), and argmax [B] bool, the rows that take argmax(x) instead
+  (greedy rows of a per-row sampling; None: no row does, or a static greedy loop, which argmaxes all).
+  The row features transform it (row_features/: a mask, the per-row filters), the static sampling's
+  filter last (`with_static_filter`); then target and draft read it alike, so verification compares p and
+  q after the same transform."""
+  x: jax.Array
+  argmax: jax.Array | None = None
+
+  def _argmax_rows(self) -> jax.Array:
+    return rows_over(self.argmax, self.x.shape[:-1])[..., None]
+
+  def probabilities(self) -> jax.Array:
+    """float32 [B, ..., V]: softmax(x), one-hot at argmax(x) on argmax rows."""
+    soft = jax.nn.softmax(self.x.astype(jnp.float32), axis=-1)
+    if self.argmax is None:
+      return soft
+    one_hot = jax.nn.one_hot(jnp.argmax(self.x, axis=-1), self.x.shape[-1], dtype=jnp.float32)
+    return jnp.where(self._argmax_rows(), one_hot, soft)
+
+  def noisy(self, noise: jax.Array) -> jax.Array:
+    """float32 scores whose argmax is the token (invariant sampling): x plus Gumbel noise (broadcast
+    against x), argmax rows x alone (their token is greedy decoding's)."""
+    x = self.x.astype(jnp.float32)
+    return x + noise if self.argmax is None else jnp.where(self._argmax_rows(), x, x + noise)
+
+  def log_probabilities(self) -> jax.Array:
+    """float32 log_softmax(x): each token's log-probability under the distribution it is drawn from (an
+    argmax row's: its x, the model's own distribution as far as the features leave it)."""
+    return jax.nn.log_softmax(self.x.astype(jnp.float32), axis=-1)
+
+
+def with_static_filter(scores: Scores, s: Sampling) -> Scores:
+  """The static sampling's temperature and cuts applied to scores (`filter_logits`); nothing where the
+  loop is greedy (argmax of x) or per-row (the per-row sampling feature filters each row)."""
+  if s.greedy or s.per_row:
     return scores
-  greedy = rows_over(greedy_rows(rows), scores.shape[:-1])[..., None]
-  return jnp.where(greedy, logits.astype(jnp.float32), scores)
+  return Scores(filter_logits(scores.x, s), scores.argmax)
 
 
 SAMPLE_BLOCK = 256   # tokens per block of the two-stage inverse-CDF draw

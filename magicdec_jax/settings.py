@@ -15,17 +15,19 @@ from typing import Any
 
 import numpy as np
 
+from magicdec_jax import row_features
 from magicdec_jax.config import NUMERICS
 from magicdec_jax.drafts import Draft, REGISTRY
 from magicdec_jax.backend import FixedShapes, default_numerics
+from magicdec_jax.options import check_number
 from magicdec_jax.pallas import IMPLS
 from magicdec_jax.sampling import MODES as SAMPLING_MODES, Sampling
 from magicdec_jax.schedule import check_forced
 from magicdec_jax.trees import Tree
 
 DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
-MAX_TOP_LOGPROBS = 20    # the most alternatives per position top_logprobs may ask for (OpenAI's limit)
-OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling", "min_p", "fixed_shapes")   # fingerprinted only when set (older data sets resume unchanged)
+OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling", "min_p",   # fingerprinted only when set
+                "row_features", "fixed_shapes")                           # (older data sets resume unchanged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +56,9 @@ class DecodeSettings:
   distribution per position (needs logprobs). Both are compiled in: off, the loop is today's.
   per_row_sampling: every row samples with its own temperature / top-k / top-p, data in the loop state
   (stream.Request's fields; this object's are the defaults), so one executable serves any mix of greedy
-  and sampled rows; off, the loop compiles the one setting in."""
+  and sampled rows; off, the loop compiles the one setting in. row_features: names of further row
+  features to compile in (row_features.REGISTRY; per-row sampling has its own switch, per_row_sampling),
+  so a lazy stream can take requests that need them (a list of requests turns them on by itself)."""
   max_new_tokens: int
   temperature: float = 0.0
   top_k: int = 0
@@ -78,6 +82,7 @@ class DecodeSettings:
   logprobs: bool = False                 # return each emitted token's log-probability
   top_logprobs: int = 0                  # and the k most likely alternatives per position (needs logprobs)
   per_row_sampling: bool = False         # each row's temperature / top-k / top-p as data (mixed batches)
+  row_features: tuple[str, ...] = ()     # further row features compiled in (row_features.REGISTRY names)
 
   def __post_init__(self):
     if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
@@ -116,13 +121,17 @@ class DecodeSettings:
         raise ValueError("schedule needs a draft and a chain (gamma), not a tree")
     if not isinstance(self.logprobs, bool):
       raise ValueError(f"logprobs must be True or False, got {self.logprobs!r}")
-    if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, (int, np.integer)) \
-        or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-      raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs!r}")
+    check_number("top_logprobs", self.top_logprobs)
     if self.top_logprobs and not self.logprobs:
       raise ValueError(f"top_logprobs={self.top_logprobs} needs logprobs=True")
     if not isinstance(self.per_row_sampling, bool):
       raise ValueError(f"per_row_sampling must be True or False, got {self.per_row_sampling!r}")
+    names = self.row_features
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or \
+        any(n not in row_features.REGISTRY or n == "sampling" for n in names) or len(set(names)) != len(names):
+      raise ValueError(f"row_features must be distinct names of {sorted(set(row_features.REGISTRY) - {'sampling'})} "
+                       f"(per-row sampling: per_row_sampling=True), got {names!r}")
+    object.__setattr__(self, "row_features", tuple(names))
     if self.xla_options is not None and not isinstance(self.xla_options, Mapping):
       raise ValueError(f"xla_options must be a dict of XLA option name -> value, got {self.xla_options!r:.80}")
 

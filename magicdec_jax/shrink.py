@@ -6,9 +6,10 @@ at 8 x 8000 on a 2-core CPU the batch ran 30 rounds where the mean row needed 24
 the verify pass is compute-bound, those idle rows are real time.
 
 `decode` runs the loop in stages. A stage of B rows returns once half of them are done
-(`LoopState.refill_at`); the per-row results are copied to the host, the rows still running are gathered
-into a batch of the next power of two that holds them (every per-row leaf: both caches, counters, PRNG
-keys, output buffers), and the next stage goes on from there, down to `min_batch`. A row's computation
+(`LoopState.refill_at`); the per-row results (`LoopState.rows`) are copied to the host, the rows still
+running are gathered into a batch of the next power of two that holds them (every leaf but the shared
+part's: both caches, the rows with their counters, PRNG keys, buffers and row features' states), and the
+next stage goes on from there, down to `min_batch`. A row's computation
 does not depend on the other rows — its own K/V, its own PRNG stream fold_in(key, its own round count)
 — so the tokens are the fixed batch's. Each smaller batch is another executable of the loop, compiled
 once per shape (then kept in the LRU and the persistent cache): a one-off call pays those compiles. The
@@ -28,25 +29,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from magicdec_jax import compile as compiling
-from magicdec_jax.loop import LoopState
-
-SHARED_FIELDS = ("eos", "step", "refill_at", "sched")   # LoopState fields without a batch axis
-ROW_RESULTS = ("out", "n_out", "rounds", "accepted", "accepted_at", "drafted",    # what Finished keeps per row
-               "out_logprob", "out_top_ids", "out_top_logprob")
+from magicdec_jax.loop_state import LoopState, Rows, host_rows
 
 
 @dataclasses.dataclass
 class Finished:
   """The per-row results `Engine.result` reads, for every row of the original batch."""
-  out: np.ndarray          # [B, M]
-  n_out: np.ndarray        # [B]
-  rounds: np.ndarray       # [B]
-  accepted: np.ndarray     # [B]
-  accepted_at: np.ndarray  # [B, D]
-  drafted: np.ndarray      # [B]
-  out_logprob: np.ndarray  # [B, M] ([B, 0]: log-probabilities off)
-  out_top_ids: np.ndarray  # [B, M, K] ([B, 0, 0]: no alternatives asked for)
-  out_top_logprob: np.ndarray  # [B, M, K]
+  rows: Rows               # on the host (numpy): each row's state as its last stage left it ([B, ...])
   step: int                # rounds run, summed over the stages
   stages: list             # [(batch, rounds run at that batch, seconds without compilation), ...]
   gather_s: list = dataclasses.field(default_factory=list)   # seconds of each shrinking copy
@@ -54,10 +43,9 @@ class Finished:
 
 
 def take_rows(state: LoopState, rows: jax.Array) -> LoopState:
-  """The state of rows `rows` [b'] (in that order): every per-row leaf gathered, the rest kept."""
-  shared = {f: getattr(state, f) for f in SHARED_FIELDS}
-  per_row = state.replace(**{f: None for f in SHARED_FIELDS})
-  return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), per_row).replace(**shared)
+  """The state of rows `rows` [b'] (in that order): every per-row leaf gathered, the shared part kept."""
+  taken = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), state.per_row())
+  return taken.replace(shared=state.shared)
 
 
 def _next_batch(active: int, min_batch: int) -> int:
@@ -76,8 +64,7 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
   if not isinstance(min_batch, int) or min_batch < 1:
     raise ValueError(f"min_batch must be an integer >= 1, got {min_batch!r}")
   b = int(state.lengths.shape[0])
-  fin = Finished(**{name: np.zeros(getattr(state, name).shape, getattr(state, name).dtype) for name in ROW_RESULTS},
-                 step=0, stages=[])
+  fin = Finished(rows=None, step=0, stages=[])
   rows = np.arange(b)            # original row of each slot of the current batch
   while True:
     cur = rows.size
@@ -87,8 +74,10 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
                       **static)
     rounds = int(state.step) - step0
     fin.stages.append((cur, rounds, time.perf_counter() - t0 - (compiling.compile_seconds() - c0)))
-    for name in ROW_RESULTS:
-      getattr(fin, name)[rows] = np.asarray(getattr(state, name))
+    now = host_rows(state.rows)
+    if fin.rows is None:
+      fin.rows = jax.tree.map(lambda x: np.zeros((b,) + x.shape[1:], x.dtype), now)
+    jax.tree.map(lambda dst, x: dst.__setitem__(rows, x), fin.rows, now)
     done = np.asarray(state.done)
     if done.all() or not can_shrink:
       fin.step, fin.sched = int(state.step), jax.device_get(state.sched)
@@ -110,5 +99,5 @@ def decode(decode_fn, target_params, draft_params, state: LoopState, *, min_batc
 def finished(state: LoopState) -> Finished:
   """The per-row results of a state every row of which ran in one stage (no shrinking)."""
   b = int(state.lengths.shape[0])
-  return Finished(**{name: np.asarray(getattr(state, name)) for name in ROW_RESULTS}, step=int(state.step),
-                  stages=[(b, int(state.step), None)], sched=jax.device_get(state.sched))
+  return Finished(rows=host_rows(state.rows), step=int(state.step), stages=[(b, int(state.step), None)],
+                  sched=jax.device_get(state.sched))

@@ -11,11 +11,14 @@ A row's random stream depends only on (seed, stream id) and its own round count 
 sample's tokens are the same whatever slot, batch size, refill threshold or neighbours it gets, and the
 same as `generate(..., stream_ids=[id])`. n samples of one prompt are one prefill inserted into n slots.
 
-Requests as users write them: a `Request` may carry its own max_new_tokens (a row budget: data in the
-loop), seed (the seed of the insert call that places it: data too; one insert call per distinct seed of a
-refill), number of samples, stop token ids and stop strings. Stops are found on the host, not in the
-compiled loop: while any active row has stops the loop runs in segments of `stop_check_rounds` rounds (the
-segment limit is data, `schedule.with_limit`), the host decodes each such row's new tokens, and a row whose
+Requests as users write them: a `Request` carries its own options (options.py: declared and validated
+there, the same fields a datagen record or an OpenAI body converts into): max_new_tokens (a row budget:
+data in the loop), seed (the seed of the insert call that places it: data too; one insert call per
+distinct seed of a refill), number of samples, stop token ids and stop strings, and the fields the row
+features serve (row_features/: per-row sampling), whose states the insert writes with the row. Stops are
+found on the host, not in the compiled loop: while any active row has stops the loop runs in segments of
+`stop_check_rounds` rounds (the segment limit is data, `schedule.with_limit`), the host decodes each such
+row's new tokens, and a row whose
 text now holds a stop string (a string split across tokens included) or whose tokens hold a stop id is
 marked done by `finish_rows` (one small donated executable) and its slot refilled as after EOS.
 """
@@ -33,18 +36,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from magicdec_jax import compile as compiling
-from magicdec_jax import engine, schedule
+from magicdec_jax import engine, row_features, schedule
 from magicdec_jax.cache import aligned_slots
+from magicdec_jax.loop_state import host_rows
 from magicdec_jax.model import Model
+from magicdec_jax.options import OptionFields, RequestOptions
 from magicdec_jax.plan import DecodePlan, bucket, make_plan
 from magicdec_jax.prompts import pad_prompts, tokenize_prompts
-from magicdec_jax.sampling import ROW_FIELDS, RowSampling, Sampling
+from magicdec_jax.row_features import Run
 from magicdec_jax.settings import DecodeSettings, decode_settings
 
 
-@dataclasses.dataclass
-class Request:
-  """One prompt (text or token ids) and its own settings (None: the run's).
+@dataclasses.dataclass(frozen=True)
+class Request(OptionFields):
+  """One prompt (text or token ids), and its own options as keywords (options.OptionFields; None: the
+  run's), checked when the stream reads the request (a bad one is refused naming its index and field).
 
   stream_ids: one random-stream id per sample (default: request i gets i * num_samples + s for sample s,
   so with one sample the ids of `generate`; samples past the Generator's num_samples get 2**31 + a hash
@@ -55,44 +61,43 @@ class Request:
   stop: strings that end the output at their first occurrence in the decoded text (the tokens up to and
   including the one completing it are kept; the text is cut before it, or after it with keep_stop);
   stop_token_ids: ids that end it as EOS does (the text is cut before the id's text unless keep_stop);
-  finish_reason "stop". temperature / top_k / top_p / min_p: this request's sampling (None: the run's; a request
-  that sets any needs a stream planned with per_row_sampling, which a list of requests gets by itself).
+  finish_reason "stop". temperature / top_k / top_p / min_p: this request's sampling (None: the run's; a
+  request that sets any needs a stream planned with per_row_sampling, which a list of requests gets by
+  itself). logprobs / top_logprobs: compiled into the loop, so where set they must be the run's.
+  json_schema / regex / choices: structured output, refused until a row feature serves it.
   tag: returned untouched.
   """
   prompt: Any
   stream_ids: Sequence[int] | None = None
   tag: Any = None
-  max_new_tokens: int | None = None
-  seed: int | None = None
-  num_samples: int | None = None
-  stop: Sequence[str] | None = None
-  stop_token_ids: Sequence[int] | None = None
-  keep_stop: bool = False
-  temperature: float | None = None
-  top_k: int | None = None
-  top_p: float | None = None
-  min_p: float | None = None
 
-  def sampling_of(self, run: Sampling) -> Sampling:
-    """This request's sampling: its own fields over the run's (Sampling.over)."""
-    return run.over(**{name: getattr(self, name) for name in ROW_FIELDS})
-
-  @property
-  def own_sampling(self) -> bool:
-    return any(getattr(self, name) is not None for name in ROW_FIELDS)
+  @classmethod
+  def of(cls, prompt: Any, options: RequestOptions, **kw) -> "Request":
+    """A request for `prompt` with these options (kw: stream_ids, tag)."""
+    return cls(prompt, **kw, **options.given())
 
 
-def needs_per_row(requests: Sequence, run: Sampling) -> bool:
-  """Whether some request of a list samples otherwise than the run (a loop with per-row settings)."""
-  base = dataclasses.replace(run, per_row=False)
-  differs = False
+def with_features(st: DecodeSettings, options: Sequence[RequestOptions], model: Model) -> DecodeSettings:
+  """`st` with every row feature some of these requests need compiled in (a list of requests turns
+  per-row sampling on by itself, as it would any registered feature)."""
+  run = Run(dataclasses.replace(st.sampler, per_row=False), model.config.vocab_size, model.tokenizer)
+  for name in row_features.wanted(options, run):
+    feature = row_features.REGISTRY[name]
+    if not feature.enabled(st):
+      st = feature.enable(st)
+  return st
+
+
+def request_options(requests: Sequence) -> list[RequestOptions]:
+  """The checked options of each `Request` of a list (ValueError naming the request's index)."""
+  out = []
   for i, r in enumerate(requests):
-    if isinstance(r, Request) and r.own_sampling:
+    if isinstance(r, Request):
       try:
-        differs |= r.sampling_of(base) != base
+        out.append(RequestOptions.of(r))
       except ValueError as e:
         raise ValueError(f"request {i}: {e}") from None
-  return differs
+  return out
 
 
 @dataclasses.dataclass
@@ -115,13 +120,22 @@ class _Job:
   ids: list[int]
   stream_ids: list[int]
   tag: Any
+  options: RequestOptions    # its own, checked against the run
   taken: int = 0             # samples already placed in a slot
   max_new: int = 0           # token budget
   seed: int = 0
-  stop: tuple[str, ...] = ()
-  stop_ids: frozenset = frozenset()
-  keep_stop: bool = False
-  sampling: Sampling = Sampling()   # its own (per_row off)
+
+  @property
+  def stop(self) -> tuple[str, ...]:
+    return self.options.stop or ()
+
+  @property
+  def stop_ids(self) -> frozenset:
+    return frozenset(self.options.stop_token_ids or ())
+
+  @property
+  def keep_stop(self) -> bool:
+    return bool(self.options.keep_stop)
 
 
 def finish_rows(state, mask):
@@ -176,8 +190,8 @@ class Generator:
       max_prompt_tokens = max((len(self._ids(model, r, i)) for i, r in enumerate(requests)), default=1)
     if decode_plan is None:
       st = decode_settings(settings, **kwargs)
-      if isinstance(requests, Sequence) and not st.per_row_sampling and needs_per_row(requests, st.sampler):
-        st = st.replace(per_row_sampling=True)
+      if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)):
+        st = with_features(st, request_options(requests), model)
       longest = max_prompt_tokens or model.config.max_position_embeddings - st.max_new_tokens
       decode_plan = make_plan(model, st, batch=batch_size, shortest=1, longest=max(longest, 1), mesh=mesh,
                          device_memory=device_memory)
@@ -231,48 +245,40 @@ class Generator:
       raise ValueError(f"request {i}: {e}") from None
 
   def _job(self, i: int, ids: list[int], r: Request) -> _Job:
-    """The request's own settings, checked, with the run's as defaults."""
+    """The request's own options, checked (alone, then against the run), with the run's as defaults."""
+    o = RequestOptions.of(r)
     run_max = self.settings.max_new_tokens
-    max_new = run_max if r.max_new_tokens is None else r.max_new_tokens
-    if isinstance(max_new, bool) or not isinstance(max_new, (int, np.integer)) or not 1 <= max_new <= run_max:
-      raise ValueError(f"max_new_tokens must be an integer in [1, {run_max}] (the run's max_new_tokens sizes "
-                       f"the buffers), got {r.max_new_tokens!r}")
-    for name in ("seed", "num_samples"):
-      v = getattr(r, name)
-      if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
-                            or not (0 <= v < 2**32 if name == "seed" else v >= 1)):
-        raise ValueError(f"{name} must be an integer {'in [0, 2**32)' if name == 'seed' else '>= 1'}, got {v!r}")
-    n = self.num_samples if r.num_samples is None else int(r.num_samples)
+    o.check_budget(run_max)
+    row_features.check_served(o)
+    max_new = run_max if o.max_new_tokens is None else o.max_new_tokens
+    n = self.num_samples if o.num_samples is None else o.num_samples
     sids = r.stream_ids
-    if sids is None and r.seed is not None:
+    if sids is None and o.seed is not None:
       sids = range(n)
     elif sids is None:
       sids = [i * self.num_samples + s if s < self.num_samples else overflow_stream(i, s) for s in range(n)]
     sids = [int(s) for s in sids]
     if not sids or any(not 0 <= s < 2**32 for s in sids):
       raise ValueError(f"stream_ids must be a non-empty list of ints in [0, 2**32), got {sids}")
-    if r.num_samples is not None and len(sids) != n:
+    if o.num_samples is not None and len(sids) != n:
       raise ValueError(f"num_samples={n} but {len(sids)} stream_ids")
-    stop = [r.stop] if isinstance(r.stop, str) else list(r.stop or ())
-    if not all(isinstance(s, str) and s for s in stop):
-      raise ValueError(f"stop must be a list of non-empty strings, got {r.stop!r}")
-    if stop and self.model.tokenizer is None:
+    if o.stop and self.model.tokenizer is None:
       raise ValueError(f"stop strings need a tokenizer; model {self.model.name!r} has none")
-    stop_ids = list(r.stop_token_ids or ())
     vocab = self.model.config.vocab_size
-    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and 0 <= t < vocab for t in stop_ids):
+    if any(t >= vocab for t in o.stop_token_ids or ()):
       raise ValueError(f"stop_token_ids must be token ids in [0, {vocab}), got {r.stop_token_ids!r}")
-    if not isinstance(r.keep_stop, bool):
-      raise ValueError(f"keep_stop must be True or False, got {r.keep_stop!r}")
-    seed = self.seed if r.seed is None else int(r.seed)
-    run = dataclasses.replace(self.plan.sampling, per_row=False)
-    own = r.sampling_of(run)
-    if own != run and not self.plan.sampling.per_row:
-      raise ValueError(f"sets its own sampling ({own}) but the stream was planned without per-row sampling: "
-                       f"pass per_row_sampling=True (a list of requests gets it by itself)")
-    return _Job(i, ids, sids, r.tag, max_new=int(max_new), seed=seed, stop=tuple(stop),
-                stop_ids=frozenset(int(t) for t in stop_ids), keep_stop=r.keep_stop,
-                sampling=own)
+    st = self.settings
+    for name, v, run in (("logprobs", o.logprobs, st.logprobs), ("top_logprobs", o.top_logprobs, st.top_logprobs)):
+      if v is not None and v != run:
+        raise ValueError(f"{name}={v!r} but the stream runs {name}={run!r} (compiled into the loop: plan the "
+                         f"stream with the request's)")
+    for name, feature in row_features.REGISTRY.items():
+      if name not in self.engine.features and feature.wanted(o, self.engine.run_info):
+        own = ", ".join(f for f in feature.fields if getattr(o, f) is not None)
+        raise ValueError(f"sets its own {own} but the stream was planned without the {name!r} row feature: "
+                         f"{feature.switch}")
+    seed = self.seed if o.seed is None else o.seed
+    return _Job(i, ids, sids, r.tag, o, max_new=int(max_new), seed=int(seed))
 
   # ---------------------------------------------------------------------------------------------- device
 
@@ -296,20 +302,19 @@ class Generator:
     return target, ring, tokens_j, lengths_j
 
   def _insert(self, state, pre, entries):
-    """entries: (slot, prefilled row, stream id, token budget, seed, its Sampling); one insert call per
-    distinct seed (the seed is data: one executable), each padded to the batch size (padding rows: the
-    run's sampling)."""
+    """entries: (slot, prefilled row, stream id, token budget, seed, its RequestOptions); one insert call
+    per distinct seed (the seed is data: one executable), each padded to the batch size (padding rows: the
+    run's own settings)."""
     b = self.batch
-    run = dataclasses.replace(self.plan.sampling, per_row=False)
     for seed in sorted({e[4] for e in entries}):
       group = [e for e in entries if e[4] == seed]
-      pad = [(b, 0, 0, 0, seed, run)] * (b - len(group))
+      pad = [(b, 0, 0, 0, seed, RequestOptions())] * (b - len(group))
       cols = list(zip(*(group + pad)))
       slot_a, row_a, sid_a, max_a = (np.asarray(c) for c in cols[:4])
-      rows_s = RowSampling.of(cols[5])
+      features = self.engine.feature_rows(cols[5])
       state = self._timed("insert_s", self.engine.insert, state, pre, jnp.asarray(slot_a, jnp.int32),
                           jnp.asarray(row_a, jnp.int32), jnp.asarray(sid_a, jnp.uint32),
-                          jnp.asarray(max_a, jnp.int32), jnp.asarray(seed, jnp.uint32), rows_s)
+                          jnp.asarray(max_a, jnp.int32), jnp.asarray(seed, jnp.uint32), features)
     return state
 
   def _decode(self, state, step: int, stopping: bool):
@@ -383,7 +388,7 @@ class Generator:
         if left:                                   # more samples of an already prefilled prompt
           r, j = left[0]
           s = free.pop(0)
-          entries.append((s, r, j.stream_ids[j.taken], j.max_new, j.seed, j.sampling))
+          entries.append((s, r, j.stream_ids[j.taken], j.max_new, j.seed, j.options))
           occupant[s] = (j, j.taken)
           seen_rounds[s] = checked[s] = 0
           j.taken += 1
@@ -432,10 +437,10 @@ class Generator:
       finished = [s for s in range(b) if occupant[s] is not None and done[s]]
       if not finished:
         continue
-      out, accepted, drafted = np.asarray(state.out), np.asarray(state.accepted), np.asarray(state.drafted)
-      lp = engine.logprob_arrays(state)
-      results = [self._result(occupant[s], out[s, :n_out[s]].tolist(), int(rounds[s]), int(accepted[s]),
-                              int(drafted[s]), engine.row_logprobs(lp, s, int(n_out[s])))
+      rs = host_rows(state.rows)                     # the harvest: every per-row array, one tree map
+      lp = engine.logprob_arrays(rs)
+      results = [self._result(occupant[s], rs.out[s, :n_out[s]].tolist(), int(rounds[s]), int(rs.accepted[s]),
+                              int(rs.drafted[s]), engine.row_logprobs(lp, s, int(n_out[s])))
                  for s in finished]
       results = [self._cut(res, cuts.get(s)) for res, s in zip(results, finished)]
       for s in finished:

@@ -34,8 +34,8 @@ import numpy as np
 from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask
-from magicdec_jax.sampling import (RowSampling, Sampling, filter_logits, greedy_scores, probabilities,
-                                   sample_without_replacement)
+from magicdec_jax.row_features import Nodes
+from magicdec_jax.sampling import Sampling, Scores, sample_without_replacement, with_static_filter
 from magicdec_jax.trees import Tree
 from magicdec_jax.tuning.draft_cost import DraftCost
 
@@ -59,7 +59,9 @@ class Round:
   pending token (position L-1), previous token (L-2), lengths L and PRNG keys; after verification also
   the target cache (accepted path compacted to slots L-1 ..), the accepted path [B, D+1], count n [B],
   the node tokens [B, N] and the target's features at every node (drafts with `feature_layers`). Under
-  invariant sampling, `noise[:, d]` is the noise of the token a node at depth d proposes (position L + d)."""
+  invariant sampling, `noise[:, d]` is the noise of the token a node at depth d proposes (position L + d).
+  `scores` turns a level's logits into what its children are drawn from (`choose_children` calls it): the
+  loop's row features and sampling filter, the same the target's logits go through."""
   tree: Tree
   sampling: Sampling
   target_params: Any
@@ -75,7 +77,8 @@ class Round:
   node_tokens: jax.Array | None = None
   features: jax.Array | None = None
   noise: jax.Array | None = None      # [B, D+1, V] invariant sampling: the noise of the tokens at depth 1..D+1
-  rows: RowSampling | None = None     # each row's sampling settings (a per-row Sampling), else None
+  scores: Callable[[jax.Array, Nodes], Scores] | None = None   # (logits [B, E, V], nodes) -> Scores;
+                                      # None: the static sampling's filter alone
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,21 +267,23 @@ def scratch_mask(ring: RingCache, sink: int, window: int, anc: jax.Array, q_pos:
 
 # ------------------------------------------------------------------------------------------ tree levels
 
-def choose_children(logits: jax.Array, sampling: Sampling, keys: jax.Array, d, width: int,
-                    noise: jax.Array | None = None, rows: RowSampling | None = None) -> tuple[jax.Array, jax.Array]:
-  """A level's child tokens [B, E, W] from its logits [B, E, V], and the distribution recorded for
-  verification: the logits (greedy: the top W; invariant sampling: the top W of the filtered logits plus
-  the level's position noise noise[:, d], the same noise the target's token there gets) or q, the filtered
-  probabilities the W children were drawn from without replacement (rejection sampling; level d's keys
-  fold_in(row key, 7919 + d)). rows: per-row settings (a per-row Sampling): a greedy row's children are
-  its top W logits under invariant sampling; under rejection sampling its q is one-hot (its argmax)."""
-  if sampling.greedy:
-    return jax.lax.top_k(logits, width)[1].astype(jnp.int32), logits
-  if sampling.noisy_argmax:
-    scores = greedy_scores(logits, filter_logits(logits, sampling, rows) + noise[:, d][:, None, :], sampling, rows)
-    return jax.lax.top_k(scores, width)[1].astype(jnp.int32), logits
-  q = probabilities(logits, sampling, rows)
-  level_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7919 + d))(keys)
+def choose_children(logits: jax.Array, r: Round, d, width: int, expanding: jax.Array,
+                    node_tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """A level's child tokens [B, E, W] from its logits [B, E, V] at nodes `expanding` [E] (node_tokens
+  [B, N]: the levels drawn so far), and the distribution recorded for verification. The logits go through
+  the round's `scores` (the row features, then the sampling filter); then greedy: the top W, recording the
+  scores; invariant sampling: the top W of the scores plus the level's position noise noise[:, d], the
+  same noise the target's token there gets (argmax rows: of the scores alone); rejection sampling: q, the
+  scores' probabilities the W children are drawn from without replacement (level d's keys
+  fold_in(row key, 7919 + d); an argmax row's q is one-hot)."""
+  nodes = Nodes(r.tree, node_tokens, expanding)
+  s = r.scores(logits, nodes) if r.scores is not None else with_static_filter(Scores(logits), r.sampling)
+  if r.sampling.greedy:
+    return jax.lax.top_k(s.x, width)[1].astype(jnp.int32), s.x
+  if r.sampling.noisy_argmax:
+    return jax.lax.top_k(s.noisy(r.noise[:, d][:, None, :]), width)[1].astype(jnp.int32), s.x
+  q = s.probabilities()
+  level_keys = jax.vmap(lambda k: jax.random.fold_in(k, 7919 + d))(r.keys)
   keys_e = jax.vmap(lambda k: jax.random.split(k, logits.shape[1]))(level_keys)
   return sample_without_replacement(keys_e, q, width), q
 

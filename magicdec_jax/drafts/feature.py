@@ -146,7 +146,7 @@ class FeatureSpec(DraftSpec):
                                           DenseMask(mask, key_pos=ring_key_positions(ring, node_pos)))
       logits = feature_head.to_target_vocab(logits, self.vocab, cfg.vocab_size)     # [B, E, V]
       hidden = hidden.at[:, expanding].set(h)
-      children_tok, level_dist = choose_children(logits, r.sampling, r.keys, d, children.shape[1], r.noise, r.rows)
+      children_tok, level_dist = choose_children(logits, r, d, children.shape[1], expanding, node_tokens)
       dist = dist.at[:, expanding].set(level_dist)
       node_tokens = node_tokens.at[:, children].set(children_tok, mode="drop")
       return node_tokens, dist, hidden, ring.replace(k=(k,), v=(v,))

@@ -66,7 +66,7 @@ class RingDraft(DraftSpec):
                              window_attention(self, mask, q_pos, self.num_static,
                                               ring_key_positions(ring, scratch_pos)))
       logits = logits[:, 1:] if with_prev else logits                             # drop prev's output
-      children_tok, level_dist = choose_children(logits, r.sampling, r.keys, d, children.shape[1], r.noise, r.rows)
+      children_tok, level_dist = choose_children(logits, r, d, children.shape[1], expanding, node_tokens)
       dist = dist.at[:, expanding].set(level_dist)
       node_tokens = node_tokens.at[:, children].set(children_tok, mode="drop")
       return node_tokens, dist, ring

@@ -128,7 +128,7 @@ def state_spec(keys: list[str], ndim: int, target: ModelLayout, ring: ModelLayou
   in_ring = "ring" in keys or keys[:1] == ["1"]           # LoopState.ring, or prefill's output[1]
   if len(keys) >= 2 and keys[-2] in ("k", "v") and ndim == 4:     # cache.k[layer]
     return cache_spec(ring if in_ring and ring is not None else target)
-  if name in ("eos", "step") or ndim == 0 or "sched" in keys:     # (LoopState.sched: batch-wide)
+  if "shared" in keys or ndim == 0:                        # LoopState.shared: batch-wide
     return P()
   return P(DATA, *([None] * (ndim - 1)))                   # [B, ...] rows (incl. ring.pos, keys)
 
