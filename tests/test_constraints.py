@@ -177,7 +177,7 @@ def test_regex_allowed_set_equals_partial_match(pattern, byte_vocab):
   module's partial matching), and the state is accepting iff the text fully matches (Python's `re`)."""
   tok = byte_tokenizer()
   a = compile_constraint(Constraint.regex(pattern), byte_vocab)
-  printable = [i for i in range(256) if 32 <= (b := byte_vocab.token_bytes[i][0]) < 127]
+  printable = [i for i in range(256) if 32 <= byte_vocab.token_bytes[i][0] < 127]
   rng = np.random.default_rng(2)
   texts = {""}
   for _ in range(15):
@@ -275,10 +275,20 @@ def test_unsupported_decoder_and_missing_eos_refused():
     build_vocabulary(byte_tokenizer(), [])
 
 
+def digitless_tokenizer():
+  """The byte tokenizer with the ten digit tokens special (never allowed under a constraint)."""
+  tok = byte_tokenizer()
+  tok.add_special_tokens([str(d) for d in range(10)])
+  return tok
+
+
 def test_empty_automaton_refused(byte_vocab):
-  """A regex only characters the vocabulary cannot produce under a constraint would match."""
-  with pytest.raises(ConstraintError, match="cannot compile the constraint|no token sequence"):
-    compile_constraint(Constraint.regex("\U00100000+"), byte_vocab)
+  """No token sequence of the vocabulary matches: refused before anything runs."""
+  with pytest.raises(ConstraintError, match="no text of it can be generated"):
+    Constraint.regex("\U00100000+")
+  no_digits = token_vocabulary(digitless_tokenizer(), [BYTE_EOS], 264)
+  with pytest.raises(ConstraintError, match="no token sequence|cannot compile the constraint over"):
+    compile_constraint(Constraint.regex("a*[0-9]"), no_digits)
 
 
 def test_compile_cache(byte_vocab):

@@ -4,6 +4,7 @@ host to a finite automaton over tokens, stacked per batch into one table that th
   spec.py        Constraint: what a request asks for, checked, in canonical form
   schema.py      JSON Schema -> regex, every keyword honoured or refused by name
   vocabulary.py  a tokenizer's tokens as the bytes decoding emits
+  index.py       outlines-core's Index made exact (a sentinel) and fast (a leading NUL, byte classes)
   automaton.py   TokenAutomaton (token classes, transitions, accepting / forced / done) and its cache
   table.py       AutomatonTable: a batch's automata in one bucketed, padded structure
   ops.py         the jnp side: allowed, advance, chain / tree states, forced, accepting, done

@@ -19,8 +19,9 @@ import numpy as np
 from outlines_core import Index
 
 from magicdec_jax.constraints.errors import ConstraintError
-from magicdec_jax.constraints.spec import Constraint, escape
-from magicdec_jax.constraints.vocabulary import SENTINEL, TokenVocabulary
+from magicdec_jax.constraints.index import token_index
+from magicdec_jax.constraints.spec import Constraint
+from magicdec_jax.constraints.vocabulary import TokenVocabulary
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -57,40 +58,44 @@ class TokenAutomaton:
                                   self.class_size))
 
 
-def _edges(index: Index, vocab_size: int):
-  """outlines-core's index of `(?:R)SENTINEL` with states renumbered 0..S-1: (start, src [E], token [E],
-  dst [E], accepting [S] bool: the sentinel ends the text there, successors: per state the set of next
-  states). The sentinel's and outlines-core's EOS transitions are dropped."""
+def _edges(index: Index, v: int):
+  """The token index with states renumbered 0..S-1: (start: the state after the prefix, src [E], token
+  [E], dst [E] (real tokens only), accepting [S] bool: the sentinel ends the text there, successors: per
+  state the set of next states)."""
   transitions = index.get_transitions()
-  ids = sorted(set(transitions) | set(index.get_final_states()) | {index.get_initial_state()})
+  finals = index.get_final_states()
+  ids = sorted(set(transitions) | set(finals) | {index.get_initial_state()})
   lut = np.full(max(ids) + 1, -1, np.int64)
   lut[ids] = np.arange(len(ids))
   number = {s: i for i, s in enumerate(ids)}
   src, tok, dst = [], [], []
   successors: list[set[int]] = [set() for _ in ids]
   accepting = np.zeros(len(ids), bool)
-  finals = index.get_final_states()
   for s, moves in transitions.items():
-    if vocab_size in moves:
-      accepting[number[s]] = moves[vocab_size] in finals    # else the sentinel continues (inside a string)
-      moves = {t: d for t, d in moves.items() if t < vocab_size}
     n = len(moves)
     tok.append(np.fromiter(moves.keys(), np.int64, n))
     dst.append(lut[np.fromiter(moves.values(), np.int64, n)])
     src.append(np.full(n, number[s], np.int64))
-    successors[number[s]] = {number[d] for d in set(moves.values())}
+    nexts = set(moves.values())
+    virtual = [moves[t] for t in (v, v + 1, v + 2) if t in moves]
+    if virtual:
+      accepting[number[s]] = moves.get(v) in finals     # else the sentinel continues (inside a string)
+      values = list(moves.values())
+      nexts -= {d for d in virtual if values.count(d) == virtual.count(d)}   # reached by no real token
+    successors[number[s]] = {number[d] for d in nexts}
   src, tok, dst = (np.concatenate(x) if x else np.zeros(0, np.int64) for x in (src, tok, dst))
-  keep = tok < vocab_size
-  return number[index.get_initial_state()], src[keep], tok[keep], dst[keep], accepting, successors
+  keep = tok < v
+  start = number[transitions[index.get_initial_state()][v + 2]]
+  return start, src[keep], tok[keep], dst[keep], accepting, successors
 
 
-def _live(start: int, successors: list[set[int]], final: np.ndarray) -> np.ndarray:
+def _live(start: int, successors: list[set[int]], accepting: np.ndarray) -> np.ndarray:
   """The states reachable from start from which an accepting state is reachable, in BFS order from start."""
   back: list[list[int]] = [[] for _ in successors]
   for a, nexts in enumerate(successors):
     for b in nexts:
       back[b].append(a)
-  alive = set(np.flatnonzero(final).tolist())
+  alive = set(np.flatnonzero(accepting).tolist())
   todo = list(alive)
   while todo:
     for a in back[todo.pop()]:
@@ -108,23 +113,24 @@ def _live(start: int, successors: list[set[int]], final: np.ndarray) -> np.ndarr
   return np.asarray(order, np.int64)
 
 
-def _classes(src: np.ndarray, tok: np.ndarray, dst: np.ndarray, num_states: int, vocab: int,
-             seed: int) -> np.ndarray:
+def _classes(src, tok, dst, rep: np.ndarray, num_states: int, seed: int) -> np.ndarray:
   """token -> class id: tokens whose (state -> next state) columns are equal share one. A random linear
-  hash of each column groups them; `_table` then checks the grouping exactly. Classes are numbered by
-  their smallest token."""
+  hash of each representative's column groups them (a token has its representative's); `_table` then
+  checks the grouping exactly. Classes are numbered by their smallest token."""
   r = np.random.default_rng(seed).integers(0, 2**63, size=num_states, dtype=np.uint64) | np.uint64(1)
-  h = np.zeros(vocab, np.uint64)
+  h = np.zeros(len(rep), np.uint64)
   np.add.at(h, tok, r[src] * (dst.astype(np.uint64) + np.uint64(1)))
+  member = rep >= 0
+  h[member] = h[rep[member]]
   _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
   rank = np.empty(len(first), np.int64)
   rank[np.argsort(first, kind="stable")] = np.arange(len(first))
   return rank[inverse.reshape(-1)].astype(np.int32)
 
 
-def _table(src, tok, dst, cls: np.ndarray, num_states: int) -> np.ndarray | None:
+def _table(src, tok, dst, weight, cls: np.ndarray, num_states: int) -> np.ndarray | None:
   """next_state [S, C] from the edges and the classes; None when two tokens of one class differ somewhere
-  (a hash collision)."""
+  (a hash collision). weight [E]: the tokens each edge's token stands for."""
   num_classes = int(cls.max()) + 1
   table = np.full((num_states, num_classes), -1, np.int32)
   table[src, cls[tok]] = dst
@@ -132,7 +138,7 @@ def _table(src, tok, dst, cls: np.ndarray, num_states: int) -> np.ndarray | None
     return None
   size = np.bincount(cls, minlength=num_classes)
   allowed = (table >= 0).astype(np.int64) @ size
-  if not np.array_equal(allowed, np.bincount(src, minlength=num_states)):
+  if not np.array_equal(allowed, np.bincount(src, weights=weight, minlength=num_states).astype(np.int64)):
     return None
   return table
 
@@ -140,33 +146,33 @@ def _table(src, tok, dst, cls: np.ndarray, num_states: int) -> np.ndarray | None
 def compile_regex(regex: str, vocabulary: TokenVocabulary, key: tuple = ()) -> TokenAutomaton:
   """The automaton of `regex` (Rust syntax, full match) over `vocabulary`. Raises ConstraintError when
   outlines-core refuses it or when no token sequence matches it."""
-  try:
-    index = Index(f"(?:{regex}){escape(SENTINEL)}", vocabulary.outlines)
-  except ValueError as e:
-    raise ConstraintError(f"cannot compile the constraint over this vocabulary: {e}") from e
-  eos = vocabulary.eos_ids
-  start, src, tok, dst, final, successors = _edges(index, vocabulary.vocab_size)
-  order = _live(start, successors, final)
+  index, rep, group = token_index(regex, vocabulary)
+  eos, v = vocabulary.eos_ids, vocabulary.vocab_size
+  start, src, tok, dst, accepting, successors = _edges(index, v)
+  order = _live(start, successors, accepting)
   if not len(order):
     raise ConstraintError("no token sequence of this vocabulary satisfies the constraint")
-  renum = np.full(len(final), -1, np.int64)
+  renum = np.full(len(accepting), -1, np.int64)
   renum[order] = np.arange(len(order))
   keep = (renum[src] >= 0) & (renum[dst] >= 0)
   src, tok, dst = renum[src[keep]], tok[keep], renum[dst[keep]]
-  accepting = final[order]
+  accepting = accepting[order]
   acc = np.flatnonzero(accepting)                    # EOS: a self-loop on every accepting state
   src = np.concatenate([src, np.repeat(acc, len(eos))])
   tok = np.concatenate([tok, np.tile(np.asarray(eos, np.int64), len(acc))])
   dst = np.concatenate([dst, np.repeat(acc, len(eos))])
-  num_states, vocab = len(order), vocabulary.vocab_size
+  group = group.copy()
+  group[list(eos)] = 1
+  weight = group[tok]
+  num_states = len(order)
   for seed in range(4):
-    cls = _classes(src, tok, dst, num_states, vocab, seed)
-    table = _table(src, tok, dst, cls, num_states)
+    cls = _classes(src, tok, dst, rep, num_states, seed)
+    table = _table(src, tok, dst, weight, cls, num_states)
     if table is not None:
       break
   else:  # pragma: no cover - four independent 64-bit hash collisions
     raise RuntimeError("token classes: hash collisions on four seeds")
-  count = np.bincount(src, minlength=num_states)
+  count = np.bincount(src, weights=weight, minlength=num_states).astype(np.int64)
   forced = np.full(num_states, -1, np.int32)
   one = count[src] == 1
   forced[src[one]] = tok[one]

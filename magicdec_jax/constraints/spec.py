@@ -12,18 +12,14 @@ import json
 import re
 from typing import Any, Mapping, Sequence
 
-from outlines_core import Index, Vocabulary
-
 from magicdec_jax.constraints.errors import ConstraintError
 from magicdec_jax.constraints.schema import normalize_schema, schema_regex
-from magicdec_jax.constraints.vocabulary import SENTINEL
+from magicdec_jax.constraints.index import byte_index, escape
 
 KINDS = ("json_schema", "regex", "choices")
 ANY_OBJECT = {"type": "object"}                 # response_format json_object: any JSON object
 # Constructs of Python's `re` that are not regular, which the Rust syntax refuses: named in the error.
 _NOT_REGULAR = re.compile(r"\(\?<?[=!]|(?<!\\)\\[1-9]|\(\?P=")
-# Every single byte a token: compiling against it checks a regex's syntax, whatever its text.
-_BYTES = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,8 +45,11 @@ class Constraint:
     if not isinstance(pattern, str):
       raise ConstraintError(f"regex must be a string, got {pattern!r:.60}")
     try:
-      Index(f"(?:{pattern}){escape(SENTINEL)}", _BYTES)
-    except ValueError as e:
+      byte_index(pattern)
+    except ConstraintError as e:
+      if "incompatible" in str(e):
+        raise ConstraintError(f"regex {pattern!r:.80} needs characters U+100000-U+10FFFF somewhere, which "
+                              "constrained decoding never emits: no text of it can be generated") from e
       found = _NOT_REGULAR.search(pattern)
       if found:
         raise ConstraintError(f"regex {pattern!r:.80}: {found.group()!r} (look-around or a backreference) is "
@@ -114,12 +113,6 @@ class Constraint:
     if self.kind == "choices":
       return "|".join(escape(o) for o in json.loads(self.spec))
     return schema_regex(json.loads(self.spec))
-
-
-def escape(text: str) -> str:
-  """`text` as a Rust regex matching exactly it: letters, digits and '_' as themselves, every other
-  character as a \\x{...} escape (unambiguous whatever the character)."""
-  return "".join(c if c.isascii() and (c.isalnum() or c == "_") else f"\\x{{{ord(c):x}}}" for c in text)
 
 
 def make_constraint(*, json_schema: Any = None, regex: Any = None, choices: Any = None,

@@ -18,16 +18,10 @@ import re
 import threading
 from typing import Sequence
 
-from outlines_core import Vocabulary
+import numpy as np
 
 from magicdec_jax.constraints.errors import ConstraintError
 
-# Appended to every regex and reachable only as a virtual token: no proper prefix of a constrained text is
-# then a full match, which outlines-core's Index needs to keep every continuation (it drops a token that
-# ends one byte past a match without completing another). Tokens holding its lead byte (so characters
-# U+100000-U+10FFFF) are never allowed under a constraint.
-SENTINEL = "\U0010FFFF"
-SENTINEL_LEAD = SENTINEL.encode()[:1]
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 _SEQUENCE_STEPS = {"Replace", "ByteFallback", "Fuse", "Strip", "Metaspace"}
 
@@ -57,14 +51,10 @@ class TokenVocabulary:
   fingerprint: str
 
   @functools.cached_property
-  def outlines(self) -> Vocabulary:
-    """outlines-core's Vocabulary of the allowed tokens without those holding the sentinel's lead byte,
-    plus the sentinel as one virtual token (id SENTINEL_ID(self)); its EOS is a virtual id mapping no bytes."""
-    table: dict[bytes, list[int]] = {SENTINEL.encode(): [self.vocab_size]}
-    for i, b in enumerate(self.token_bytes):
-      if b is not None and SENTINEL_LEAD not in b:
-        table.setdefault(b, []).append(i)
-    return Vocabulary(self.vocab_size + 1, table)
+  def candidates(self) -> tuple[np.ndarray, list[bytes]]:
+    """(ids [T] int64, their bytes): the tokens a constraint may allow."""
+    ids = [i for i, b in enumerate(self.token_bytes) if b is not None]
+    return np.asarray(ids, np.int64), [self.token_bytes[i] for i in ids]
 
 
 def _decoder_steps(tokenizer) -> list[dict]:
