@@ -121,6 +121,7 @@ def test_annotations_refs_and_single_allof_normalize_away():
     ({"type": "string", "maxLength": -1}, "maxLength must be a non-negative integer"),
     ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
     ({"type": "string", "pattern": "^abc"}, "anchor both ends"),
+    ({"type": "string", "pattern": "(?=a)a"}, "is not a regex outlines-core compiles"),
     ({"properties": {"a": {}}, "required": ["b"]}, "required property 'b' is not in properties"),
     ({"properties": {"a": {}}, "type": "string"}, "the value generated is an object"),
     ({"$ref": "#/$defs/X"}, "does not resolve"),

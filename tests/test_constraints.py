@@ -13,6 +13,7 @@ import jsonschema
 import numpy as np
 import pytest
 import regex as regex_module
+from outlines_core import Index, Vocabulary
 from tokenizers import Tokenizer, decoders, models
 
 from magicdec_jax import checkpoints
@@ -193,6 +194,40 @@ def test_regex_allowed_set_equals_partial_match(pattern, byte_vocab):
       expect = regex_module.fullmatch(pattern, text + chr(byte_vocab.token_bytes[t][0]), partial=True) is not None
       assert (t in allowed) == expect, (text, chr(byte_vocab.token_bytes[t][0]))
     assert (BYTE_EOS in allowed) == bool(re.fullmatch(pattern, text))
+
+
+def test_outlines_index_alone_drops_continuations_the_automaton_keeps(byte_vocab):
+  """Why index.py appends a sentinel: outlines-core's own Index over single bytes refuses "b" after "a"
+  under a(bc)? (a token ending one byte past a full match); the compiled automaton accepts "abc"."""
+  table = {b: [i] for i, b in enumerate(byte_vocab.token_bytes) if b is not None}
+  raw = Index("a(bc)?", Vocabulary(BYTE_EOS, table))
+  after_a = raw.get_next_state(raw.get_initial_state(), table[b"a"][0])
+  assert table[b"b"][0] not in raw.get_allowed_tokens(after_a)
+  a = compile_constraint(Constraint.regex("a(bc)?"), byte_vocab)
+  tok = byte_tokenizer()
+  assert accepts(a, tok.encode("abc").ids) and accepts(a, tok.encode("a").ids)
+  assert not accepts(a, tok.encode("ab").ids)
+
+
+def test_smollm2_allowed_sets_equal_outlines_full_vocabulary_index(smol):
+  """Byte-class reduction and token classes on a real BPE vocabulary: along random walks, the allowed set
+  equals outlines-core's own Index over all 49,152 tokens, state by state, but for the tokens holding byte
+  0xF4 (characters U+100000-U+10FFFF: the compiler's sentinel), which are never allowed."""
+  tok, vocab = smol
+  a = compile_constraint(Constraint.json_schema(FOUR_FIELDS), vocab)
+  table = {}
+  for i, b in enumerate(vocab.token_bytes):
+    if b is not None:
+      table.setdefault(b, []).append(i)
+  raw = Index(Constraint.json_schema(FOUR_FIELDS).to_regex(), Vocabulary(2, table))
+  rng = np.random.default_rng(4)
+  for _ in range(3):
+    ours, theirs = 0, raw.get_initial_state()
+    for t in random_walk(a, 2, rng, wander=25)[:-1]:
+      sentinel = {i for i in raw.get_allowed_tokens(theirs) if 0xF4 in (vocab.token_bytes[i] or b"")}
+      assert set(allowed_tokens(a, ours).tolist()) == set(raw.get_allowed_tokens(theirs)) - sentinel
+      ours, theirs = int(a.next_state[ours, a.token_class[t]]), raw.get_next_state(theirs, t)
+    assert a.accepting[ours] and raw.is_final_state(theirs)
 
 
 def test_choices_accept_exactly_the_choices(byte_vocab):

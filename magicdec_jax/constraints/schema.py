@@ -26,6 +26,7 @@ from typing import Any
 from outlines_core.json_schema import build_regex_from_schema
 
 from magicdec_jax.constraints.errors import ConstraintError
+from magicdec_jax.constraints.index import byte_index
 
 # Keywords that never change which values are valid: dropped.
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$schema", "$id",
@@ -308,6 +309,11 @@ class _Normalizer:
       _refuse(path, f"pattern must be a string, got {p!r:.60}")
     if p.startswith("^") != (p.endswith("$") and not p.endswith("\\$")):
       _refuse(path, f"pattern {p!r}: anchor both ends (^...$) or neither (it must match the whole string)")
+    try:
+      byte_index(p[1:-1] if p.startswith("^") else p)
+    except ConstraintError as e:
+      _refuse(path, f"pattern {p!r} is not a regex outlines-core compiles (Rust syntax: no look-around, no "
+              f"backreferences): {e}")
     return p
 
 
