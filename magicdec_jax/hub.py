@@ -9,10 +9,6 @@ from __future__ import annotations
 import os
 import re
 
-from huggingface_hub import snapshot_download
-from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                    RepositoryNotFoundError, RevisionNotFoundError)
-
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 FILES = ("*.json", "*.safetensors", "*.jinja")
 
@@ -29,7 +25,11 @@ def offline() -> bool:
 
 def hub_snapshot(repo_id: str, revision: str | None = None) -> str:
   """The local directory of `repo_id` at `revision`, downloaded unless offline; ValueError naming the id
-  when it cannot be had (not in the cache offline, no such repo or revision, gated, network)."""
+  when it cannot be had (not in the cache offline, no such repo or revision, gated, network).
+  huggingface_hub is imported here: it costs half a second, and most loads never need it."""
+  from huggingface_hub import snapshot_download
+  from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
+                                      RepositoryNotFoundError, RevisionNotFoundError)
   cache = os.environ.get("HF_HUB_CACHE") or None
   try:
     return snapshot_download(repo_id, revision=revision, allow_patterns=list(FILES), cache_dir=cache,

@@ -40,6 +40,10 @@ class TokenAutomaton:
 
   start = 0
 
+  def __post_init__(self):
+    for a in (self.token_class, self.next_state, self.accepting, self.forced, self.done, self.class_size):
+      a.setflags(write=False)             # shared through the compile cache
+
   @property
   def num_states(self) -> int:
     return self.next_state.shape[0]
