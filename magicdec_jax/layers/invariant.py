@@ -20,7 +20,7 @@ has one shape, whatever the batch, the round's query count, the slot count or th
     of tiles, each reading the cache). On an accelerator every tile is padded to that size. On XLA:CPU a
     round of up to QUERY_TOKENS tokens is one unpadded tile (at least 2 rows): its attention dots give a
     row the same bits among 2 to 4G rows (measured; tests/test_invariant_numerics.py guards it), while
-    padding cost plain decoding 1.44x its step at SmolLM2 8 x 4096 (benchmarks/invariant_numerics.py). A
+    padding cost plain decoding 1.44x its step at SmolLM2 8 x 4096 (docs/measurements.md#invariant-numerics). A
     16-node tree untiled (48 rows) did differ in one row of 8: rounds of more tokens are tiled;
   * a prefill always runs in chunks of one size (the engine pads prompts to it), so its rows' dots have
     one shape too.
