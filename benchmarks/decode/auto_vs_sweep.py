@@ -11,10 +11,10 @@ times, the acceptance vector auto uses) and its prediction at the acceptance mea
 step times x the measured tokens per round), so the step-time model and the acceptance model are judged apart. The JSON
 is rewritten after every configuration, so an interrupted run keeps what it measured.
 
-  nice -n 0 python -m benchmarks.auto_vs_sweep \
+  nice -n 0 python -m benchmarks.decode.auto_vs_sweep \
       --profile benchmarks/results/cpu_profile_smollm2_streaming4+128_2026-11-23.json
-  python -m benchmarks.auto_vs_sweep                  # no --profile: calibrates first (a few minutes)
-  python -m benchmarks.auto_vs_sweep --smoke          # random tiny model, calibrating first (about a minute)
+  python -m benchmarks.decode.auto_vs_sweep                  # no --profile: calibrates first (a few minutes)
+  python -m benchmarks.decode.auto_vs_sweep --smoke          # random tiny model, calibrating first (about a minute)
 """
 from __future__ import annotations
 

@@ -11,10 +11,10 @@ A windowed family's target keeps its windowed layers as rings (as the engine doe
 times it over a full cache in every layer (run "FAMILY+full"), e.g. Gemma 3 at a context well past its
 window: what the rings save.
 
-  python -m benchmarks.families_step                                  # batch 8 x 2048 context, llama vs qwen3
-  python -m benchmarks.families_step --families llama,qwen3,qwen2,gemma3
-  python -m benchmarks.families_step --families gemma3 --full_cache --batch 4 --context 4096
-  python -m benchmarks.families_step --smoke                          # tiny shapes, seconds
+  python -m benchmarks.steps.families                                  # batch 8 x 2048 context, llama vs qwen3
+  python -m benchmarks.steps.families --families llama,qwen3,qwen2,gemma3
+  python -m benchmarks.steps.families --families gemma3 --full_cache --batch 4 --context 4096
+  python -m benchmarks.steps.families --smoke                          # tiny shapes, seconds
 """
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ point, AR and each gamma from copies of the same caches; measured crossover besi
 predicted one, labelled). JSON (rewritten after every point, so an interrupted run keeps what it measured)
 + PNG (speedup vs context per batch). `run.py --mode=bench --bench_preset=long_context` runs the same grid.
 
-  python -m benchmarks.context_sweep --batches 1,4,8 --contexts 1024,2048,4096,8000 --budget-min 30
-  python -m benchmarks.context_sweep --profile my_cpu_profile.json      # predictions from a calibrated profile
-  python -m benchmarks.context_sweep --smoke                             # random tiny model (seconds)
+  python -m benchmarks.decode.context_sweep --batches 1,4,8 --contexts 1024,2048,4096,8000 --budget-min 30
+  python -m benchmarks.decode.context_sweep --profile my_cpu_profile.json      # predictions from a calibrated profile
+  python -m benchmarks.decode.context_sweep --smoke                             # random tiny model (seconds)
 """
 from __future__ import annotations
 

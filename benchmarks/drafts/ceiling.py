@@ -7,8 +7,8 @@ only its last k layers removed (`truncate_layers`) still picks the same argmax â
 approximator â€” and, with `--head-dir`, how many of its argmaxes a feature head's draft vocabulary holds.
 JSON to benchmarks/results/.
 
-  python -m benchmarks.acceptance_ceiling --head-dir out/fh_bf16
-  python -m benchmarks.acceptance_ceiling --smoke       # random tiny model, seconds
+  python -m benchmarks.drafts.ceiling --head-dir out/fh_bf16
+  python -m benchmarks.drafts.ceiling --smoke       # random tiny model, seconds
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ windows held-out windows that are not the prompts; --no-acceptance: the cost mod
 reported with the schedule it ran. The settings run interleaved, --chunk-rounds rounds each in turn, so the
 load of a shared machine falls on all alike. Compilation is timed apart and left out of every figure.
 
-  python -m benchmarks.long_output --prompt 2048 --new 1024      # ~17 min on the 2-core CPU
-  python -m benchmarks.long_output --smoke
+  python -m benchmarks.decode.long_output --prompt 2048 --new 1024      # ~17 min on the 2-core CPU
+  python -m benchmarks.decode.long_output --smoke
 """
 from __future__ import annotations
 

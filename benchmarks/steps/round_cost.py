@@ -8,8 +8,8 @@ a ratio well above 1 means the loop body does work no step explains (the HLO tes
 tests/test_hlo_no_copies.py asserts no op in the body copies or re-reads a cache layer besides the
 attention dots, the in-place writes and the commit's gather). Medians of `--repeats` runs; JSON.
 
-  python -m benchmarks.round_cost --shapes 8x4096,4x8000 --gammas 3
-  python -m benchmarks.round_cost --smoke       # random tiny model, seconds
+  python -m benchmarks.steps.round_cost --shapes 8x4096,4x8000 --gammas 3
+  python -m benchmarks.steps.round_cost --smoke       # random tiny model, seconds
 """
 from __future__ import annotations
 

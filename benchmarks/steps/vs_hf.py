@@ -8,9 +8,9 @@ past_key_values; one warm-up pass, then the median of `--repeats`. Decode tokens
 on both sides (ours: `max_new` rounds of one token; HF: `max_new` single-token steps). The greedy tokens of
 both sides are compared as a sanity check (`greedy_prefix_match`: leading tokens equal, averaged per row).
 
-  python -m benchmarks.cpu_decode_vs_hf                          # B {1, 8} x context {512, 2048}
-  python -m benchmarks.cpu_decode_vs_hf --shapes 1x512 --repeats 3 --no-hf
-  python -m benchmarks.cpu_decode_vs_hf --hlo 8x512              # also report cache ops in the decode HLO
+  python -m benchmarks.steps.vs_hf                          # B {1, 8} x context {512, 2048}
+  python -m benchmarks.steps.vs_hf --shapes 1x512 --repeats 3 --no-hf
+  python -m benchmarks.steps.vs_hf --hlo 8x512              # also report cache ops in the decode HLO
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def main(argv=None):
       json.dump(prompts, f)
   if not args.no_hf:
     out = _PROMPTS_FILE.format(pid=os.getpid(), b="hf", ctx="out")
-    cmd = [sys.executable, "-m", "benchmarks.cpu_decode_vs_hf", "--hf-only", "--shapes", args.shapes,
+    cmd = [sys.executable, "-m", "benchmarks.steps.vs_hf", "--hf-only", "--shapes", args.shapes,
            "--max-new", str(args.max_new), "--repeats", str(args.repeats), "--threads", str(args.threads),
            "--output", out, "--parent-pid", str(os.getpid())]
     subprocess.run(cmd, check=True, cwd=common.REPO_ROOT)

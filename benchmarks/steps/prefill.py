@@ -7,8 +7,8 @@ decode-time PrefixTree rule) on the same prompts. Useful FLOPs count the matmuls
 tokens; no LM head: prefill computes no logits) and causal attention (4 x heads x head_dim x P(P+1)/2 per row
 and layer); masked-out work is not useful. Medians of --repeats runs after one compiling run; JSON.
 
-  python -m benchmarks.prefill_bench --shape 8x4096
-  python -m benchmarks.prefill_bench --smoke
+  python -m benchmarks.steps.prefill --shape 8x4096
+  python -m benchmarks.steps.prefill --smoke
 """
 from __future__ import annotations
 

@@ -14,9 +14,9 @@ measured speedup. One configuration per invocation (each can take minutes on 2 C
 under results/datagen_throughput_parts/; `--merge` joins the parts into one JSON + PNG (`--output`: the
 merged JSON's path, its folder then takes the parts too). `--smoke` runs every configuration and merges.
 
-  python -m benchmarks.datagen_throughput --run ar-static        # ar-continuous, streaming-static, ...
-  python -m benchmarks.datagen_throughput --merge
-  python -m benchmarks.datagen_throughput --smoke --output /tmp/x/d.json   # random tiny model, every configuration
+  python -m benchmarks.decode.datagen --run ar-static        # ar-continuous, streaming-static, ...
+  python -m benchmarks.decode.datagen --merge
+  python -m benchmarks.decode.datagen --smoke --output /tmp/x/d.json   # random tiny model, every configuration
 """
 from __future__ import annotations
 
