@@ -61,7 +61,7 @@ STUDIES = {
     "trees": dict(shapes="4x1024", new=48, repeats=1, gamma=4, warm=True, prompts="text", ref="plain", window=128),
     "shrink": dict(shapes="8x4096,8x8000", new=64, repeats=2, gamma=2, warm=False, prompts="document", ref="plain"),
 }
-SMOKE = dict(shapes="2x96", new=8, repeats=1, window=16, gammas=[2], temperatures=[0.8], vocabs=[512],
+SMOKE = dict(shapes="2x96", new=8, repeats=1, window=16, gammas=[2], vocabs=[512],
              filter_rows=4, trees="sequoia16", seeds=2, step_repeats=2, step_rounds=1)
 KEYS = ("loop_rounds", "acceptance_rate", "mean_accepted_length", "batch_stages")
 
@@ -230,7 +230,7 @@ def main(argv=None) -> str:
       setattr(a, k, st[k])
   a.warm, a.prompts = st["warm"], st["prompts"]
   if a.temperatures is None:
-    a.temperatures = {"sampling": [0.6, 0.8, 1.0], "trees": [0.0, 0.8]}.get(a.study, [0.8])
+    a.temperatures = {"sampling": [0.8] if a.smoke else [0.6, 0.8, 1.0], "trees": [0.0, 0.8]}.get(a.study, [0.8])
   if a.top_p is None:
     a.top_p = 0.95 if a.study == "sampling" else 1.0
   a.window = a.window or st.get("window", 256)
