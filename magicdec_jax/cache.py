@@ -2,9 +2,9 @@
 
 Each cache holds one K and one V buffer per layer (tuples of L arrays [B, K, S, D]: batch, KV head, slot,
 head dim), not one stacked [L, ...] array: a layer reads and writes its own buffer in place, so the
-compiled decode step never copies a layer's cache out of a stack (GPU-FINDINGS.md: that copy plus the pad
-that followed it cost 24 ms of a 54 ms step at 8 x 32K). [S, D] blocks are contiguous per (row, KV head),
-which is what the batched matmuls and the split-K attention kernel want.
+compiled decode step never copies a layer's cache out of a stack (docs/measurements.md#notes-per-layer: that
+copy plus the pad that followed it cost 24 ms of a 54 ms step at 8 x 32K). [S, D] blocks are contiguous per
+(row, KV head), which is what the batched matmuls and the split-K attention kernel want.
 
 `KVCache` is the target's cache: slot s holds position s (per-row lengths live in the loop state), except
 in a layer with a sliding window w, whose buffer is a ring of R slots (`ring_sizes`: R >= w + a round's
@@ -25,7 +25,7 @@ constructor, so attention over a cache never needs a padded copy of it; the extr
 On an accelerator that is the attention tile (128); on a CPU only the vector width matters, and the slots
 past the live ones are read by every attention dot: a draft ring of sink 4 + window 256 + 3 scratch took
 384 slots at 128, 272 at 16, and the 30-layer ring attention of SmolLM2 at batch 8 fell from 12.7 to 9.0 ms
-(benchmarks/NOTES.md).
+(docs/measurements.md#notes-draft-step-profile).
 """
 from __future__ import annotations
 

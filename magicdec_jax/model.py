@@ -9,8 +9,8 @@ Layout: `params["layers"]` is a tuple of L per-layer trees and a cache a tuple o
 the forward pass is a Python loop over layers. A `lax.scan` over stacked [L, ...] arrays would be shorter
 to compile, but every iteration then slices its layer's weights and cache out of the stack, and XLA
 materializes those slices before the matmuls: on an H100 that copying took two thirds of a decode step
-(GPU-FINDINGS.md). Unrolled over separate buffers, every matmul reads its weights where they lie and every
-cache write is in place.
+(docs/measurements.md#notes-per-layer). Unrolled over separate buffers, every matmul reads its weights
+where they lie and every cache write is in place.
 """
 from __future__ import annotations
 

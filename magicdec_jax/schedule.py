@@ -22,7 +22,7 @@ tie of each other: whole-cache pricing, where one setting serves the whole call)
 interval and keeps the one measured fastest. A profile measured on held-out text (teacher-forced)
 underestimates the acceptance of the model's own sampled continuation: SmolLM2 with its bf16 self-draft at
 T 0.8 / top-p 0.95 accepted 0.92 per position in the loop against 0.85 profiled, and the profile's pricing
-kept gamma 2 where gamma 3 ran 5% faster (benchmarks/long_output.py).
+kept gamma 2 where gamma 3 ran 5% faster (benchmarks/decode/long_output.py).
 
 `DecodeSettings.schedule` forces thresholds instead: [(from_context, gamma), ...] with gamma 0 for plain
 decoding (tests force switches at chosen contexts this way; the output is the same distribution, and

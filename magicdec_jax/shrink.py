@@ -15,7 +15,7 @@ does not depend on the other rows — its own K/V, its own PRNG stream fold_in(k
 once per shape (then kept in the LRU and the persistent cache): a one-off call pays those compiles. The
 gather writes the survivors' caches into new buffers: on a 2-core CPU VM, where first writes to fresh pages
 are slow, that copy (up to 2.0 s for 4 rows of SmolLM2's 8 x 8000 cache) and the new buffers' first rounds
-cost more than the idle rows they saved (benchmarks/shrink_batch.py: 0.97-0.99x of the fixed batch). Hence
+cost more than the idle rows they saved (docs/shrink-batch.md: 0.97-0.99x of the fixed batch). Hence
 opt-in. Not under a mesh (its batch must stay a multiple of the data shards).
 """
 from __future__ import annotations

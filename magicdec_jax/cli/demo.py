@@ -46,7 +46,7 @@ GPU_SHAPE = (32, 7900)     # the paper's regime for a model of 8K context (not m
 GPU_GAMMA = 3
 DEMO_NEW_TOKENS = 256      # a fixed batch waits for its slowest row; that tail is ~1.09x the mean row's
                            # rounds over 64 tokens, ~1.05x over 128, ~1.04x over 256 (8 x 4096, this CPU:
-                           # benchmarks/NOTES.md, "The demo's tail")
+                           # docs/measurements.md#notes-demo-tail)
 SWEEP_GLOB = "benchmarks/results/context_sweep_*.json"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout: run.py's
 
@@ -244,7 +244,7 @@ def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int
   cpu_model = profiles.host_cpu_model() if device.startswith("cpu") else None
   line = measured_crossover(root, device, cpu_model)
   print("  " + (line or "crossover: no context sweep recorded on this kind of device "
-                "(python benchmarks/context_sweep.py measures it)"))
+                "(python -m benchmarks.decode.context_sweep measures it)"))
   copied = sum(textdata.copied_share(p, t) for p, t in zip(prompts, md.tokens)) / batch
   point = measured_point(root, device, batch, prompt_tokens, cpu_model)
   print(f"  predictability : {copied:.0%} of the new tokens repeat a 4-token sequence already in their prompt or "

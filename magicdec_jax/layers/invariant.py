@@ -1,34 +1,17 @@
 """Fixed-shape numerics: a (row, position)'s numbers never depend on what else is computed with it.
 
-A backend picks its matmul algorithm from the operands' shapes, and different algorithms sum in different
-orders. Measured on XLA:CPU (jax 0.10, `[M, 576] x [576, 1536]`): M = 1, M = 2..32 and M >= 40 are three
-algorithms, and a row's float32 result differs between them in its last bits; in bfloat16 those bits then
-flip roundings. A verify pass computes a position with M = B x (gamma + 1) rows, plain decoding with
-M = B: the logits differ by rounding, and a greedy argmax near a tie flips (issue 45: 3 of 4 rows differed
-from plain decoding in bfloat16). So with `ModelConfig.numerics == "invariant"` every dot of the target
-has one shape, whatever the batch, the round's query count, the slot count or the phase:
+Contract: with `ModelConfig.numerics == "invariant"` a position's logits are the same bits in a plain step,
+in a chain's or a tree's verify pass, in a prefill chunk, in any batch and at any cache slot count, so
+speculative decoding emits plain decoding's tokens. Why it needs care: a backend picks its algorithms from
+the operands' shapes, and two algorithms round differently (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding).
+The shapes (`backend.FixedShapes`, in `cfg.fixed`) are the backend's measured algorithm classes:
 
-  * everything a layer computes token by token (norms, projections, RoPE, the MLP, the LM head) runs on
-    tiles of exactly `rows` tokens (`row_tile`: decode and prefill have their own; tokens padded up to
-    it, more tokens run as a loop over tiles: `tile_map`). Not only dots: XLA:CPU's elementwise code
-    depends on the shape too (an RMS norm over 4 rows differed from the same rows among 8, and an exp
-    over one row from the same row among 128, in float32);
-  * decode attention sums the values over fixed blocks of `key_block` slots, the blocks' partial sums
-    added one after another in slot order (`tiled_attention`). A block beyond a row's last visible slot
-    adds exact zeros, so the slot count of the cache does not change a bit of the result. On an
-    scores tiles of `QUERY_TOKENS` query tokens (x the G heads of a KV group; more tokens run as a loop
-    of tiles, each reading the cache). On an accelerator every tile is padded to that size. On XLA:CPU a
-    round of up to QUERY_TOKENS tokens is one unpadded tile (at least 2 rows): its attention dots give a
-    row the same bits among 2 to 4G rows (measured; tests/test_invariant_numerics.py guards it), while
-    padding cost plain decoding 1.44x its step at SmolLM2 8 x 4096 (benchmarks/invariant_numerics.py). A
-    16-node tree untiled (48 rows) did differ in one row of 8: rounds of more tokens are tiled;
-  * a prefill always runs in chunks of one size (the engine pads prompts to it), so its rows' dots have
-    one shape too.
+  * token-wise stages run through `tile_map`: calls whose row counts lie in one class;
+  * attention (`tiled_attention`) reads, for each query position p, a prefix of whole key blocks as one dot
+    over every slot (masked slots add exact zeros: slot count invariant), then a tail of `tail_blocks`
+    blocks in canonical slot order, a tree node's ancestors gathered where plain decoding has them.
 
-Every other operation is elementwise or a reduction over one row of fixed length (norms, softmax max,
-RoPE), which does not depend on the other rows. Shapes, not values, are fixed: the same executable
-compiled twice, or on another machine, may pick other algorithms, so the guarantee is between runs of one
-build on one machine (tests/test_invariant_numerics.py checks it against plain decoding).
+The guarantee is between runs of one build on one machine: another build may pick other algorithms.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ above 1) next to the cost model's predictions, labelled as such: the context whe
 the best gamma first exceeds 1 (at the acceptance measured) and its S_inflection (costmodel.s_inflection).
 
 Used by `run.py --mode=bench` (cli/bench.py, `--bench_preset=long_context`) and
-`benchmarks/context_sweep.py` (the recorded results and figure).
+`benchmarks/decode/context_sweep.py` (the recorded results and figure).
 """
 from __future__ import annotations
 

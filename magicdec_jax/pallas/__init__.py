@@ -7,7 +7,7 @@ compiling the kernel alone) and XLA otherwise.
 
 `int4_matmul` multiplies by a group-wise int4 matrix on packed bytes (pallas/int4_matmul.py): the Triton
 kernel on a GPU, the interpreter elsewhere. A quantized draft calls it where quant.int4_kernel() is on (off
-by default: its GPU speed is unmeasured, benchmarks/gpu_int4_matmul.py).
+by default: it lost to XLA's per-channel form on an H100, docs/gpu.md run 5).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ bytes, and the splits exist to give a ~132-SM GPU enough programs.
 An int4 copy is stored in this layout and multiplied here where quant.int4_kernel() says so: off on every
 backend, because on an H100 (2026-11-27, docs/gpu.md run 5) it lost inside the decode loop: its larger
 calls read 0.92 TB/s where XLA's GEMM fusions read per-channel int4 at 2.07, and a chain-3 self-draft ran
-1.24x plain decoding against the per-channel copy's 1.52x. Alone (benchmarks/gpu_int4_matmul.py) its best
+1.24x plain decoding against the per-channel copy's 1.52x. Alone (docs/gpu.md run 5's matmul check) its best
 of 13 tilings came within 10-17% of XLA's per-channel form, so what it lacks is in-loop behaviour, not
 the tiling alone. `default_tiling` is a first guess; MEASURED_TILINGS takes measured ones. Tested in
 interpret mode on CPU and lowered to Triton for CUDA there (jax.export); on the H100 all 13 tilings
@@ -46,7 +46,7 @@ MAX_ROWS = 128
 PARTIAL_SHARE = 1 / 8      # default_tiling keeps the splits' float32 partials within this share of the weight bytes
 # (K, N) -> a tiling measured best for that matrix shape (block_n, num_splits, groups_per_step, and for Triton
 # num_warps / num_stages), which default_tiling returns instead of its guess; empty unless a benchmark fills
-# it from benchmarks/gpu_int4_matmul.py's figures (benchmarks/gpu_engine.py --int4-tilings)
+# it from measured figures (docs/gpu.md run 5)
 MEASURED_TILINGS: dict = {}
 
 
@@ -122,7 +122,7 @@ def default_tiling(k: int, n: int, group: int, rows: int = MIN_DOT) -> dict:
   blocks narrowed (down to MIN_BLOCK_N) until there are TARGET_PROGRAMS of them, then K-splits (a power of
   two dividing the groups) added while short of that and while their float32 partials, written and read
   back, stay within PARTIAL_SHARE of the weight bytes; two groups a step where a split has an even number.
-  A first guess (untuned on a GPU; benchmarks/gpu_int4_matmul.py times others); MEASURED_TILINGS wins."""
+  A first guess (untuned on a GPU; docs/gpu.md run 5 timed others); MEASURED_TILINGS wins."""
   if (k, n) in MEASURED_TILINGS:
     return dict(MEASURED_TILINGS[k, n])
   block_n = default_block_n(n)

@@ -20,7 +20,7 @@ from magicdec_jax.config import ModelConfig
 
 DEFAULT_ALPHA = 0.8
 # Nominal effective figures for a 2-core x86 CPU in float32 (an assumption, not a fit): fit your own with
-# `python -m benchmarks.calibrate_cpu` and pass the result as `hardware=`.
+# `run.py --mode=calibrate` and pass the result as `hardware=`.
 CPU = costmodel.Hardware("cpu", hbm_bytes_per_s=8e9, flops_per_s=4e10, memory_bytes=24 * 2**30,
                          step_overhead_s=2e-3, combine="sum")
 

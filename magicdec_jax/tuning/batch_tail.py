@@ -3,8 +3,8 @@
 A fixed batch of B rows, each generating N new tokens, runs until its slowest row is done: rows that
 finish early wait (`--mode=datagen` refills them; `generate` and the demo do not). Autoregressive decoding
 needs exactly N steps for every row, so only speculation pays this tail. Measured on a 2-core CPU at
-8 x 4096 (benchmarks/NOTES.md): the batch ran 1.09x the mean row's rounds over 64 tokens, 1.05x over 128,
-1.04x over 256.
+8 x 4096 (docs/measurements.md#notes-demo-tail): the batch ran 1.09x the mean row's rounds over 64
+tokens, 1.05x over 128, 1.04x over 256.
 
 Model: the tokens a row gains per round are independent draws of a chain's accepted length X (gamma draft
 tokens, each accepted with probability alpha while the ones before it were: P(X = k) = alpha^(k-1) (1 -

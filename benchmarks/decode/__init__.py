@@ -1,0 +1,1 @@
+"""End-to-end decoding: settings compared from one prefill, the context sweep, long outputs, datagen, auto."""

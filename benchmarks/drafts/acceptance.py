@@ -1,0 +1,131 @@
+"""How often each draft kind's tokens are accepted: SmolLM2-135M on held-out Shakespeare (CPU or GPU).
+
+Parts (`--parts`):
+  drafts  each draft kind through the engine's own loop, from one prefill of `--shape` held-out prompts
+          (prefilled.decode): the StreamingLLM self-draft (sink + window), SnapKV (budget + window), a model
+          draft (the target's first `--draft-layers` layers: untrained, SmolLM2 has no small sibling) with its
+          own sink + window ring, and the self-draft on int8 and int4 copies of the weights; greedy and
+          T 0.8 top-p 0.95 (rejection sampling), chain `--gamma`. Per kind and sampling: the acceptance rate
+          (accepted / drafted), the mean accepted length, the per-position acceptance p_k (the share of
+          rounds whose k-th draft token was accepted) and `alpha` = sum_k p_k / (1 + sum_{k<gamma} p_k), the
+          chance a draft token is accepted once the tokens before it were (what the GPU harness simulates
+          as Bernoulli(alpha): benchmarks/gpu reads this file); greedy rows identical to plain decoding's.
+          The budgets are the GPU harness's (sink 16 + window 512, SnapKV 512 + 64) at a context 8x the
+          budget, not the GPU's 32K.
+  window  the self-draft's teacher-forced greedy alpha over context x window (one full forward and one
+          windowed forward over the same text: measure.acceptance).
+
+  python -m benchmarks.drafts.acceptance --parts drafts     # 4 x 4096, 64 new tokens: ~10 min on 2 CPU cores
+  python -m benchmarks.drafts.acceptance --parts window     # contexts 512..4096 x windows 64..512
+  python -m benchmarks.drafts.acceptance --smoke            # random tiny model, seconds
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import common
+from magicdec_jax import drafts, prefilled
+from magicdec_jax.measure import acceptance as acc
+from magicdec_jax.model import full_forward
+
+SAMPLINGS = {"greedy": dict(temperature=0.0), "t0.8-topp0.95": dict(temperature=0.8, top_p=0.95, seed=0)}
+KINDS = ("streaming", "snapkv", "model", "int8", "int4")
+
+
+def chain_alpha(per_position) -> float | None:
+  """The per-token acceptance of a chain whose draft tokens are accepted independently given the ones
+  before: sum_k p_k / (1 + sum_{k < last} p_k), p_k the share of rounds that accepted position k."""
+  p = list(per_position)
+  return float(sum(p) / (1 + sum(p[:-1]))) if p else None
+
+
+def draft_objects(model, a) -> dict:
+  """Kind -> the draft measured (the budgets of benchmarks/gpu's drafts)."""
+  small = drafts.truncate_layers(model, a.draft_layers)
+  return {"streaming": drafts.StreamingDraft(a.sink, a.window),
+          "snapkv": drafts.SnapKVDraft(a.budget, a.snap_window),
+          "model": drafts.ModelDraft(small, a.sink, a.window),
+          "int8": drafts.StreamingDraft(a.sink, a.window, weights="int8"),
+          "int4": drafts.StreamingDraft(a.sink, a.window, weights="int4")}
+
+
+def part_drafts(model, a) -> dict:
+  b, p = a.shape
+  prompts, text = common.text_prompts(model, b, p, model.config.vocab_size, held_out=not a.smoke)
+  pre = prefilled.prefill(model, prompts, max_new_tokens=a.new, progress=False)
+  plain = prefilled.decode(model, pre, temperature=0.0).tokens
+  out = {"batch": b, "prompt_tokens": p, "new_tokens": a.new, "gamma": a.gamma, "text": text, "kinds": {}}
+  for kind, draft in draft_objects(model, a).items():
+    if kind not in a.kinds:
+      continue
+    rec = out["kinds"][kind] = {"draft": repr(draft)}
+    for name, kw in SAMPLINGS.items():
+      t0 = time.perf_counter()
+      res = prefilled.decode(model, pre, draft=draft, gamma=a.gamma, **kw)
+      s = res.stats
+      rec[name] = {"acceptance_rate": s["acceptance_rate"], "mean_accepted_length": s["mean_accepted_length"],
+                   "per_position_acceptance": s["per_position_acceptance"],
+                   "alpha": chain_alpha(s["per_position_acceptance"]), "verify_steps": s["verify_steps"]}
+      if name == "greedy":
+        rec[name]["rows_identical_to_plain"] = sum(x == y for x, y in zip(plain, res.tokens))
+      print(f"[acceptance] {kind} {name}: alpha {rec[name]['alpha']:.3f}, rate {s['acceptance_rate']:.3f} "
+            f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+  return out
+
+
+def part_window(model, contexts, windows, sink: int) -> list[dict]:
+  """Teacher-forced greedy alpha of StreamingDraft(sink, window) per (context, window), one text window each."""
+  rows = []
+  for ctx in contexts:
+    (toks,), src = common.text_prompts(model, 1, ctx, model.config.vocab_size)
+    arr = jnp.asarray([toks], jnp.int32)
+    tl = np.asarray(full_forward(model.params, model.config, arr))[0]
+    for w in windows:
+      if sink + w + 16 >= ctx:
+        continue
+      dl = np.asarray(acc.windowed_logits(model.params, model.config, arr, sink, w))[0]
+      ranks = acc.greedy_ranks(tl[sink + w:ctx - 1], dl[sink + w:ctx - 1], 1)
+      rows.append({"context": ctx, "window": w, "sink": sink, "alpha": float(np.mean(ranks == 0)),
+                   "positions": int(ranks.size), "text": src})
+  return rows
+
+
+def main(argv=None):
+  ap = common.parser(__doc__)
+  ap.add_argument("--parts", default="drafts", help="drafts,window")
+  ap.add_argument("--shape", type=lambda t: common.shape_list(t)[0], default=(4, 4096), help="BxP")
+  ap.add_argument("--new", type=int, default=64)
+  ap.add_argument("--gamma", type=int, default=3)
+  ap.add_argument("--kinds", default=",".join(KINDS))
+  ap.add_argument("--sink", type=int, default=16)
+  ap.add_argument("--window", type=int, default=512)
+  ap.add_argument("--budget", type=int, default=512, help="SnapKV's selected prompt positions")
+  ap.add_argument("--snap-window", type=int, default=64)
+  ap.add_argument("--draft-layers", type=int, default=8)
+  ap.add_argument("--tf-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
+  ap.add_argument("--tf-windows", type=common.int_list, default=[64, 128, 256, 512])
+  ap.add_argument("--tf-sink", type=int, default=4)
+  a = common.parse(ap, argv, shape=(2, 96), new=8, sink=2, window=16, budget=16, snap_window=8, draft_layers=1,
+                   tf_contexts=[64], tf_windows=[8, 16], tf_sink=2)
+  a.kinds = [k for k in a.kinds.split(",") if k]
+  parts = [x for x in a.parts.split(",") if x]
+  if bad := [x for x in parts if x not in ("drafts", "window")] + [k for k in a.kinds if k not in KINDS]:
+    ap.error(f"unknown parts / kinds {bad}")
+  model, source = common.model(a.smoke)
+  doc = {"benchmark": "draft_acceptance", "env": common.env_info(), "command": common.command(), "model": source,
+         "dtype": model.config.dtype, "samplings": SAMPLINGS,
+         "budgets": {"sink": a.sink, "window": a.window, "snapkv_budget": a.budget, "snapkv_window": a.snap_window,
+                     "model_draft_layers": a.draft_layers}}
+  if "drafts" in parts:
+    doc["drafts"] = part_drafts(model, a)
+  if "window" in parts:
+    doc["teacher_forced"] = part_window(model, a.tf_contexts, a.tf_windows, a.tf_sink)
+  common.finish(doc, a.output, f"draft_acceptance_{common.device_tag()}.json")
+
+
+if __name__ == "__main__":
+  main()

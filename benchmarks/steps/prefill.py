@@ -1,0 +1,102 @@
+"""Prefill at the compute floor? SmolLM2-135M chunked prefill: tokens/s and FLOP rate vs a large matmul.
+
+In one run: (1) a large float32 matmul's FLOP rate (the floor's yardstick, same process, same moment);
+(2) the engine's prefill (`loop.prefill`: causal triangle only, block by block); (3) unless --skip-old, the
+previous prefill rule reproduced here (every chunk attends over every cache slot under a mask, the
+decode-time PrefixTree rule) on the same prompts. Useful FLOPs count the matmuls (2 x matmul params x
+tokens; no LM head: prefill computes no logits) and causal attention (4 x heads x head_dim x P(P+1)/2 per row
+and layer); masked-out work is not useful. Medians of --repeats runs after one compiling run; JSON.
+
+  python -m benchmarks.steps.prefill --shape 8x4096
+  python -m benchmarks.steps.prefill --smoke
+"""
+from __future__ import annotations
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import common
+from magicdec_jax import loop
+from magicdec_jax.tuning import costmodel
+from magicdec_jax.cache import KVCache, aligned_slots
+from magicdec_jax.layers.attention import PrefixTree
+from magicdec_jax.model import forward
+from magicdec_jax.trees import Tree
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "num_slots", "chunk"))
+def old_prefill(params, tokens, *, cfg, num_slots: int, chunk: int):
+  """The previous rule: chunk c attends over all `num_slots` slots, masked to slots < its own position."""
+  b, p = tokens.shape
+  anc = jnp.tril(jnp.ones((chunk, chunk), bool))
+
+  def body(cache, c):
+    start = c * chunk
+    toks = jax.lax.dynamic_slice_in_dim(tokens, start, chunk, axis=1)
+    pos = jnp.broadcast_to(start + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+    _, cache = forward(params, cfg, toks, pos, cache, pos, PrefixTree(jnp.full((b,), start, jnp.int32), anc),
+                       compute_logits=False)
+    return cache, None
+
+  return jax.lax.scan(body, KVCache.zeros(cfg, b, num_slots), jnp.arange(p // chunk))[0]
+
+
+def useful_flops(cfg, batch: int, p: int) -> float:
+  matmul = 2.0 * (costmodel.matmul_params(cfg) - cfg.vocab_size * cfg.hidden_size) * batch * p
+  attention = 4.0 * cfg.num_heads * cfg.head_dim * p * (p + 1) / 2 * cfg.num_layers * batch
+  return matmul + attention
+
+
+def matmul_rate(n: int, repeats: int) -> float:
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x, y: jnp.dot(x, y, precision=jax.lax.Precision.HIGHEST))
+  med, _ = common.median_time(lambda: f(a, a), repeats)
+  return 2.0 * n ** 3 / med
+
+
+def main(argv=None):
+  ap = common.parser(__doc__)
+  ap.add_argument("--shape", type=common.shape_list, default=[(8, 4096)])
+  ap.add_argument("--chunk", type=int, default=256)
+  ap.add_argument("--repeats", type=int, default=1)
+  ap.add_argument("--matmul-n", type=int, default=2048)
+  ap.add_argument("--skip-old", action="store_true", help="do not time the previous rule")
+  args = common.parse(ap, argv, shape=[(2, 64)], chunk=16, matmul_n=256)
+  model, source = common.model(args.smoke)
+  (b, p), = args.shape
+  cfg, params = model.config, model.params
+  out = common.output_path(args.output, "prefill_bench")
+  tokens = jax.random.randint(jax.random.key(0), (b, p), 0, cfg.vocab_size, jnp.int32)
+  lengths = jnp.full((b,), p, jnp.int32)
+  num_slots = aligned_slots(p + 256)
+  flops = useful_flops(cfg, b, p)
+  doc = {"benchmark": "prefill_bench", "env": common.env_info(), "model": source, "dtype": cfg.dtype,
+         "batch": b, "prompt_tokens": p, "chunk": args.chunk, "useful_flops": flops}
+  rate_before = matmul_rate(args.matmul_n, 5)
+  new = lambda: loop.prefill(params, None, tokens, lengths, cfg=cfg, spec=None, tree=Tree((-1,)),
+                             num_slots=num_slots, chunk=args.chunk)[0].k[-1]
+  med, times = common.median_time(new, args.repeats)
+  doc["engine"] = {"median_s": med, "times": times, "tokens_per_s": b * p / med, "flop_rate": flops / med}
+  print(f"engine prefill {b}x{p}: {med:.1f}s, {b * p / med:.0f} tokens/s, {flops / med / 1e9:.1f} GFLOP/s useful",
+        flush=True)
+  if not args.skip_old:
+    old = lambda: old_prefill(params, tokens, cfg=cfg, num_slots=num_slots, chunk=args.chunk).k[-1]
+    med_old, times_old = common.median_time(old, args.repeats)
+    doc["previous_rule"] = {"median_s": med_old, "times": times_old, "tokens_per_s": b * p / med_old,
+                            "flop_rate": flops / med_old}
+    doc["speedup_over_previous"] = med_old / med
+    print(f"previous rule: {med_old:.1f}s, {b * p / med_old:.0f} tokens/s -> engine {med_old / med:.2f}x", flush=True)
+  rate_after = matmul_rate(args.matmul_n, 5)
+  rate = max(rate_before, rate_after)      # the yardstick: the faster of the two (the conservative share)
+  doc["matmul"] = {"n": args.matmul_n, "flop_rate": rate, "before": rate_before, "after": rate_after}
+  doc["engine"]["share_of_matmul_rate"] = doc["engine"]["flop_rate"] / rate
+  print(f"large matmul {rate / 1e9:.1f} GFLOP/s: engine prefill at {doc['engine']['share_of_matmul_rate']:.2f} of it")
+  common.write_json(doc, out)
+  print(json.dumps({"output": out}))
+
+
+if __name__ == "__main__":
+  main()
