@@ -228,14 +228,25 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
     return _adaptive(base, variants, th, {"speculate": True, "schedule": "forced"})
   if not isinstance(tree, str):
     draft.spec.check_tree(tree)
+    check_fixed_depth(cfg, tree)
     return dataclasses.replace(base, tree=tree)
   return _auto(base, want_tree=tree == "auto")
+
+
+def check_fixed_depth(cfg: ModelConfig, tree) -> None:
+  """Fixed-shape attention reads a round's tokens from a canonical tail of (tail_blocks - 1) x key_block
+  slots: a deeper tree or chain cannot be verified bitwise, so it is refused before anything compiles."""
+  if cfg.invariant and tree.max_depth > (lookback := (cfg.fixed.tail_blocks - 1) * cfg.fixed.key_block):
+    raise ValueError(f"a speculation of depth {tree.max_depth} exceeds fixed-shape numerics' tail of {lookback} "
+                     f"slots (FixedShapes.tail_blocks={cfg.fixed.tail_blocks}, key_block={cfg.fixed.key_block}); "
+                     f"use a shallower tree / gamma, or numerics='fast'")
 
 
 def _adaptive(base: DecodePlan, variants: tuple[Tree, ...], th, report: dict, **changes) -> DecodePlan:
   for t in variants:
     if t.num_nodes > 1:
       base.spec.check_tree(t)
+    check_fixed_depth(base.cfg, t)
   at, var = th
   return dataclasses.replace(base, tree=schedule.widest(variants), variants=variants,
                              thresholds=(tuple(int(x) for x in at), tuple(int(x) for x in var)), report=report,

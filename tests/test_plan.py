@@ -11,7 +11,7 @@ import jax
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import plan, prefilled, sharding, testing
+from magicdec_jax import backend, plan, prefilled, sharding, testing
 from magicdec_jax.trees import AR_TREE, Tree
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "magicdec_jax")
@@ -48,6 +48,19 @@ def test_fixed_settings_plan_what_was_asked():
     md.make_plan(model, md.DecodeSettings(max_new_tokens=8), batch=0, shortest=1, longest=2)
   with pytest.raises(ValueError, match="DecodePlan"):
     md.Engine(model, md.DecodeSettings(max_new_tokens=8))
+
+
+def test_fixed_shapes_refuse_a_round_deeper_than_their_tail():
+  """Invariant numerics verify a round from a canonical tail of (tail_blocks - 1) x key_block slots: a
+  chain one deeper is refused by name before anything compiles; fast numerics take it."""
+  model, draft = _model(), md.StreamingDraft(sink=1, window=64)
+  fixed = backend.fixed_shapes()
+  deep = (fixed.tail_blocks - 1) * fixed.key_block + 1
+  st = md.DecodeSettings(max_new_tokens=8, draft=draft, gamma=deep, numerics="invariant")
+  with pytest.raises(ValueError, match=f"depth {deep} exceeds"):
+    md.make_plan(model, st, batch=2, shortest=5, longest=9)
+  md.make_plan(model, st.replace(gamma=deep - 1), batch=2, shortest=5, longest=9)
+  md.make_plan(model, st.replace(numerics="fast"), batch=2, shortest=5, longest=9)
 
 
 def test_one_execution_path_a_one_by_one_mesh():
