@@ -12,7 +12,7 @@ Each variant has its own executable of the loop (loop.decode(variant=i)), which 
 round the schedule gives another variant; `run` re-enters the next one's with the same (donated) state,
 so a switch costs one host round trip and no round is wasted. (A `lax.switch` between whole rounds inside
 one while_loop was built first: XLA's copy insertion then copied the target cache and the draft ring in
-every round, an extra pass over the whole KV per round; see tests/test_hlo_no_copies.py.)
+every round, an extra pass over the whole KV per round; see tests/model/test_hlo_no_copies.py.)
 
 While a call runs the host learns what the cost model guessed (`Learning`): the acceptance of chain rounds,
 counted from the loop's own counters between executable calls, and each setting's measured tokens/s. At

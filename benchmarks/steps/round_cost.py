@@ -5,7 +5,7 @@ zero-filled cache of that context, `rounds` rounds: decode seconds / rounds run)
 alone with the calibrate harness (`calibrate.time_step`: the target's forward of 1 and gamma+1 tokens over the
 cache, the draft's forward of 1 token over its sink + window ring). ratio = in-loop / (gamma * draft + verify);
 a ratio well above 1 means the loop body does work no step explains (the HLO test
-tests/test_hlo_no_copies.py asserts no op in the body copies or re-reads a cache layer besides the
+tests/model/test_hlo_no_copies.py asserts no op in the body copies or re-reads a cache layer besides the
 attention dots, the in-place writes and the commit's gather). Medians of `--repeats` runs; JSON.
 
   python -m benchmarks.steps.round_cost --shapes 8x4096,4x8000 --gammas 3

@@ -108,7 +108,7 @@ INT4_STORAGE = {"cpu": jnp.int8}      # backend -> container of int4 values (def
 XLA_OPTIONS = {"gpu": {"xla_gpu_enable_triton_gemm": True}}   # what a quantized draft's executables need
 # backend -> the dtype into which XLA converts an int4 copy's matrices once per decode call, before the decode's
 # while_loop, and holds while it runs (loop-invariant code motion: XLA:CPU, jax 0.10.2, seen in loop.decode's
-# compiled HLO: tests/test_quant.py). On an H100 the conversion stayed fused in the loop's GEMMs (run 3).
+# compiled HLO: tests/model/test_quant.py). On an H100 the conversion stayed fused in the loop's GEMMs (run 3).
 # The cost model reads such an int4 element at the hoisted dtype's bytes, the memory planner counts both.
 INT4_HOISTED = {"cpu": jnp.bfloat16}
 # parameter name -> number of leading axes contracted (-1: the last axis is contracted)

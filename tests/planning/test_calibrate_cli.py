@@ -15,7 +15,7 @@ from magicdec_jax.cli import modes as cli_modes
 from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV = dict(os.environ, PYTHONPATH=ROOT)
 
 

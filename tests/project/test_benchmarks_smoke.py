@@ -20,7 +20,7 @@ from magicdec_jax import constraints, testing
 from magicdec_jax.model import full_forward
 from magicdec_jax.trees import Tree
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CASES = {}      # case -> (module, check(doc, out, module, stdout), slow, extra argv, in a subprocess)
 
 

@@ -14,7 +14,7 @@ from magicdec_jax.cli import demo as cli_demo
 from magicdec_jax.trees import Tree
 from conftest import random_prompts, tiny_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("chunk", [pytest.param(16, marks=pytest.mark.slow), 64])

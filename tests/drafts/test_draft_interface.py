@@ -22,7 +22,7 @@ from magicdec_jax.cli import draft_flags, modes
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.tuning import costmodel
 from magicdec_jax.tuning.draft_cost import DraftCost
-from test_imports import PKG, ROOT, _graph
+from import_graph import PKG, ROOT, graph
 
 DRAFT_NAMES = set(drafts.REGISTRY) - {"none"}
 ALLOWED = (os.path.join(ROOT, "drafts") + os.sep, os.path.join(ROOT, "cli", "draft_flags.py"))
@@ -84,20 +84,20 @@ def _reach(graph, mod: str) -> set[str]:
 
 
 def test_drafts_import_no_measuring_or_cli_code_and_the_planner_runs_no_model():
-  graph, _ = _graph()
+  edges, _ = graph()
   banned = (f"{PKG}.measure", f"{PKG}.cli", f"{PKG}.tuning.calibrate", f"{PKG}.tuning.acceptance")
-  for mod in [m for m in graph if m == f"{PKG}.drafts" or m.startswith(f"{PKG}.drafts.")]:
-    bad = sorted(n for n in _reach(graph, mod) if n.startswith(banned))
+  for mod in [m for m in edges if m == f"{PKG}.drafts" or m.startswith(f"{PKG}.drafts.")]:
+    bad = sorted(n for n in _reach(edges, mod) if n.startswith(banned))
     assert not bad, f"{mod} reaches {bad}"
   # tuning/ prices and chooses: none of its modules imports code that runs a model, nor reaches the model,
   # the drafts, the loop or the measuring layer (the layers package, which it reaches for weight byte
   # counts, is the bottom rung).
   direct = {f"{PKG}.{m}" for m in ("model", "cache", "feature_head", "layers.attention")}
   upper = {f"{PKG}.{m}" for m in ("model", "cache", "feature_head", "drafts", "loop", "engine", "prefilled")}
-  tuning = sorted(m for m in graph if m.startswith(f"{PKG}.tuning."))
+  tuning = sorted(m for m in edges if m.startswith(f"{PKG}.tuning."))
   assert f"{PKG}.tuning.costmodel" in tuning and f"{PKG}.tuning.profiles" in tuning
   for mod in tuning:
-    bad = sorted(graph[mod] & direct) + sorted(n for n in _reach(graph, mod)
+    bad = sorted(edges[mod] & direct) + sorted(n for n in _reach(edges, mod)
                                                if n in upper or n.startswith((f"{PKG}.measure", f"{PKG}.drafts.")))
     assert not bad, f"{mod} imports or reaches code that runs a model: {bad}"
 

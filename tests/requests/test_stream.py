@@ -24,7 +24,7 @@ from magicdec_jax.stream import Request, generate_stream
 from conftest import random_prompts, tiny_model, xla_flags
 from test_generate import reference_greedy
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW = 12
 LENGTHS = (5, 9, 3, 12, 7, 14, 4, 6, 11, 8)
 

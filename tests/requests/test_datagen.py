@@ -20,7 +20,7 @@ from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GEN = dict(max_new_tokens=8, draft=StreamingDraft(sink=2, window=8), gamma=2, temperature=1.0, seed=3)
 
 

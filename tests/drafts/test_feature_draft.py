@@ -262,7 +262,7 @@ def test_cli_distill_then_generate(tmp_path):
   greedy text equals --draft=none's (the random tiny byte-level model)."""
   import subprocess
   import sys
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = dict(os.environ, PYTHONPATH=root)
   text = tmp_path / "text.txt"
   text.write_text("To be, or not to be, that is the question. " * 40)

@@ -112,7 +112,7 @@ T.run({out!r}, step=killing)
 
 def test_resume_after_kill_9(uninterrupted, tmp_path):
   """Killed by SIGKILL while a checkpoint is being written, the rerun ends as the uninterrupted run."""
-  here = os.path.dirname(os.path.abspath(__file__))
+  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   out = str(tmp_path / "killed")
   killed = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(tests=here, out=out)], capture_output=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(here), here])},

@@ -25,7 +25,7 @@ from magicdec_jax.tuning import costmodel, profiles, shapes
 from magicdec_jax.tuning.draft_cost import DraftCost
 from magicdec_jax.tuning.autotune import detect_hardware
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NEW = 12
 PROMPT = "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog. the quick"
 

@@ -14,7 +14,7 @@ import magicdec_jax as md
 from magicdec_jax import backend, plan, prefilled, sharding, testing
 from magicdec_jax.trees import AR_TREE, Tree
 
-ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "magicdec_jax")
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "magicdec_jax")
 
 
 def _model():

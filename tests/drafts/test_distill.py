@@ -102,7 +102,7 @@ distill.distill(t, distill.init_draft(t, layers=1), T._data(), {out!r}, T.CFG, p
 
 def test_resume_after_kill_9(trained, tmp_path):
   out = str(tmp_path / "killed")
-  tests = os.path.dirname(os.path.abspath(__file__))
+  tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(tests), tests]))
   r = subprocess.run([sys.executable, "-c", KILL_SCRIPT.format(tests=tests, out=out)], env=env,
                      capture_output=True, timeout=300)
@@ -132,7 +132,7 @@ np.savez({npz!r}, *[np.asarray(x) for x in jax.tree.leaves(model.params)])
 def test_mesh_run_equals_single_device(trained, tmp_path):
   """With a 2-device data mesh (params and optimizer state replicated, the batch split) a stopped and resumed
   run ends with the params of the single-device uninterrupted run, up to the all-reduce's summation order."""
-  tests = os.path.dirname(os.path.abspath(__file__))
+  tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   npz = str(tmp_path / "mesh.npz")
   env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"), JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join([os.path.dirname(tests), tests]))
@@ -203,7 +203,7 @@ def test_batch_order_is_a_function_of_seed_and_step():
 def test_cli_distill_writes_a_draft_that_decodes_losslessly(tmp_path):
   """run.py --mode=distill --draft=model end to end on the random tiny model: it exits 0 and the draft it
   writes drafts the target's own greedy tokens (a plain autoregressive run's)."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   text = tmp_path / "text.txt"
   text.write_text("To be, or not to be, that is the question. " * 40)
   out = tmp_path / "draft"

@@ -2,8 +2,8 @@
 
 The reference is plain autoregressive decoding in the same mode (draft None): every draft, chain or tree,
 batch composition, refill pattern and datagen run must reproduce its tokens exactly (meshes:
-tests/test_sharding.py). That plain sampler itself is checked for exactness by the chi-square cases
-"autoregressive-invariant-*" of tests/test_speculative_sampling.py (joint of three tokens against float64),
+tests/planning/test_sharding.py). That plain sampler itself is checked for exactness by the chi-square cases
+"autoregressive-invariant-*" of tests/exactness/test_speculative_sampling.py (joint of three tokens against float64),
 and the speculative one by "chain2-model-invariant-*" there.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ from magicdec_jax import testing
 from magicdec_jax.drafts import ModelDraft, StreamingDraft
 from magicdec_jax.model import full_forward
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @functools.lru_cache(maxsize=None)

@@ -27,7 +27,7 @@ from magicdec_jax.engine import generate
 
 from conftest import xla_flags
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(HERE)
 MESHES = ("data:1,model:8", "data:2,model:4", "data:4,model:2", "data:8,model:1")
 SMOL_MESHES = ("data:1,model:8", "data:4,model:2", "data:8,model:1")     # as sharding_worker.SMOL_MESHES
