@@ -61,7 +61,7 @@ class FixedShapes:
 # the same rows computed in another program could round differently; with YNNPACK kept to standalone dots
 # (`CPU_FUSION`) a dot computes a row the same for any 2..32 rows and for any 33..4096 (one row is a third
 # algorithm), row-wise reductions are the same for any row count, and attention's dots the same for any
-# batch, 2..64 query rows and any slot count (docs/decisions.md#fixed-shape-numerics).
+# batch, 2..64 query rows and any slot count (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding).
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False))
 CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,

@@ -12,8 +12,11 @@ and layer); masked-out work is not useful. Medians of --repeats runs after one c
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
+import statistics
+import time
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +60,31 @@ def matmul_rate(n: int, repeats: int) -> float:
   return 2.0 * n ** 3 / med
 
 
+def by_numerics(model, tokens, lengths, num_slots: int, chunk: int, names: list[str], repeats: int,
+                flops: float) -> dict:
+  """The engine's prefill under each numerics, compiled with the XLA options its plan would add, the
+  numerics timed in turn `repeats` times (after one untimed call each)."""
+  runs = {}
+  for n in names:
+    cfg = dataclasses.replace(model.config, numerics=n)
+    opts = cfg.fixed.compiler_options() if cfg.invariant else {}
+    exe = loop.prefill.lower(model.params, None, tokens, lengths, cfg=cfg, spec=None, tree=Tree((-1,)),
+                             num_slots=num_slots, chunk=chunk).compile(opts or None)
+    runs[n] = lambda exe=exe: exe(model.params, None, tokens, lengths)[0].k[-1]
+    jax.block_until_ready(runs[n]())
+  times = {n: [] for n in names}
+  for _ in range(repeats):
+    for n, fn in runs.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[n].append(time.perf_counter() - t0)
+  out = {}
+  for n, ts in times.items():
+    med = statistics.median(ts)
+    out[n] = {"median_s": med, "times": ts, "tokens_per_s": tokens.size / med, "flop_rate": flops / med}
+  return out
+
+
 def main(argv=None):
   ap = common.parser(__doc__)
   ap.add_argument("--shape", type=common.shape_list, default=[(8, 4096)])
@@ -64,6 +92,8 @@ def main(argv=None):
   ap.add_argument("--repeats", type=int, default=1)
   ap.add_argument("--matmul-n", type=int, default=2048)
   ap.add_argument("--skip-old", action="store_true", help="do not time the previous rule")
+  ap.add_argument("--numerics", default="", help="also time the engine's prefill with these numerics "
+                  "(comma-separated, e.g. fast,invariant; each compiled with its plan's XLA options), interleaved")
   args = common.parse(ap, argv, shape=[(2, 64)], chunk=16, matmul_n=256)
   model, source = common.model(args.smoke)
   (b, p), = args.shape
@@ -79,7 +109,11 @@ def main(argv=None):
   new = lambda: loop.prefill(params, None, tokens, lengths, cfg=cfg, spec=None, tree=Tree((-1,)),
                              num_slots=num_slots, chunk=args.chunk)[0].k[-1]
   med, times = common.median_time(new, args.repeats)
-  doc["engine"] = {"median_s": med, "times": times, "tokens_per_s": b * p / med, "flop_rate": flops / med}
+  doc["engine"] = {"numerics": cfg.numerics, "median_s": med, "times": times, "tokens_per_s": b * p / med,
+                   "flop_rate": flops / med}
+  if args.numerics:
+    doc["by_numerics"] = by_numerics(model, tokens, lengths, num_slots, args.chunk, args.numerics.split(","),
+                                     args.repeats, flops)
   print(f"engine prefill {b}x{p}: {med:.1f}s, {b * p / med:.0f} tokens/s, {flops / med / 1e9:.1f} GFLOP/s useful",
         flush=True)
   if not args.skip_old:
@@ -93,6 +127,8 @@ def main(argv=None):
   rate = max(rate_before, rate_after)      # the yardstick: the faster of the two (the conservative share)
   doc["matmul"] = {"n": args.matmul_n, "flop_rate": rate, "before": rate_before, "after": rate_after}
   doc["engine"]["share_of_matmul_rate"] = doc["engine"]["flop_rate"] / rate
+  for row in doc.get("by_numerics", {}).values():
+    row["share_of_matmul_rate"] = row["flop_rate"] / rate
   print(f"large matmul {rate / 1e9:.1f} GFLOP/s: engine prefill at {doc['engine']['share_of_matmul_rate']:.2f} of it")
   common.write_json(doc, out)
   print(json.dumps({"output": out}))
