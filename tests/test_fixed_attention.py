@@ -10,6 +10,7 @@ give plain decoding's tokens. Shapes are small: the interpreter runs every grid 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +34,13 @@ FIXED = dataclasses.replace(backend.CPU, attention="pallas_interpret", query_tok
 H, KH, D = 4, 2, 16
 
 
+@functools.partial(jax.jit, static_argnames="fixed")
+def kernel(q, k, v, base, anc, fixed):
+  return pallas.fixed_attention(q, k, v, base, anc, fixed=fixed)
+
+
 def run(q, k, v, base, anc, fixed=FIXED):
-  return np.asarray(jax.jit(lambda *a: pallas.fixed_attention(*a, fixed=fixed))(q, k, v, base, anc), np.float32)
+  return np.asarray(kernel(q, k, v, base, anc, fixed), np.float32)
 
 
 def reference(q, k, v, base, anc) -> np.ndarray:
@@ -113,7 +119,8 @@ def test_a_row_is_the_same_bits_alone_among_tokens_rows_and_slot_counts():
 def test_a_tree_node_is_the_chain_along_its_path_and_the_plain_step():
   """A tree's nodes sit at slots base + index, with siblings between a node and its ancestors; each node's
   output is bitwise the output of its token at the end of a chain holding its path at base .. base + depth,
-  and of a plain one-token step there; for rows whose tails start at different key blocks."""
+  and of a plain one-token step there; for rows whose tails start at different key blocks. (The chains and
+  steps of all nodes run as the rows of one batch per length: rows are independent, tested above.)"""
   rng = np.random.default_rng(2)
   anc = ancestors(PARENTS)
   t, s = len(PARENTS), 96
@@ -122,15 +129,25 @@ def test_a_tree_node_is_the_chain_along_its_path_and_the_plain_step():
     base = jnp.asarray(bases, jnp.int32)
     q, k, v = random_qkv(rng, 2, t, s)
     tree = run(q, k, v, base, jnp.asarray(anc))
-    for j in range(t):
-      path = np.flatnonzero(anc[j])                                   # ancestors in depth order (BFS indices)
-      for r in range(2):
-        b0 = int(base[r])
-        kc, vc = (x[r:r + 1].at[:, :, b0:b0 + len(path)].set(x[r:r + 1, :, b0 + path]) for x in (k, v))
-        along = run(q[r:r + 1, path], kc, vc, base[r:r + 1], chain(len(path)))
-        np.testing.assert_array_equal(along[0, -1], tree[r, j], err_msg=f"node {j} row {r} (chain)")
-        step = run(q[r:r + 1, j:j + 1], kc, vc, base[r:r + 1] + int(depth[j]), chain(1))
-        np.testing.assert_array_equal(step[0, 0], tree[r, j], err_msg=f"node {j} row {r} (plain step)")
+    pairs = [(r, j) for r in range(2) for j in range(t)]
+
+    def path_cache(r, j, x):                     # row r's cache with node j's path at base .. base + depth
+      b0, path = int(base[r]), np.flatnonzero(anc[j])
+      return x[r].at[:, b0:b0 + len(path)].set(x[r][:, b0 + path])
+
+    kc = jnp.stack([path_cache(r, j, k) for r, j in pairs])
+    vc = jnp.stack([path_cache(r, j, v) for r, j in pairs])
+    steps = run(jnp.stack([q[r, j:j + 1] for r, j in pairs]), kc, vc,
+                jnp.asarray([int(base[r] + depth[j]) for r, j in pairs], jnp.int32), chain(1))
+    for n, (r, j) in enumerate(pairs):
+      np.testing.assert_array_equal(steps[n, 0], tree[r, j], err_msg=f"node {j} row {r} (plain step)")
+    for d in sorted(set(depth.tolist())):
+      at = [n for n, (r, j) in enumerate(pairs) if depth[j] == d]
+      qs = jnp.stack([q[pairs[n][0], np.flatnonzero(anc[pairs[n][1]])] for n in at])
+      along = run(qs, kc[np.asarray(at)], vc[np.asarray(at)], base[np.asarray([pairs[n][0] for n in at])],
+                  chain(d + 1))
+      for i, n in enumerate(at):
+        np.testing.assert_array_equal(along[i, -1], tree[pairs[n]], err_msg=f"node {pairs[n][1]} row {pairs[n][0]} (chain)")
 
 
 def test_slots_past_the_round_are_never_read_and_deep_trees_are_refused():
