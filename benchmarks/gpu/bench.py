@@ -164,10 +164,11 @@ class Bench:
     return {"fits": ok, "planned_bytes": mem.total, "limit_bytes": limit, "plan": mem.describe()}
 
   def run(self, label, model, draft, tree, alpha, batch, context, *, numerics="fast", options=None,
-          profile=False, vector=None, **extra) -> dict:
+          profile=False, vector=None, fixed=None, **extra) -> dict:
     """One configuration end to end (draft None: plain decoding); acceptance simulated at `alpha` per
     chain position (or `vector`, a tree's); its record is appended to res["runs"] and returned (a label
-    measured before is not run again: its record is returned)."""
+    measured before is not run again: its record is returned). fixed: invariant numerics' FixedShapes
+    (None: the backend's)."""
     prev = next((r for r in self.res["runs"] if r["label"] == label and "tok_per_s" in r), None)
     if prev is not None:                       # the same configuration measured by an earlier part
       return prev
@@ -179,7 +180,9 @@ class Bench:
     rec["memory"] = mem
     if mem["fits"] is False:
       return self._done(dict(rec, skipped="does not fit (memory planner)"))
-    cfg = dataclasses.replace(model.config, numerics=numerics)
+    cfg = dataclasses.replace(model.config, numerics=numerics, fixed=fixed if numerics == "invariant" else None)
+    if cfg.invariant:
+      rec["fixed_attention"] = cfg.fixed.attention
     spec = None if draft is None else draft.spec
     simulate.use(None if draft is None else (vector or (alpha,)))
     compiling.clear()
@@ -204,7 +207,7 @@ class Bench:
     eng = None
     try:
       eng = common.loop_engine(model, draft, tree, batch=batch, context=context, max_new=n2,
-                               numerics=numerics, options=options)
+                               numerics=numerics, options=options, fixed_shapes=cfg.fixed)
       rec["plan_xla_options"] = eng.plan.xla_options
       t0 = time.perf_counter()
       once(n1)
