@@ -118,12 +118,14 @@ def interleaved_decodes(model, pre, settings: dict, repeats: int) -> dict:
 
 
 def loop_engine(model, draft, tree, *, batch: int, context: int, max_new: int, impl: str = "auto",
-                numerics: str | None = None, options: dict | None = None) -> engine.Engine:
+                numerics: str | None = None, options: dict | None = None, fixed_shapes=None) -> engine.Engine:
   """The Engine `generate` builds for a fixed draft and tree (None: plain decoding) at batch x context: its
-  plan's XLA options (the engine's, the draft's, then `options`), attention choice and 1 x 1 mesh.
-  `engine.decode(state)` is then the compiled loop users run."""
+  plan's XLA options (the engine's, the draft's, then `options`), attention choice and 1 x 1 mesh
+  (fixed_shapes: invariant numerics' shapes, None: the backend's). `engine.decode(state)` is then the
+  compiled loop users run."""
   st = DecodeSettings(max_new_tokens=max_new, draft=draft, tree=None if draft is None else tree,
-                      attention_impl=impl, numerics=numerics, xla_options=options)
+                      attention_impl=impl, numerics=numerics, xla_options=options,
+                      fixed_shapes=fixed_shapes if numerics == "invariant" else None)
   return engine.Engine(model, plan.make_plan(model, st, batch=batch, shortest=context, longest=context))
 
 

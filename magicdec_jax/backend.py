@@ -15,6 +15,9 @@ import jax
 import jax.numpy as jnp
 
 
+ATTENTIONS = ("xla", "pallas_triton", "pallas_interpret")
+
+
 @dataclasses.dataclass(frozen=True)
 class FixedShapes:
   """The shapes of fixed-shape numerics.
@@ -25,7 +28,10 @@ class FixedShapes:
   backend computes a row the same whatever the count (lo == hi: one fixed count, the choice where nothing
   better is known). Attention: query tiles of `query_tokens` tokens (x the G heads of a KV group), a single
   shorter tile padded to a whole one when `pad_query_tile`; values summed over a prefix and a tail of
-  `tail_blocks` blocks of `key_block` slots (layers/invariant.tiled_attention)."""
+  `tail_blocks` blocks of `key_block` slots (layers/invariant.tiled_attention). `attention` picks who computes
+  a linear cache's prefix + tree attention at these shapes: "xla" (layers/invariant.py), "pallas_triton" or
+  "pallas_interpret" (the Pallas kernel pallas/fixed_attention.py, which reads the cache in splits of
+  `split_slots` slots; the interpreter for CPU tests): a decision made here, once, never by a layer."""
   decode_rows: tuple[int, int]     # (lo, hi) tokens per token-wise call of a decode round
   prefill_rows: tuple[int, int]    # (lo, hi) tokens per token-wise call of a prefill chunk
   query_tokens: int = 4            # query tokens per attention tile
@@ -34,6 +40,8 @@ class FixedShapes:
   tail_blocks: int = 2             # blocks of a query's canonical tail: rounds of depth <= (this - 1) blocks
   reduction_floor: int = 0         # a row-wise reduction of m rows x d changes algorithm at m * d = this (0: none)
   xla_options: tuple[tuple[str, object], ...] = ()   # compiler options the shapes are measured under
+  attention: str = "xla"           # "xla" | "pallas_triton" | "pallas_interpret": the fixed-shape attention
+  split_slots: int = 2048          # slots per KV split of the Pallas kernel (a size: a multiple of key_block)
 
   def __post_init__(self):
     for name in ("decode_rows", "prefill_rows"):
@@ -43,6 +51,10 @@ class FixedShapes:
     if self.query_tokens < 1 or self.key_block < 1 or self.key_block & (self.key_block - 1) or self.tail_blocks < 2:
       raise ValueError(f"FixedShapes needs query_tokens >= 1, a power-of-two key_block and tail_blocks >= 2, "
                        f"got {self.query_tokens}, {self.key_block}, {self.tail_blocks}")
+    if self.attention not in ATTENTIONS:
+      raise ValueError(f"FixedShapes.attention must be one of {ATTENTIONS}, got {self.attention!r}")
+    if self.split_slots < self.key_block or self.split_slots % self.key_block:
+      raise ValueError(f"FixedShapes.split_slots={self.split_slots} must be a multiple of key_block={self.key_block}")
 
   def compiler_options(self) -> dict[str, str]:
     return dict(self.xla_options)
@@ -66,9 +78,13 @@ CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDI
               ("xla_allow_excess_precision", False))
 CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,
                   key_block=32, reduction_floor=4608, xla_options=CPU_FUSION)
-# Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction).
+# Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction); attention
+# in the Triton kernel; GEMMs with one algorithm per shape whatever the program or the process (autotuning
+# off: it picks by timing; no atomics; bf16 intermediates rounded where the program says, whatever fuses).
+GPU_DETERMINISM = (("xla_gpu_autotune_level", 0), ("xla_gpu_exclude_nondeterministic_ops", True),
+                   ("xla_allow_excess_precision", False))
 ACCELERATOR = FixedShapes(decode_rows=(128, 128), prefill_rows=(256, 256), query_tokens=4, pad_query_tile=True,
-                          key_block=64)
+                          key_block=64, xla_options=GPU_DETERMINISM, attention="pallas_triton", split_slots=2048)
 FIXED_SHAPES = {"cpu": CPU}
 DEFAULT_NUMERICS = {"cpu": "invariant"}   # numerics when the settings name none (else "fast")
 

@@ -22,8 +22,10 @@ later is recorded as skipped, and the JSON is rewritten after every configuratio
   headline   the README's 8 x 32K table: AR, self-draft chains on bf16 / int8 / int4 copies, the 1B draft
              in bf16 and int8, one GPU's TP-8 shard at batch 64 (alpha 0.8 / 0.7), kernel breakdowns
   batch1     the 1 x 4K AR step against its floor
-  identity   greedy speculative tokens against plain decoding's through `engine.generate` (real acceptance,
-             random 8-layer LLaMA-3.2-1B shape, head x 25), fast and invariant numerics
+  identity   fixed-shape numerics on the Pallas kernel (backend.FixedShapes.attention) against fast, random
+             8-layer LLaMA-3.2-1B shape: greedy speculative tokens against plain decoding's through
+             `engine.generate` (real acceptance, logits unsharpened: near ties counted), then the AR step,
+             a self-draft chain-3 round and the first call at 8 x 32K under each numerics
   invariant  the headline's AR and self chain 3 with fixed-shape numerics
 
   PYTHONPATH=. python3 -m benchmarks.gpu.harness --parts paper,stream,tree --deadline-s 480 --output $OUT/gpu.json
@@ -47,6 +49,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from magicdec_jax import backend  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax import drafts, engine, schedule, trees  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
@@ -66,7 +69,7 @@ PAPER = {"self": {16: 1.08, 32: 1.26, 64: 1.55, 128: 1.85}, "snapkv": {16: 1.17,
          "1B": {16: 1.27, 32: 1.46, 64: 1.67, 128: 1.81}, "snapkv 100K b41": 2.29}
 PAPER_GAMMA = {16: 3, 32: 3, 64: 3, 128: 4}
 PAPER_GAMMA_100K = {"snapkv": 11, "self": 5, "1B": 5}
-BUDGETS = {"paper": 250, "stream": 110, "tree": 80, "headline": 270, "batch1": 40, "identity": 60, "invariant": 250}
+BUDGETS = {"paper": 250, "stream": 110, "tree": 80, "headline": 270, "batch1": 40, "identity": 240, "invariant": 250}
 
 
 def tp_shard(cfg: ModelConfig, tp: int) -> ModelConfig:
@@ -269,31 +272,65 @@ def part_invariant(b: Bench, m: dict):
   b.put("speedups", b.ratios(ar, [sp]))
 
 
+TIE = 0.01                                  # a near tie: top-2 log-probabilities within this many nats
+
+
+def identity_fixed_shapes():
+  """The backend's FixedShapes with the fixed-shape attention kernel: Triton on a GPU (the default there),
+  the interpreter where the backend's choice is XLA's tiles (a CPU: --smoke checks the kernel's path)."""
+  fixed = backend.fixed_shapes()
+  return fixed if fixed.attention != "xla" else dataclasses.replace(fixed, attention="pallas_interpret")
+
+
 def part_identity(b: Bench, m: dict):
-  """Greedy speculative tokens vs plain decoding's, real acceptance, bf16; fast and invariant numerics."""
+  """Fixed-shape numerics on the kernel against fast numerics, random 8-layer LLaMA-3.2-1B shape, bf16.
+  First identity: greedy speculative tokens (StreamingLLM self-draft, gamma 3, real acceptance) against plain
+  decoding's, with logits left as initialised (no sharpening) so near ties (top-2 within TIE nats) occur;
+  rows identical per numerics and the near ties they passed. Then cost at 8 x C: the AR step, a self-draft
+  chain-3 round and the first call (compile + run) under each numerics."""
   cfg = m["target_cfg"] if b.args.smoke else shapes.model_shape("llama32_1b").replace(num_layers=8)
-  params = init_params(cfg, jax.random.key(7))
-  for k in ("embed", "lm_head"):                                  # sharper logits: the top token has a margin
-    if k in params:
-      params[k] = params[k] * jnp.asarray(25, params[k].dtype)
-  model = Model(cfg, params, name="identity")
-  n, p, new = (2, 40, 12) if b.args.smoke else (4, 1024, 64)
+  model = Model(cfg, init_params(cfg, jax.random.key(7)), name="identity")
+  fixed = identity_fixed_shapes()
+  b.put("fixed_shapes", {k: v for k, v in dataclasses.asdict(fixed).items() if k != "xla_options"} |
+        {"xla_options": [list(o) for o in fixed.xla_options]})
+  n, p, new = (2, 40, 12) if b.args.smoke else (8, 1024, 64)
   prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (n, p)).tolist()
   simulate.use(None)
   for numerics in ("fast", "invariant"):
     if b.late(b.args.config_s):
       b.put(numerics, {"skipped": "deadline"})
       continue
-    kw = dict(max_new_tokens=new, temperature=0.0, numerics=numerics, progress=False)
-    ar = engine.generate(model, prompts, **kw).tokens
+    kw = dict(max_new_tokens=new, temperature=0.0, numerics=numerics, progress=False, logprobs=True, top_logprobs=2,
+              fixed_shapes=fixed if numerics == "invariant" else None)
+    ar = engine.generate(model, prompts, **kw)
     sp = engine.generate(model, prompts, draft=drafts.StreamingDraft(16, 256), gamma=3, **kw)
-    first = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), None) for u, v in zip(ar, sp.tokens)]
+    first = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), None) for u, v in zip(ar.tokens, sp.tokens)]
+    margins = [[pos[0][1] - pos[1][1] for pos in row[:(len(row) if f is None else f + 1)] if len(pos) > 1]
+               for row, f in zip(ar.top_logprobs, first)]             # plain decoding's, up to a first difference
+    flat = [x for row in margins for x in row]
     b.put(numerics, {"rows_identical": sum(f is None for f in first), "rows": n, "first_difference": first,
+                     "near_ties_passed": sum(x < TIE for x in flat), "positions_compared": len(flat),
+                     "smallest_margin": min(flat, default=None),
                      "acceptance": [r.get("acceptance_rate") for r in sp.row_stats]})
     b.say("identity", numerics, b.res["parts"]["identity"][numerics])
     compiling.clear()
     jax.clear_caches()
     gc.collect()
+  runs = {}
+  for numerics in ("fast", "invariant"):
+    kw = dict(numerics=numerics, fixed=fixed)
+    runs[numerics] = (b.run(f"identity AR {numerics}", model, None, trees.AR_TREE, None, 8, m["C"], **kw),
+                      b.run(f"identity self γ3 {numerics}", model, drafts.StreamingDraft(*m["ring"]), Tree.chain(3),
+                            ASSUMED["self"], 8, m["C"], **kw))
+  cost = {}
+  for i, what in enumerate(("AR step", "chain-3 round")):
+    fast, inv = runs["fast"][i], runs["invariant"][i]
+    if "ms_per_loop_round" in fast and "ms_per_loop_round" in inv:
+      cost[what] = {"fast_ms": fast["ms_per_loop_round"], "invariant_ms": inv["ms_per_loop_round"],
+                    "invariant_over_fast": inv["ms_per_loop_round"] / fast["ms_per_loop_round"],
+                    "first_call_s": {"fast": fast["first_call_s"], "invariant": inv["first_call_s"]}}
+  b.put("cost", cost)
+  b.say("identity", "cost", {k: round(v["invariant_over_fast"], 3) for k, v in cost.items()})
 
 
 USES = {"paper": (), "stream": ("target",), "tree": ("target",), "headline": ("target", "small"),

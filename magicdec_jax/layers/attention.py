@@ -10,8 +10,8 @@ to the cache under a visibility rule. Three rules cover every caller:
 A layer with a sliding window w (static, from the config and the layer index) also hides every key whose
 position is not in (q - w, q] for a query at position q, under every rule: the query positions are the
 forward pass's, the key positions the slots' (slot == position in a linear cache, the tree's own positions
-for its nodes, `DenseMask.key_pos` in a draft's ring). The Pallas kernel knows no windows or soft-capping:
-such layers take the XLA path.
+for its nodes, `DenseMask.key_pos` in a draft's ring). The Pallas kernels know no windows or soft-capping:
+such layers take the XLA path (with fixed-shape numerics, its fixed tiles: still invariant, slower).
 """
 from __future__ import annotations
 
@@ -147,9 +147,13 @@ def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=
            window: int | None = None, scale: float | None = None, softcap: float | None = None,
            fixed: FixedShapes | None = None):
   """Dispatch on the visibility rule; the prefix+tree rule may use the Pallas kernel (not with a window
-  or soft-capping, nor with fixed-shape numerics: `fixed`). q_pos [B, T]: the query positions (needed
-  with a window)."""
+  or soft-capping). With fixed-shape numerics (`fixed`) it takes the kernel fixed.attention names (the
+  fixed-shape Pallas kernel, or XLA's tiles: layers/invariant.py), never `impl`. q_pos [B, T]: the query
+  positions (needed with a window)."""
   num_slots = k.shape[2]
+  if isinstance(spec, PrefixTree) and fixed is not None and fixed.attention != "xla" and window is None \
+      and softcap is None and not return_scores:
+    return pallas.fixed_attention(q, k, v, spec.base, spec.anc, fixed=fixed, scale=scale)
   if isinstance(spec, PrefixTree):
     kernel = window is None and softcap is None and not return_scores and fixed is None
     if kernel and impl == "auto":

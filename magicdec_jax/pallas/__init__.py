@@ -5,6 +5,10 @@ kernel (Triton lowering on GPU, interpreter on CPU). A Mosaic GPU variant is not
 picks Triton on GPU when the installed jax can still lower it (checked once per shape signature by
 compiling the kernel alone) and XLA otherwise.
 
+`fixed_attention` is the same rule at fixed shapes (pallas/fixed_attention.py): a query position's output the
+same bits in any batch, query tile or slot count, for fixed-shape numerics; `backend.FixedShapes.attention`
+names its lowering (Triton or the interpreter), decided once in the config.
+
 `int4_matmul` multiplies by a group-wise int4 matrix on packed bytes (pallas/int4_matmul.py): the Triton
 kernel on a GPU, the interpreter elsewhere. A quantized draft calls it where quant.int4_kernel() is on (off
 by default: it lost to XLA's per-channel form on an H100, docs/gpu.md run 5).
@@ -16,9 +20,11 @@ import warnings
 
 import jax
 
+from magicdec_jax.backend import FixedShapes
+from magicdec_jax.pallas.fixed_attention import pallas_fixed_attention
 from magicdec_jax.pallas.int4_matmul import MIN_DOT, default_tiling, pallas_int4_matmul
 from magicdec_jax.pallas.tree_attention import pallas_tree_attention
-from magicdec_jax.pallas.xla_attention import visibility_mask, xla_tree_attention
+from magicdec_jax.pallas.xla_attention import dot_operands, visibility_mask, xla_tree_attention
 
 IMPLS = ("auto", "xla", "pallas_interpret", "pallas_triton", "pallas_mosaic")
 _warned: set[str] = set()
@@ -115,6 +121,33 @@ def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, an
   return wrapper(kernel, q, k, v, base, anc)   # per shard (shard_map) under a ("data", "model") mesh
 
 
+FIXED_WARPS, FIXED_STAGES = 4, 2   # one Triton configuration for every shape (untuned)
+
+
+def fixed_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, anc: jax.Array, *,
+                    fixed: FixedShapes, scale: float | None = None, chain: bool = False) -> jax.Array:
+  """Prefix + tree attention at fixed shapes (pallas/fixed_attention.py), lowered as fixed.attention says
+  ("pallas_triton" or "pallas_interpret"), per shard under a mesh (the tree_attention wrapper: rows and KV
+  heads are independent). q [B,T,H,D], k/v [B,K,S,D], base [B], anc [T,T] -> [B,T,H,D] in q.dtype."""
+  if fixed.attention == "pallas_interpret":
+    lowering = dict(interpret=True)
+  elif fixed.attention == "pallas_triton":
+    params = _triton_params(FIXED_WARPS, FIXED_STAGES)
+    if params is None:
+      raise NotImplementedError("FixedShapes.attention='pallas_triton' but this jax has no Pallas Triton backend")
+    lowering = dict(compiler_params=params)
+  else:
+    raise ValueError(f"fixed_attention runs a Pallas lowering, not FixedShapes.attention={fixed.attention!r}")
+  out_dtype = q.dtype
+  q, k, v = dot_operands(q, k, v)
+  kernel = functools.partial(pallas_fixed_attention, query_tokens=fixed.query_tokens, key_block=fixed.key_block,
+                             tail_blocks=fixed.tail_blocks, split_slots=fixed.split_slots, scale=scale, chain=chain,
+                             **lowering)
+  wrapper = _shard_wrappers.get("tree_attention")
+  out = kernel(q, k, v, base, anc) if wrapper is None else wrapper(kernel, q, k, v, base, anc)
+  return out.astype(out_dtype)
+
+
 def int4_kernel(m: int, k: int, n: int, group: int, *, triton: bool):
   """pallas_int4_matmul for [M, K] x [K, N] at default_tiling, lowered by Triton (triton; with the tiling's
   num_warps / num_stages where it names them) or interpreted."""
@@ -143,5 +176,5 @@ def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.A
   return wrapper(kernel, fallback, x, packed, scale, offset)
 
 
-__all__ = ["IMPLS", "KERNELS", "tree_attention", "int4_matmul", "int4_kernel", "resolve_impl", "set_shard_wrapper", "pallas_tree_attention", "xla_tree_attention",
+__all__ = ["IMPLS", "KERNELS", "tree_attention", "fixed_attention", "pallas_fixed_attention", "int4_matmul", "int4_kernel", "resolve_impl", "set_shard_wrapper", "pallas_tree_attention", "xla_tree_attention",
            "visibility_mask"]

@@ -371,6 +371,8 @@ def _gpu_harness(doc, out, mod, stdout):
   assert t["tree_nodes"] == 6 and doc["parts"]["tree"]["tree_over_best_chain"]["ratio"] > 0
   ident = doc["parts"]["identity"]
   assert ident["invariant"]["rows_identical"] == ident["invariant"]["rows"]
+  assert set(ident["cost"]) == {"AR step", "chain-3 round"}                  # invariant on the kernel against fast
+  assert runs["identity AR invariant"]["fixed_attention"] == ident["fixed_shapes"]["attention"] == "pallas_interpret"
   assert "floor" in doc["parts"]["headline"] and "batch1" in doc["parts"]["batch1"]
 
 
