@@ -116,6 +116,9 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_multi_string("prompt", [], "A prompt (repeatable).", **d)
   flags.DEFINE_string("prompts_file", None, "Prompts: one per line, or JSONL with a 'prompt' field.", **d)
   flags.DEFINE_boolean("chat", False, "Render prompts with the model's chat template.", **d)
+  flags.DEFINE_string("json_schema", None, "generate: structured output, every prompt's output valid JSON under "
+                      "this JSON schema: its JSON text or @PATH of a file holding it (docs/structured-output.md).",
+                      **d)
   # bench.
   flags.DEFINE_list("batches", ["1", "4"], "bench: batch sizes.", **d)
   flags.DEFINE_list("contexts", ["256", "1024"], "bench: prompt lengths in tokens.", **d)

@@ -91,6 +91,11 @@ def scores_at(states: dict[str, Any], sampling: Sampling, logits: jax.Array, nod
   return with_static_filter(scores, sampling)
 
 
+def masks(states: dict[str, Any]) -> bool:
+  """Whether an active feature may rule tokens out (static: from the state's structure)."""
+  return any(f.masks for f, _ in active(states))
+
+
 def end_and_advance(states: dict[str, Any], emitted: jax.Array, count: jax.Array):
   """The round's emitted tokens [B, D+1] with count [B] standing -> (count [B], ended [B] bool or None,
   the new states): each feature may lower the count and end rows (in order), then every feature advances
@@ -105,4 +110,4 @@ def end_and_advance(states: dict[str, Any], emitted: jax.Array, count: jax.Array
 
 
 __all__ = ["REGISTRY", "Constraints", "Nodes", "PerRowSampling", "RowFeature", "Run", "active", "check_served",
-           "end_and_advance", "enabled", "fill", "finish_reason", "own_sampling", "scores_at", "shapes", "wanted"]
+           "end_and_advance", "enabled", "fill", "finish_reason", "masks", "own_sampling", "scores_at", "shapes", "wanted"]

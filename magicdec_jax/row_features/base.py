@@ -67,6 +67,7 @@ class RowFeature:
   name: ClassVar[str] = "feature"           # the registry name (and DecodeSettings.row_features entry)
   fields: ClassVar[tuple[str, ...]] = ()    # the RequestOptions fields it serves
   switch: ClassVar[str] = ""                # how a user turns it on (an error message names it)
+  masks: ClassVar[bool] = False             # its transform may rule tokens out (-inf)
 
   # ---- host -------------------------------------------------------------------------------------------
   def enabled(self, settings) -> bool:

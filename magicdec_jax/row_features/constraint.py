@@ -116,6 +116,7 @@ class Constraints(RowFeature):
 
   name: ClassVar[str] = "constraint"
   fields: ClassVar[tuple[str, ...]] = CONSTRAINT_FIELDS
+  masks: ClassVar[bool] = True
   switch: ClassVar[str] = ("pass a list of requests (it turns structured output on by itself) or "
                            "DecodeSettings(row_features=('constraint',))")
 
