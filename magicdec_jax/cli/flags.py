@@ -112,6 +112,8 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_integer("demo_repeats", 2, "Demo: AR and MagicDec decode alternately this many times each (the "
                        "speedup is of their summed times, robust to a machine whose speed drifts).", lower_bound=1,
                        upper_bound=100, **d)
+  flags.DEFINE_boolean("demo_structured", True, "Demo: a second part, questions about the document answered as "
+                       "JSON under a schema (structured output), plainly and with the draft.", **d)
   # generate.
   flags.DEFINE_multi_string("prompt", [], "A prompt (repeatable).", **d)
   flags.DEFINE_string("prompts_file", None, "Prompts: one per line, or JSONL with a 'prompt' field.", **d)
