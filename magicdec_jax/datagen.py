@@ -30,7 +30,8 @@ from magicdec_jax import engine, openai_batch, row_features, sampling
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.model import Model
 from magicdec_jax.options import FIELDS, OptionError, RequestOptions
-from magicdec_jax.plan import DecodePlan, bucket, make_plan
+from magicdec_jax.plan import DecodePlan, bucket, eos_ids, make_plan
+from magicdec_jax.row_features import Run
 from magicdec_jax.settings import DecodeSettings, decode_settings
 from magicdec_jax.stream import Request, generate_stream, with_features
 
@@ -60,10 +61,10 @@ NATIVE_FIELDS = ("id", "prompt", "messages")
 NATIVE_OPTIONS = tuple(f for f in FIELDS if f not in ("num_samples", "logprobs", "top_logprobs"))
 
 
-def native_options(rec: dict, max_new_tokens: int) -> RequestOptions | None:
+def native_options(rec: dict, max_new_tokens: int, run: Run | None = None) -> RequestOptions | None:
   """A native record's own options (NATIVE_OPTIONS; None when it has none), checked as RequestOptions
-  (and against the run's budget and the registered row features); a field that is neither an option nor
-  NATIVE_FIELDS is refused by name."""
+  (and against the run's budget and the registered row features; with `run`, their own checks: a
+  constraint that cannot compile); a field that is neither an option nor NATIVE_FIELDS is refused by name."""
   unknown = sorted(set(rec) - set(NATIVE_FIELDS) - set(NATIVE_OPTIONS))
   if unknown:
     raise DatagenError(f"unknown field(s) {', '.join(map(repr, unknown))} (a record holds "
@@ -74,7 +75,7 @@ def native_options(rec: dict, max_new_tokens: int) -> RequestOptions | None:
   try:
     opts = RequestOptions(**own)
     opts.check_budget(max_new_tokens)
-    row_features.check_served(opts)
+    row_features.check_served(opts, run)
   except OptionError as e:
     raise DatagenError(e.render(f"'{e.field}'")) from None
   return opts
@@ -121,10 +122,12 @@ def detect_format(path: str) -> str:
 
 
 def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str = "none", chat: bool = False,
-                render_chat=None, input_format: str = "native") -> tuple[list[Item], list[dict]]:
+                render_chat=None, input_format: str = "native", eos: tuple[int, ...] | None = None
+                ) -> tuple[list[Item], list[dict]]:
   """Read and validate every line -> (items, errors). Errors are {'line', 'id', 'reason', 'text'}.
   input_format "openai": each line an OpenAI batch request (openai_batch.to_native; 'id' is its
-  custom_id, its options in Item.options)."""
+  custom_id, its options in Item.options). eos: the run's stop ids (None: the model's), which a
+  constraint is compiled with when its line is read (a bad one is an error line)."""
   openai = input_format == "openai"
   name = "custom_id" if openai else "id"
   if render_chat is None:
@@ -140,6 +143,8 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
   if limit < 1:
     raise DatagenError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's context "
                        f"of {model.config.max_position_embeddings}")
+  run = Run(sampling.Sampling(), model.config.vocab_size, model.tokenizer,
+            eos=tuple(model.config.eos_token_ids if eos is None else eos))
   items, errors, seen = [], [], {}
   for n, raw in enumerate(raw_lines, 1):
     if not raw.strip():
@@ -159,7 +164,7 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
         try:
           native, options = openai_batch.to_native(rec, max_new_tokens=max_new_tokens)
           try:
-            row_features.check_served(options.request)
+            row_features.check_served(options.request, run)
           except OptionError as e:
             raise openai_batch.body_error(e, rec["body"]) from None
         except openai_batch.RequestError as e:
@@ -181,7 +186,7 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
         raise DatagenError("needs exactly one of 'prompt' or 'messages'")
       seen[key] = n
       if not openai:
-        options = native_options(rec, max_new_tokens)
+        options = native_options(rec, max_new_tokens, run)
       ids = list(model.tokenizer.encode(_prompt_text(model, rec, chat and not openai, render_chat)).ids)
       if not ids:
         raise DatagenError("empty prompt (no tokens)")
@@ -323,7 +328,7 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
   out_f = _open_output(output_path)   # fail early on an unwritable path
   try:
     items, errors = parse_input(input_path, model, max_new_tokens=st.max_new_tokens, truncate=truncate, chat=chat,
-                                input_format=fmt)
+                                input_format=fmt, eos=eos_ids(model.config, st.eos_token_id))
     err_path = output_path + ".errors.jsonl"
     if errors and on_error == "fail" and fmt == "native":
       shown = "; ".join(f"line {e['line']}: {e['reason']}" for e in errors[:5])

@@ -24,7 +24,7 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import loop, row_features, schedule, shrink, slots
 from magicdec_jax.loop_state import Rows
 from magicdec_jax.model import Model, full_forward
-from magicdec_jax.plan import DecodePlan, make_plan
+from magicdec_jax.plan import DecodePlan, eos_ids, make_plan
 from magicdec_jax.plan import replan as plan_replan
 from magicdec_jax.prompts import pad_prompts, prompt_ids
 from magicdec_jax.options import OptionError, RequestOptions
@@ -134,7 +134,8 @@ class Engine:
       self.draft_params = rules.place_params(p.draft.params(model), dcfg, self.mesh)
     self.param_sh = self._params_sh()      # the placed params' shardings: fixed, so computed once
     self.features = row_features.enabled(p.settings)      # the row features compiled in
-    self.run_info = Run(dataclasses.replace(p.sampling, per_row=False), self.cfg.vocab_size, model.tokenizer)
+    self.run_info = Run(dataclasses.replace(p.sampling, per_row=False), self.cfg.vocab_size, model.tokenizer,
+                        eos=tuple(p.eos))
     self.learning: schedule.Learning | None = None
     if p.learn:
       self.learning = schedule.Learning(p.prior_alpha, self._replan,
@@ -196,6 +197,22 @@ class Engine:
     in_sh = (*self.param_sh, self._state_sh((target,))[0], self._rows(tokens), self._rows(lengths))
     return self._run("prefill_draft", loop.prefill_draft, args, self._static(chunk=chunk), in_sh,
                      lambda ring: self._state_sh((None, ring))[1])
+
+  def fits(self, options: Sequence[RequestOptions]) -> bool:
+    """Whether states built now hold rows with these options (the row features' buckets, Run.shapes)."""
+    return row_features.shapes(self.features, options, self.run_info) == dict(self.run_info.shapes)
+
+  def fit(self, options: Sequence[RequestOptions]) -> None:
+    """Grow the buckets states are built with to hold rows with these options (states built before keep
+    theirs: a stream rebuilds its state when a request does not fit, `fits`)."""
+    self.run_info = dataclasses.replace(self.run_info,
+                                        shapes=row_features.shapes(self.features, options, self.run_info))
+
+  def finish_reason(self, rows, i: int) -> str:
+    """The finish reason of finished row i of host `Rows` (loop_state.host_rows): "eos" for a stop id, a
+    row feature's (a completed constraint: "stop"), else "length"."""
+    last = int(rows.out[i, rows.n_out[i] - 1]) if rows.n_out[i] else -1
+    return "eos" if last in self.plan.eos else row_features.finish_reason(rows.features, i) or "length"
 
   def feature_rows(self, options: Sequence[RequestOptions] | int) -> dict:
     """The states of the row features compiled in for these requests' options (an int n: n rows of the
@@ -302,7 +319,7 @@ class Engine:
     out, n_out = rs.out, rs.n_out
     rounds, accepted, acc_at, drafted = rs.rounds[:n], rs.accepted[:n], rs.accepted_at[:n], rs.drafted[:n]
     toks = [out[i, :n_out[i]].tolist() for i in range(n)]
-    reasons = ["eos" if t and t[-1] in p.eos else "length" for t in toks]
+    reasons = [self.finish_reason(rs, i) for i in range(n)]
     row_stats = [row_stat(len(toks[i]), int(rounds[i]), int(accepted[i]), int(drafted[i])) for i in range(n)]
     total_new = sum(len(t) for t in toks)
     total_rounds = int(rounds.sum())
@@ -365,6 +382,27 @@ def with_row_sampling(st: DecodeSettings, rows: Sequence[Mapping[str, Any]] | No
   return st.replace(per_row_sampling=True), out
 
 
+def with_constraint(st: DecodeSettings, rows: list[RequestOptions] | None, n: int, model: Model,
+                    **given) -> tuple[DecodeSettings, list[RequestOptions] | None]:
+  """(settings, RequestOptions [n] or None) with `given` (json_schema / regex / choices; None: unset)
+  set on every row and the constraint row feature compiled in; the constraint checked against the model's
+  tokenizer first (ValueError naming the field). Nothing given: (st, rows)."""
+  given = {k: v for k, v in given.items() if v is not None}
+  if not given:
+    return st, rows
+  try:
+    rows = [dataclasses.replace(o, **given) for o in rows] if rows is not None else [RequestOptions(**given)] * n
+  except OptionError as e:
+    raise ValueError(str(e)) from None
+  feature = row_features.REGISTRY["constraint"]
+  run = Run(st.sampler, model.config.vocab_size, model.tokenizer, eos=eos_ids(model.config, st.eos_token_id))
+  try:
+    row_features.check_served(rows[0], run)
+  except OptionError as e:
+    raise ValueError(str(e)) from None
+  return (st if feature.enabled(st) else feature.enable(st)), rows
+
+
 def padded(options: Sequence[RequestOptions] | None, b: int) -> list[RequestOptions] | None:
   """options [n] padded to b rows with the run's own settings (None stays None)."""
   return None if options is None else list(options) + [RequestOptions()] * (b - len(options))
@@ -373,7 +411,8 @@ def padded(options: Sequence[RequestOptions] | None, b: int) -> list[RequestOpti
 def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, stream_ids: Sequence[int] | None = None,
              mesh=None, device_memory: int | None = None, lengths=None, attention_mask=None,
              shrink_batch: bool = False, progress: bool | None = None,
-             row_sampling: Sequence[Mapping[str, Any]] | None = None, **kwargs) -> GenerateResult:
+             row_sampling: Sequence[Mapping[str, Any]] | None = None, json_schema: Any = None, regex: str | None = None,
+             choices: Sequence[str] | None = None, **kwargs) -> GenerateResult:
   """Generate up to `max_new_tokens` per prompt; speculative when `draft` is given, same distribution.
 
   Decoding settings: a `DecodeSettings` (settings=) and/or its fields as keywords (max_new_tokens,
@@ -406,6 +445,10 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   row_sampling: one dict per prompt of its own temperature / top_k / top_p / min_p (missing keys: the run's);
   greedy and sampled prompts then share the batch and one compiled loop (per_row_sampling).
 
+  json_schema / regex / choices (at most one): structured output for every prompt (the constraint row
+  feature: each verified and drafted position masked by the constraint's automaton; a row that completes
+  its constraint ends with finish reason "stop"). Per-prompt constraints: `stream.Request`.
+
   prompts: a list of strings or of token-id lists (ragged is fine), or an integer array [B, T] (numpy or
   jax) with `lengths` [B] or an HF-style `attention_mask` [B, T] (prompts.py).
   """
@@ -413,6 +456,7 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   ids = prompt_ids(model, prompts, lengths=lengths, attention_mask=attention_mask)
   n = len(ids)
   st, rows_o = with_row_sampling(st, row_sampling, n)
+  st, rows_o = with_constraint(st, rows_o, n, model, json_schema=json_schema, regex=regex, choices=choices)
   stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
@@ -425,6 +469,8 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   num_slots = p.num_slots(p_bucket)
   p.check_memory(b, num_slots, p_bucket)
   eng = Engine(model, p)
+  if rows_o is not None:
+    eng.fit(rows_o)
   tokens, row_lengths = (jnp.asarray(x) for x in pad_prompts(ids, b, p_bucket))
   max_new = np.zeros((b,), np.int32)
   max_new[:n] = st.max_new_tokens

@@ -121,7 +121,7 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
                            cfg.vocab_size)
   scores_at = functools.partial(row_features.scores_at, rs.features, sampling)
   r = Round(tree, sampling, target_params, draft_config(cfg), draft_params, rs.last, rs.prev, rs.lengths,
-            draft_keys, noise=noise, scores=scores_at)
+            draft_keys, noise=noise, scores=scores_at, masks=row_features.masks(rs.features))
   if spec is None or tree.num_nodes == 1:    # plain decoding (with a draft: a plain round of a schedule)
     node_tokens = rs.last[:, None]
   else:

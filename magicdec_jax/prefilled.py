@@ -134,15 +134,18 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
 
 
 def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = None, options: dict | None = None,
-           shrink_batch: bool = False, row_sampling=None, **kwargs) -> engine.GenerateResult:
-  """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings, row_sampling
-  and result as `engine.generate`'s (max_new_tokens defaults to the prefill's room; "auto" is planned for
+           shrink_batch: bool = False, row_sampling=None, json_schema=None, regex=None, choices=None,
+           **kwargs) -> engine.GenerateResult:
+  """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings, row_sampling,
+  json_schema / regex / choices and result as `engine.generate`'s (max_new_tokens defaults to the prefill's room; "auto" is planned for
   this batch and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
   kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
   if options is not None:
     kwargs["xla_options"] = options
   st = decode_settings(settings, **kwargs)
   st, rows_o = engine.with_row_sampling(st, row_sampling, pre.num_prompts)
+  st, rows_o = engine.with_constraint(st, rows_o, pre.num_prompts, model, json_schema=json_schema, regex=regex,
+                                      choices=choices)
   if not 1 <= st.max_new_tokens <= pre.max_new_tokens:
     raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got "
                      f"{st.max_new_tokens}")
@@ -153,6 +156,8 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
   if p.tree.num_nodes > pre.target.num_slots - int(pre.tokens.shape[1]) - bucket(pre.max_new_tokens):
     raise ValueError(f"tree of {p.tree.num_nodes} nodes does not fit the prefill's room")
   eng = engine.Engine(model, p)
+  if rows_o is not None:
+    eng.fit(rows_o)
   budget = np.zeros((b,), np.int32)
   budget[:n] = st.max_new_tokens
   keys = engine.stream_keys(st.seed, range(n), b)

@@ -64,7 +64,10 @@ class Request(OptionFields):
   finish_reason "stop". temperature / top_k / top_p / min_p: this request's sampling (None: the run's; a
   request that sets any needs a stream planned with per_row_sampling, which a list of requests gets by
   itself). logprobs / top_logprobs: compiled into the loop, so where set they must be the run's.
-  json_schema / regex / choices: structured output, refused until a row feature serves it.
+  json_schema / regex / choices (at most one): structured output (the constraint row feature, which a
+  list of requests turns on by itself): the output matches the JSON schema, the regex (Rust syntax, the
+  whole text) or one of the strings; a row that completes its constraint ends with finish reason "stop".
+  A constraint the library cannot compile is refused naming the request and the reason.
   tag: returned untouched.
   """
   prompt: Any
@@ -200,6 +203,8 @@ class Generator:
     st = decode_plan.settings
     self.plan, self.settings = decode_plan, st
     self.engine = engine.Engine(model, decode_plan)
+    if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)):
+      self.engine.fit([o for o in request_options(requests) if self._servable(o)])
     self.model, self.seed = model, int(st.seed)
     self.batch = self.plan.whole_rows(batch_size)     # whole rows on every data shard
     self.refill_at, self.num_samples = int(refill_at), int(num_samples)
@@ -228,6 +233,14 @@ class Generator:
     except ValueError as e:
       raise ValueError(f"request {i}: {e}") from None
 
+  def _servable(self, o: RequestOptions) -> bool:
+    """Whether the row features compiled in serve these options (a bad one is refused when it is read)."""
+    try:
+      row_features.check_served(o, self.engine.run_info)
+      return True
+    except ValueError:
+      return False
+
   def _next_job(self) -> _Job | None:
     try:
       i, r = next(self._requests)
@@ -249,7 +262,7 @@ class Generator:
     o = RequestOptions.of(r)
     run_max = self.settings.max_new_tokens
     o.check_budget(run_max)
-    row_features.check_served(o)
+    row_features.check_served(o, self.engine.run_info)
     max_new = run_max if o.max_new_tokens is None else o.max_new_tokens
     n = self.num_samples if o.num_samples is None else o.num_samples
     sids = r.stream_ids
@@ -398,7 +411,8 @@ class Generator:
           break
         jobs = list(itertools.islice(queue, self.prefill_batch))
         need = self.plan.prompt_bucket(max(max(len(j.ids) for j in jobs), self.max_prompt_tokens or 0))
-        if state is not None and need > p_cap:
+        grow = not self.engine.fits([j.options for j in jobs])      # a row feature's bucket (a larger schema)
+        if state is not None and (need > p_cap or grow):
           if any(o is not None for o in occupant) or entries:
             break                                  # drain, then rebuild the state for longer prompts
           state = None
@@ -407,6 +421,7 @@ class Generator:
           entries = []
         if state is None:
           p_cap = need
+          self.engine.fit([j.options for j in jobs])
           state = self._new_state(p_cap)
           seen_rounds[:] = 0
         for _ in jobs:
@@ -440,7 +455,8 @@ class Generator:
       rs = host_rows(state.rows)                     # the harvest: every per-row array, one tree map
       lp = engine.logprob_arrays(rs)
       results = [self._result(occupant[s], rs.out[s, :n_out[s]].tolist(), int(rounds[s]), int(rs.accepted[s]),
-                              int(rs.drafted[s]), engine.row_logprobs(lp, s, int(n_out[s])))
+                              int(rs.drafted[s]), engine.row_logprobs(lp, s, int(n_out[s])),
+                              self.engine.finish_reason(rs, s))
                  for s in finished]
       results = [self._cut(res, cuts.get(s)) for res, s in zip(results, finished)]
       for s in finished:
@@ -450,13 +466,13 @@ class Generator:
     self._update_stats([], t_start)
 
   def _result(self, occ, toks: list[int], rounds: int, accepted: int, drafted: int,
-              logprobs: tuple = (None, None)) -> StreamResult:
-    """The finished row's record; logprobs: its (logprobs, top_logprobs) (engine.row_logprobs)."""
+              logprobs: tuple = (None, None), reason: str = "length") -> StreamResult:
+    """The finished row's record; logprobs: its (logprobs, top_logprobs) (engine.row_logprobs); reason:
+    its finish reason (Engine.finish_reason)."""
     job, sample = occ
     text = None
     if self.model.tokenizer is not None:
       text = self.model.tokenizer.decode(toks, skip_special_tokens=False)
-    reason = "eos" if toks and toks[-1] in self.plan.eos else "length"
     return StreamResult(job.index, sample, job.stream_ids[sample], job.tag, toks, text, reason,
                         engine.row_stat(len(toks), rounds, accepted, drafted), *logprobs)
 

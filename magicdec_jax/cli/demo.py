@@ -21,6 +21,11 @@ K/V to every row), and each ends with a different passage. Decoding still reads 
 cache, so what AR and MagicDec pay per step is what distinct prompts of that length would cost; only the
 prefill gets cheaper. `shared_tokens=0` gives distinct prompts.
 
+A second part (`structured_answers`) has the instruct model answer a few questions about the start of the
+same document as JSON under a schema (structured output: every position masked by the schema's automaton,
+the draft's proposals too), plainly and with the draft: the answers, whether each is valid, whether both
+runs agree (greedy: they must), and the speedup.
+
 Timing on a shared machine drifts (memory bandwidth seen from a VM moves by several x within minutes), so
 AR and MagicDec are run alternately `repeats` times and the speedup is the ratio of their summed times.
 """
@@ -30,10 +35,16 @@ import glob
 import json
 import os
 
+try:
+  import jsonschema
+except ImportError:     # optional: validity is then json.loads plus a check of the required keys and types
+  jsonschema = None
+
 import jax
 from absl import app
 
-from magicdec_jax import drafts, prefilled, textdata
+from magicdec_jax import drafts, engine, prefilled, textdata
+from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.measure import sweep
 from magicdec_jax.tuning import profiles
@@ -48,6 +59,14 @@ DEMO_NEW_TOKENS = 256      # a fixed batch waits for its slowest row; that tail 
                            # rounds over 64 tokens, ~1.05x over 128, ~1.04x over 256 (8 x 4096, this CPU:
                            # docs/measurements.md#notes-demo-tail)
 SWEEP_GLOB = "benchmarks/results/context_sweep_*.json"
+ANSWER_SCHEMA = {"type": "object", "properties": {"character": {"type": "string", "maxLength": 24},
+                                                  "answer": {"type": "string", "maxLength": 60},
+                                                  "sure": {"type": "boolean"}},
+                 "required": ["character", "answer", "sure"]}
+QUESTIONS = ("Who speaks first in this scene?", "Where does the scene take place?",
+             "What is the mood of the opening lines?", "Name one character who is mentioned.")
+ANSWER_DOCUMENT = 1024     # tokens of the document the structured answers read
+ANSWER_NEW_TOKENS = 64
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the checkout: run.py's
 
 
@@ -168,6 +187,54 @@ def run(fv, log) -> None:
           repeats=fv.demo_repeats, shrink_batch=fv.shrink_batch, numerics=fv.numerics,
           draft_weights=(None if fv.draft_weights == "none" else fv.draft_weights)
           if given("draft_weights") else "bfloat16", log=log, root=ROOT)
+  if fv.demo_structured:
+    structured_answers(model, gamma=cli_flags.parse_gamma(fv.gamma) if given("gamma") else gamma, sink=fv.sink,
+                       window=fv.window, log=log)
+
+
+def valid_answer(text: str) -> bool:
+  """Whether `text` is a JSON object valid under ANSWER_SCHEMA (jsonschema if installed, else json.loads and
+  the required keys' types)."""
+  try:
+    obj = json.loads(text)
+  except ValueError:
+    return False
+  if jsonschema is not None:
+    return jsonschema.Draft202012Validator(ANSWER_SCHEMA).is_valid(obj)
+  kinds = {"string": str, "boolean": bool}
+  return isinstance(obj, dict) and all(
+      isinstance(obj.get(k), kinds[ANSWER_SCHEMA["properties"][k]["type"]]) for k in ANSWER_SCHEMA["required"])
+
+
+def structured_answers(model: Model, *, gamma: int, sink: int, window: int, questions=QUESTIONS,
+                       document_tokens: int = ANSWER_DOCUMENT, max_new_tokens: int = ANSWER_NEW_TOKENS,
+                       log=print) -> dict:
+  """The instruct model answers `questions` about the document's first `document_tokens` tokens as JSON
+  under ANSWER_SCHEMA (its chat template), greedily, plainly and with the StreamingDraft; prints the
+  answers, their validity, whether both runs agree and the decode speedup. Returns the figures."""
+  doc = model.tokenizer.decode(textdata.shakespeare_prompt(model.tokenizer, document_tokens),
+                               skip_special_tokens=True)
+  prompts = [tok_lib.chat_prompt(model, [{"role": "user", "content":
+             f"{doc}\n\nAbout the text above: {q} Answer as JSON with the keys character, answer and sure."}])
+             for q in questions]
+  log(f"structured output: {len(prompts)} questions about a {document_tokens}-token document, answers as JSON "
+      f"under a schema, plainly and with MagicDec (gamma {gamma})")
+  kw = dict(max_new_tokens=max_new_tokens, json_schema=ANSWER_SCHEMA)
+  plain = engine.generate(model, prompts, **kw)
+  spec = engine.generate(model, prompts, draft=drafts.StreamingDraft(sink, window), gamma=gamma, **kw)
+  texts = [t.replace(model.tokenizer.decode(model.config.eos_token_ids[:1]), "") for t in plain.texts]
+  ok = [valid_answer(t) for t in texts]
+  agree = plain.tokens == spec.tokens
+  speedup = spec.stats["tokens_per_s"] / plain.stats["tokens_per_s"]
+  print(f"\nStructured answers (JSON schema: {', '.join(ANSWER_SCHEMA['required'])}), "
+        f"{len(prompts)} x {document_tokens}-token document:")
+  for q, t, v, r in zip(questions, texts, ok, plain.finish_reasons):
+    print(f"  {q}\n    {t}   [{'valid' if v else 'NOT valid'}, {r}]")
+  print(f"  valid: {sum(ok)}/{len(ok)}   plain and MagicDec agree token for token: {agree}")
+  print(f"  plain {plain.stats['tokens_per_s']:.1f} tokens/s, MagicDec {spec.stats['tokens_per_s']:.1f} tokens/s: "
+        f"speedup {speedup:.2f}x (acceptance {spec.stats['acceptance_rate'] or 0:.2f}; a short document, where "
+        f"drafting gains little on a CPU)")
+  return {"valid": ok, "agree": agree, "speedup": speedup, "texts": texts}
 
 
 def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int, gamma: int, sink: int,

@@ -112,10 +112,15 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_integer("demo_repeats", 2, "Demo: AR and MagicDec decode alternately this many times each (the "
                        "speedup is of their summed times, robust to a machine whose speed drifts).", lower_bound=1,
                        upper_bound=100, **d)
+  flags.DEFINE_boolean("demo_structured", True, "Demo: a second part, questions about the document answered as "
+                       "JSON under a schema (structured output), plainly and with the draft.", **d)
   # generate.
   flags.DEFINE_multi_string("prompt", [], "A prompt (repeatable).", **d)
   flags.DEFINE_string("prompts_file", None, "Prompts: one per line, or JSONL with a 'prompt' field.", **d)
   flags.DEFINE_boolean("chat", False, "Render prompts with the model's chat template.", **d)
+  flags.DEFINE_string("json_schema", None, "generate: structured output, every prompt's output valid JSON under "
+                      "this JSON schema: its JSON text or @PATH of a file holding it (docs/structured-output.md).",
+                      **d)
   # bench.
   flags.DEFINE_list("batches", ["1", "4"], "bench: batch sizes.", **d)
   flags.DEFINE_list("contexts", ["256", "1024"], "bench: prompt lengths in tokens.", **d)

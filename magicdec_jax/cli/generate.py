@@ -1,11 +1,32 @@
-"""`run.py --mode=generate`: decode --prompt (repeatable) or --prompts_file with the draft the flags describe;
-the texts go to stdout, the timing line to the log."""
+"""`run.py --mode=generate`: decode --prompt (repeatable) or --prompts_file with the draft the flags describe
+(with --json_schema, every output valid JSON under that schema); the texts go to stdout, the timing line to
+the log."""
 from __future__ import annotations
+
+import json
 
 from absl import app
 
 from magicdec_jax import engine
 from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.constraints import Constraint, ConstraintError
+
+
+def json_schema(fv) -> dict | None:
+  """--json_schema as a schema (its JSON text, or @PATH), checked (UsageError naming the flag); None unset."""
+  text = fv.json_schema
+  if text is None:
+    return None
+  if text.startswith("@"):
+    cli_flags.readable_file("json_schema", text[1:])
+    with open(text[1:], encoding="utf-8") as f:
+      text = f.read()
+  try:
+    schema = json.loads(text)
+    Constraint.json_schema(schema)
+  except ValueError as e:     # json.JSONDecodeError and ConstraintError are ValueErrors
+    raise app.UsageError(f"--json_schema: {e}") from None
+  return schema
 
 
 def validate(fv) -> None:
@@ -17,6 +38,7 @@ def validate(fv) -> None:
     cli_flags.readable_file("prompts_file", fv.prompts_file)
   if any(not p.strip() for p in fv.prompt):
     raise app.UsageError("--prompt: empty prompt")
+  json_schema(fv)
 
 
 def run(fv, log) -> None:
@@ -25,7 +47,7 @@ def run(fv, log) -> None:
   texts = [cli_flags.prompt_text(fv, model, p) for p in prompts]
   kw = cli_flags.gen_kwargs(fv, model)
   log(f"generating {len(texts)} prompt(s) ...")
-  res = engine.generate(model, texts, shrink_batch=fv.shrink_batch, **kw)
+  res = engine.generate(model, texts, shrink_batch=fv.shrink_batch, json_schema=json_schema(fv), **kw)
   for i, (t, reason) in enumerate(zip(res.texts or res.tokens, res.finish_reasons)):
     if len(texts) > 1:
       print(f"=== [{i}] ({reason}) ===")

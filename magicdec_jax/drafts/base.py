@@ -79,6 +79,8 @@ class Round:
   noise: jax.Array | None = None      # [B, D+1, V] invariant sampling: the noise of the tokens at depth 1..D+1
   scores: Callable[[jax.Array, Nodes], Scores] | None = None   # (logits [B, E, V], nodes) -> Scores;
                                       # None: the static sampling's filter alone
+  masks: bool = False                 # a row feature may rule tokens out (a constraint): a draft that
+                                      # proposes without logits passes its proposals through `scores`
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,10 @@ down to `min_ngram`, the row's last n tokens are searched for in its prompt + ou
 latest earlier occurrence of the longest n that has one, the tokens that followed it are the chain's
 proposal (what HF's `prompt_lookup_num_tokens`, vLLM's and tpu-inference's n-gram drafts do), here on
 device inside the compiled loop. Where nothing matches, the row proposes its last token again: any
-proposal is lossless, verification decides.
+proposal is lossless, verification decides. Where a row feature may rule tokens out (a constraint:
+`Round.masks`), each proposal goes through the round's `scores` as a one-hot logit row and the best token
+left stands in for it: an allowed proposal is kept, a disallowed one replaced (at a forced position by the
+forced token, which is then accepted), so a proposal never dies on a token the target cannot take.
 
 The ring is the row's token history [B, S] (S: the target cache's slot count, so it holds prompt and
 output), positions 0 .. L-1 committed. `propose` writes the pending token at L-1 and its proposals after
@@ -25,6 +28,7 @@ import numpy as np
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import Draft, DraftSpec, Footprint, Prefill, Round
+from magicdec_jax.row_features import Nodes
 from magicdec_jax.trees import Tree
 from magicdec_jax.tuning.draft_cost import DraftCost
 
@@ -83,12 +87,17 @@ class PromptLookupDraft(DraftSpec, Draft):
     start = self._match(h, r.lengths)
     start = jnp.where(start >= 0, start, r.lengths - 1)            # no match: repeat the last token
     tokens = [r.last]
+    v = r.cfg.vocab_size
     for d in range(1, gamma + 1):
       tok = h[rows, jnp.minimum(start + d - 1, r.lengths - 2 + d)]
+      if r.masks and r.scores is not None:      # the best allowed token in its place (itself if allowed)
+        so_far = jnp.stack(tokens + [tok] * (gamma + 1 - len(tokens)), axis=1)
+        x = jnp.where(jax.nn.one_hot(tok, v, dtype=bool), 0.0, -1.0)[:, None, :]
+        tok = jnp.argmax(r.scores(x, Nodes(tree, so_far, jnp.asarray([d - 1], jnp.int32))).x[:, 0],
+                         axis=-1).astype(jnp.int32)
       h = h.at[rows, r.lengths - 1 + d].set(tok, mode="drop")
       tokens.append(tok)
     node_tokens = jnp.stack(tokens, axis=1)                         # [B, gamma + 1]
-    v = r.cfg.vocab_size
     if r.sampling.greedy:
       dist = jnp.zeros((b, gamma + 1, v), jnp.float32)              # greedy verification reads no q
     else:                                                           # node d's child is node d + 1

@@ -10,7 +10,9 @@ a batch and harvesting results are tree maps that never name a feature's fields.
       is kept one entry per slot, so the table of row b is at index b);
   (b) when it is compiled in (`enabled`, from the run's settings; `wanted` says whether a request needs
       it, so a list of requests turns it on by itself) and which option fields it serves (`fields`: a
-      field no registered feature serves is refused by name);
+      field no registered feature serves is refused by name); `check` refuses a request's options that
+      need the run to judge (a schema the tokenizer cannot express), before anything compiles; `shape`
+      is the bucket its state needs for some requests (kept in `Run.shapes`: a state is built for one);
   (c) what it does to a round's logits (`logits`): the target's verify pass [B, N, V] over the tree's N
       nodes and the draft's logits [B, E, V] of the E nodes a tree level expands, each with `Nodes` (the
       node tokens and which nodes, so a feature can follow its state along each node's path). The target
@@ -18,7 +20,8 @@ a batch and harvesting results are tree maps that never name a feature's fields.
       verification stays exact for the distribution the features define (a draft that proposes without
       logits, prompt lookup, is not transformed: what the target's transform rules out is rejected);
   (d) how its state moves once the round's emitted tokens are known (`advance`), and whether it ends a
-      row there (`end`: e.g. a constraint reaching an accepting state with no continuation).
+      row there (`end`: e.g. a constraint reaching an accepting state with no continuation), and the
+      finish reason a finished row's state gives (`finish_reason`, read on the host).
 
 A feature that is off is absent from the state: the loop compiles as without it. A new feature is one
 module here and one line in `row_features.REGISTRY` (its place there is its place in the transform order).
@@ -26,7 +29,7 @@ module here and one line in `row_features.REGISTRY` (its place there is its plac
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import jax
 
@@ -52,6 +55,8 @@ class Run:
   sampling: Sampling      # the run's own sampling (per_row off): a request's defaults
   vocab_size: int
   tokenizer: Any = None
+  eos: tuple[int, ...] = ()                  # the run's stop ids
+  shapes: Mapping[str, Any] = dataclasses.field(default_factory=dict)   # feature name -> its state's bucket
 
 
 class RowFeature:
@@ -62,6 +67,7 @@ class RowFeature:
   name: ClassVar[str] = "feature"           # the registry name (and DecodeSettings.row_features entry)
   fields: ClassVar[tuple[str, ...]] = ()    # the RequestOptions fields it serves
   switch: ClassVar[str] = ""                # how a user turns it on (an error message names it)
+  masks: ClassVar[bool] = False             # its transform may rule tokens out (-inf)
 
   # ---- host -------------------------------------------------------------------------------------------
   def enabled(self, settings) -> bool:
@@ -75,6 +81,15 @@ class RowFeature:
   def wanted(self, options: RequestOptions, run: Run) -> bool:
     """Whether a request with `options` needs this feature compiled in."""
     return any(getattr(options, f) is not None for f in self.fields)
+
+  def check(self, options: RequestOptions, run: Run) -> None:
+    """OptionError naming the field where the run cannot serve these options (only requests for which
+    `wanted` holds are checked)."""
+
+  def shape(self, options: Sequence[RequestOptions], run: Run) -> tuple[int, ...] | None:
+    """The bucket (a tuple of sizes, compared entry by entry) this feature's state needs to hold rows
+    with these options; None: one shape for every request."""
+    return None
 
   def fill(self, options: Sequence[RequestOptions], run: Run) -> Any:
     """The state of len(options) rows ([n, ...] leaves), one per request (RequestOptions(): the run's
@@ -94,3 +109,9 @@ class RowFeature:
   def advance(self, state: Any, emitted: jax.Array, count: jax.Array) -> Any:
     """The state after the first count [B] tokens of emitted [B, D+1] (0 for a row that did not run)."""
     return state
+
+  # ---- host, after the loop --------------------------------------------------------------------------------
+  def finish_reason(self, state: Any, row: int) -> str | None:
+    """The finish reason of finished row `row` whose output did not end in a stop id, from its state on
+    the host (numpy leaves); None: the loop's own ("length")."""
+    return None

@@ -311,6 +311,20 @@ def _trained_speed(doc, out, mod, stdout):
       assert 1.0 <= run["mean_accepted_length"] <= 3.0
 
 
+@case("constraints.decode", slow=False)
+def _constraint_decode(doc, out, mod, stdout):
+  """Four decodes per sampling, the goals' ratios are the tokens/s quotients, greedy MagicDec equals plain
+  decoding under the constraint, and every constrained output keeps the schema's automaton alive."""
+  _env_ok(doc)
+  assert set(doc["samplings"]) == set(mod.SAMPLINGS)
+  for name, row in doc["samplings"].items():
+    tps = {k: row[k]["tokens_per_s"] for k in ("plain", "magicdec", "plain_constrained", "magicdec_constrained")}
+    assert all(v > 0 for v in tps.values())
+    assert row["constrained_over_unconstrained_magicdec"] == round(tps["magicdec_constrained"] / tps["magicdec"], 3)
+    assert row["valid_prefixes"], name
+  assert doc["samplings"]["greedy"]["identical_constrained"]
+
+
 @case("constraints.compile", slow=False)
 def _constraint_compile(doc, out, mod, stdout):
   """States and classes are the public compile's (a cached compile of the same schema over the same byte

@@ -98,6 +98,18 @@ def test_generate_in_process_prints_the_autoregressive_text(draft, capsys):
     assert float(logged[-1].rsplit("acceptance ", 1)[1]) > 0, logged[-1]
 
 
+def test_generate_json_schema_flag_gives_valid_json_and_a_bad_schema_names_the_flag(capsys, tmp_path):
+  schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+  path = tmp_path / "schema.json"
+  path.write_text(json.dumps(schema))
+  cli_generate.run(parse(["--mode=generate", "--model=random-tiny", f"--prompt={PROMPT}", "--max_new_tokens=16",
+                          "--draft=lookup", f"--json_schema=@{path}"]), quiet)
+  out = capsys.readouterr().out
+  assert json.loads(out)["ok"] in (True, False)          # the model's tiny vocabulary: one object and "stop"
+  with pytest.raises(app.UsageError, match="--json_schema: .*minimum"):
+    parse(["--mode=generate", "--model=random-tiny", "--prompt=x", '--json_schema={"type": "number", "minimum": 1}'])
+
+
 def test_datagen_resume_with_changed_settings_is_refused(tmp_path, capsys):
   inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
   inp.write_text("".join(json.dumps({"id": i, "prompt": f"to be or not to be {i}"}) + "\n" for i in range(3)))
@@ -148,6 +160,7 @@ def test_demo_mode_passes_its_flags_and_finds_the_checkout(capsys):
   out = capsys.readouterr().out
   assert "batch 2 x 300-token prompts, 8 new tokens" in out and "identical greedy tokens: True" in out
   assert "sink 2 + window 16 tokens, bfloat16 weights" in out
+  assert "Structured answers" in out and "plain and MagicDec agree token for token: True" in out
   line = cli_demo.measured_crossover(ROOT, f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind}",
                                      profiles.host_cpu_model() if jax.default_backend() == "cpu" else None)
   assert cli_demo.ROOT == ROOT and (line is None or line in out)

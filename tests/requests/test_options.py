@@ -1,9 +1,9 @@
 """Request options (options.py): one type every way in converts into, validated once, errors naming the field.
 
 The Python API (`Request`), native datagen records and OpenAI batch bodies carry the same fields; each way in
-refuses a bad value naming the field in its own words, an unknown field by name, and a field no registered
-row feature serves (structured output today: json_schema / regex / choices, OpenAI response_format) by name,
-never ignoring it. No model runs here except where a stream or datagen must read a request.
+refuses a bad value naming the field in its own words, an unknown field by name, a field no registered
+row feature serves by name, never ignoring it, and a constraint (json_schema / regex / choices, OpenAI
+response_format) that cannot compile by name, as an error line that costs the rest of the batch nothing. No model runs here except where a stream or datagen must read a request.
 """
 from __future__ import annotations
 
@@ -63,22 +63,37 @@ def test_values_are_normalised_and_run_checks_are_apart():
   assert set(FIELDS) >= {"temperature", "top_k", "top_p", "min_p", "json_schema", "regex", "choices"}
 
 
-@pytest.mark.parametrize("field,value", [("json_schema", {"type": "object"}), ("regex", "[ab]+"),
-                                         ("choices", ["yes", "no"])])
-def test_structured_output_is_refused_by_name_until_a_feature_serves_it(field, value, tmp_path):
-  assert not any(field in f.fields for f in row_features.REGISTRY.values())
-  with pytest.raises(ValueError, match=f"request 0: {field}: structured output is not available yet"):
-    list(generate_stream(tiny(), [Request("Hello", **{field: value})], batch_size=1, max_new_tokens=4))
+BAD = {"json_schema": ({"type": "number", "minimum": 0}, "minimum"),        # refused keyword, named
+       "regex": ("(?=a)b", "look-around"), "choices": (["\U00100000"], "incompatible")}
+
+
+@pytest.mark.parametrize("field", sorted(BAD))
+def test_a_constraint_that_cannot_compile_is_refused_by_name_and_the_rest_is_kept(field, tmp_path):
+  value, reason = BAD[field]
+  with pytest.raises(ValueError, match=f"request 1: {field}: .*{reason}"):
+    list(generate_stream(tiny(), [Request("Hi"), Request("Hello", **{field: value})], batch_size=1,
+                         max_new_tokens=4))
   inp = tmp_path / "in.jsonl"
-  inp.write_text(json.dumps({"id": "a", "prompt": "Hello", field: value}) + "\n")
+  inp.write_text(json.dumps({"id": "ok", "prompt": "Hello"}) + "\n" +
+                 json.dumps({"id": "a", "prompt": "Hello", field: value}) + "\n")
   s = datagen.run(tiny(), str(inp), str(tmp_path / "out.jsonl"), max_new_tokens=4, on_error="skip",
                   progress=False)
   (err,) = [json.loads(x) for x in open(str(tmp_path / "out.jsonl") + ".errors.jsonl")]
-  assert s["bad_lines"] == 1 and f"'{field}': structured output is not available yet" in err["reason"]
+  assert s["bad_lines"] == 1 and err["id"] == "a" and err["reason"].startswith(f"'{field}': ")
+  assert reason in err["reason"]
+  (rec,) = [json.loads(x) for x in open(tmp_path / "out.jsonl")]
+  alone = next(iter(generate_stream(tiny(), [Request(rec_prompt_ids(tiny(), "Hello"),
+                                                     stream_ids=[datagen.stream_id("ok", 0)])],
+                                    batch_size=1, max_new_tokens=4)))
+  assert rec["id"] == "ok" and rec["token_ids"] == alone.tokens
 
 
-def test_openai_response_format_is_parsed_then_refused_by_name(tmp_path):
-  schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+def rec_prompt_ids(model, text):
+  return list(model.tokenizer.encode(text).ids)
+
+
+def test_openai_response_format_is_served_and_a_bad_schema_is_an_error_line(tmp_path):
+  schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
   fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
   _, opts = openai_batch.to_native(_line("a", COMP, {"prompt": "x", "response_format": fmt}), max_new_tokens=8)
   assert opts.request.json_schema == schema and opts["response_format"] == schema
@@ -94,15 +109,24 @@ def test_openai_response_format_is_parsed_then_refused_by_name(tmp_path):
     with pytest.raises(openai_batch.RequestError) as e:
       openai_batch.to_native(_line("a", COMP, {"prompt": "x", "response_format": bad}), max_new_tokens=8)
     assert e.value.field == "response_format"
-  lines = [_line("ok", COMP, {"prompt": "Hello", "max_tokens": 3}),
-           _line("rf", COMP, {"prompt": "Hello", "response_format": fmt})]
+  unsupported = {"type": "json_schema", "json_schema": {"name": "y", "schema": {"type": "integer", "maximum": 3}}}
+  lines = [_line("ok", COMP, {"prompt": "Hello", "max_tokens": 3, "seed": 5}),
+           _line("rf", COMP, {"prompt": "Hello", "response_format": fmt, "max_tokens": 12}),
+           _line("bad", COMP, {"prompt": "Hello", "response_format": unsupported})]
   inp = tmp_path / "in.jsonl"
   inp.write_text("".join(json.dumps(x) + "\n" for x in lines))
-  s = datagen.run(tiny(), str(inp), str(tmp_path / "out.jsonl"), max_new_tokens=4, progress=False)
-  recs = [json.loads(x) for x in open(tmp_path / "out.jsonl")]
-  (err,) = [r for r in recs if r["error"] is not None]
-  assert s["bad_lines"] == 1 and err["custom_id"] == "rf"
-  assert "body.response_format: structured output is not available yet" in err["error"]["message"]
+  s = datagen.run(tiny(), str(inp), str(tmp_path / "out.jsonl"), max_new_tokens=12, progress=False)
+  recs = {r["custom_id"]: r for r in map(json.loads, open(tmp_path / "out.jsonl"))}
+  err = recs["bad"]
+  assert s["bad_lines"] == 1 and err["error"] is not None
+  assert "body.response_format: " in err["error"]["message"] and "maximum" in err["error"]["message"]
+  text = recs["rf"]["response"]["body"]["choices"][0]["text"]
+  assert recs["rf"]["response"]["body"]["choices"][0]["finish_reason"] in ("stop", "length")
+  if recs["rf"]["response"]["body"]["choices"][0]["finish_reason"] == "stop":
+    assert isinstance(json.loads(text)["a"], int)
+  alone = next(iter(generate_stream(tiny(), [Request("Hello", seed=5, max_new_tokens=3, stream_ids=[0])],
+                                    batch_size=1, max_new_tokens=12)))
+  assert recs["ok"]["response"]["body"]["choices"][0]["text"] == alone.text.replace("<|eos|>", "")
 
 
 def test_openai_body_errors_name_the_body_field():

@@ -1,0 +1,98 @@
+"""What structured output costs inside the speculative loop: constrained against unconstrained decoding.
+
+SmolLM2-135M, 8 prompts of 2048 tokens of held-out prose (the plays read from the end of the list),
+prefilled once; each decoded four ways from copies of the same caches, alternately `--repeats` times
+(common.interleaved_decodes): plain decoding and MagicDec (StreamingDraft self-draft, gamma 2), each
+unconstrained and under a JSON schema (an object holding an unbounded array of strings, so no row completes
+before `--new` tokens and every row decodes the same number). Greedy, and temperature 0.8 with top-p 0.95.
+Reported per sampling: tokens/s of the four (summed seconds over the repeats), the goals' ratios
+
+  constrained MagicDec / unconstrained MagicDec tokens/s          (goal >= 0.95)
+  constrained speedup (MagicDec over plain, both constrained)     (goal >= the unconstrained speedup)
+
+acceptance, and (greedy) whether MagicDec's tokens equal plain decoding's, with and without the constraint, and whether
+the constrained outputs are a valid prefix of the schema's language (the automaton walked on the host).
+
+  python -m benchmarks.constraints.decode --new 64
+  python -m benchmarks.constraints.decode --smoke      # the random tiny model, tiny shapes: seconds
+"""
+from __future__ import annotations
+
+from benchmarks import common
+from magicdec_jax import constraints, drafts, prefilled
+
+SCHEMA = {"type": "object", "properties": {"lines": {"type": "array", "items": {"type": "string", "maxLength": 120}}},
+          "required": ["lines"]}
+SAMPLINGS = {"greedy": dict(temperature=0.0), "t0.8_p0.95": dict(temperature=0.8, top_p=0.95)}
+
+
+def walks(model, tokens: list[int]) -> bool:
+  """Whether `tokens` keep SCHEMA's automaton alive from its start (a valid prefix of a valid output)."""
+  vocab = constraints.token_vocabulary(model.tokenizer, model.config.eos_token_ids, model.config.vocab_size)
+  a = constraints.compile_constraint(constraints.Constraint.json_schema(SCHEMA), vocab)
+  s = 0
+  for t in tokens:
+    s = int(a.next_state[s, a.token_class[t]])
+    if s < 0:
+      return False
+  return True
+
+
+def summed(results) -> dict:
+  s = sum(r.stats["decode_s"] for r in results)
+  n = sum(r.stats["new_tokens"] for r in results)
+  last = results[-1].stats
+  return {"decode_s": round(s, 3), "new_tokens": n, "tokens_per_s": round(n / s, 2),
+          "acceptance_rate": last["acceptance_rate"], "mean_accepted_length": last["mean_accepted_length"],
+          "runs_tokens_per_s": [round(r.stats["tokens_per_s"], 2) for r in results]}
+
+
+def main(argv=None):
+  ap = common.parser(__doc__)
+  ap.add_argument("--batch", type=int, default=8)
+  ap.add_argument("--context", type=int, default=2048)
+  ap.add_argument("--new", type=int, default=64)
+  ap.add_argument("--gamma", type=int, default=2)
+  ap.add_argument("--sink", type=int, default=4)
+  ap.add_argument("--window", type=int, default=256)
+  ap.add_argument("--repeats", type=int, default=2)
+  args = common.parse(ap, argv, batch=2, context=64, new=8, window=16, repeats=1)
+  env = common.env_info()
+  model, source = common.model(args.smoke)
+  prompts, text = common.text_prompts(model, args.batch, args.context, model.config.vocab_size, held_out=True)
+  pre = prefilled.prefill(model, prompts, max_new_tokens=args.new, progress=False)
+  draft = drafts.StreamingDraft(args.sink, args.window)
+  doc = {"benchmark": "constraint_decode", "env": env, "command": common.command(), "model": source,
+         "text": text, "batch": args.batch, "context": args.context, "new_tokens": args.new, "gamma": args.gamma,
+         "draft": f"StreamingDraft({args.sink}, {args.window})", "schema": SCHEMA, "repeats": args.repeats,
+         "prefill_s": round(pre.prefill_s, 2), "samplings": {}}
+  for name, samp in SAMPLINGS.items():
+    settings = {"plain": dict(samp), "magicdec": dict(samp, draft=draft, gamma=args.gamma),
+                "plain_constrained": dict(samp, json_schema=SCHEMA),
+                "magicdec_constrained": dict(samp, draft=draft, gamma=args.gamma, json_schema=SCHEMA)}
+    runs = common.interleaved_decodes(model, pre, settings, args.repeats)
+    row = {k: summed(v) for k, v in runs.items()}
+    row["constrained_over_unconstrained_magicdec"] = round(
+        row["magicdec_constrained"]["tokens_per_s"] / row["magicdec"]["tokens_per_s"], 3)
+    row["speedup_unconstrained"] = round(row["magicdec"]["tokens_per_s"] / row["plain"]["tokens_per_s"], 3)
+    row["speedup_constrained"] = round(
+        row["magicdec_constrained"]["tokens_per_s"] / row["plain_constrained"]["tokens_per_s"], 3)
+    row["valid_prefixes"] = all(walks(model, t) for k in ("plain_constrained", "magicdec_constrained")
+                                for r in runs[k] for t in r.tokens)
+    if samp["temperature"] == 0:
+      for kind, (a_name, b_name) in (("constrained", ("plain_constrained", "magicdec_constrained")),
+                                     ("unconstrained", ("plain", "magicdec"))):
+        row[f"identical_{kind}"] = all(a.tokens == b.tokens for a, b in
+                                       zip(runs[a_name], runs[b_name]))
+    doc["samplings"][name] = row
+    print(f"{name}: plain {row['plain']['tokens_per_s']:.1f}, MagicDec {row['magicdec']['tokens_per_s']:.1f}, "
+          f"plain constrained {row['plain_constrained']['tokens_per_s']:.1f}, MagicDec constrained "
+          f"{row['magicdec_constrained']['tokens_per_s']:.1f} tokens/s; constrained / unconstrained MagicDec "
+          f"{row['constrained_over_unconstrained_magicdec']:.3f}; speedup {row['speedup_unconstrained']:.2f}x "
+          f"unconstrained, {row['speedup_constrained']:.2f}x constrained", flush=True)
+  common.finish(doc, args.output, f"constraint_decode_{common.device_tag()}.json")
+  return doc
+
+
+if __name__ == "__main__":
+  main()
