@@ -6,8 +6,8 @@ picks Triton on GPU when the installed jax can still lower it (checked once per 
 compiling the kernel alone) and XLA otherwise.
 
 `int4_matmul` multiplies by a group-wise int4 matrix on packed bytes (pallas/int4_matmul.py): the Triton
-kernel on a GPU, the interpreter elsewhere. A quantized draft calls it where quant.int4_kernel() is on (off
-by default: it lost to XLA's per-channel form on an H100, docs/gpu.md run 5).
+kernel on a GPU, the interpreter elsewhere. A quantized draft calls it where its QuantForm.kernel is on (off
+by default: it lost to XLA's per-channel form, docs/decisions.md#int4-kernel).
 """
 from __future__ import annotations
 
