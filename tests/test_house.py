@@ -84,3 +84,27 @@ def test_jax_default_backend_is_read_in_few_modules():
     if any(isinstance(n, ast.Attribute) and n.attr == "default_backend" for n in ast.walk(tree)):
       readers.add(rel.replace(os.sep, "/"))
   assert readers <= DEFAULT_BACKEND_ALLOWED, sorted(readers - DEFAULT_BACKEND_ALLOWED)
+
+
+def test_every_weight_is_declared_once():
+  """config.WEIGHTS declares every parameter of the model: the Flax modules create exactly the shapes it
+  gives (expected_shapes), every leaf finds its declaration, and a quantized copy's contracted axes and the
+  partition rules are read from it."""
+  import jax
+
+  from magicdec_jax.config import WEIGHTS, ModelConfig, expected_shapes, is_shape, weight_at
+  from magicdec_jax.layers import quant
+  from magicdec_jax.model import init_params
+  from magicdec_jax.sharding import rules
+
+  for tied, extras in ((True, {}), (False, dict(qkv_bias=True, o_bias=True, qk_norm=True, post_norms=True))):
+    cfg = ModelConfig(vocab_size=96, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8, max_position_embeddings=64, tie_embeddings=tied, **extras)
+    params = init_params(cfg, jax.random.key(0))
+    assert jax.tree.map(lambda a: tuple(a.shape), params) == expected_shapes(cfg)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(expected_shapes(cfg), is_leaf=is_shape)[0]:
+      keys = rules._keys(path)
+      w = weight_at(keys)
+      assert w is not None and w.shape(cfg) == leaf, (keys, w)
+  assert {n: w.contracted for n, w in WEIGHTS.items() if w.contracted is not None}.items() <= quant.CONTRACTED.items()
+  assert weight_at(["target_head", "embed"]) is None and weight_at(["fc", "q"]) is None   # placed, not by name alone

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from magicdec_jax import backend, pallas
+from magicdec_jax.config import WEIGHTS
 from magicdec_jax.pallas.int4_matmul import MAX_ROWS as KERNEL_MAX_ROWS
 from magicdec_jax.pallas.int4_matmul import pack_int4, packable, unpack_int4
 
@@ -40,9 +41,10 @@ INT4_SYMMETRIC_MAX = 7                # symmetric int4 (QuantForm.offsets False)
 INT8_DOTS = ("int", "dequant")
 # the matrices whose 4-bit error moved SmolLM2's predictions most for their bytes (docs/decisions.md#quantized-weights)
 KEEP_INT8 = ("embed", "lm_head", "down", "k", "v")
-# parameter name -> number of leading axes contracted (-1: the last axis is contracted)
-CONTRACTED = {"q": 1, "k": 1, "v": 1, "o": 2, "gate": 1, "up": 1, "down": 1, "lm_head": 1, "embed": -1,
-              "fuse": 1, "fc": 1, "vocab_head": -1}   # the feature head's (feature_head.py): [nD, D], [2D, D], [Vd, D]
+# parameter name -> number of leading axes contracted (-1: the last axis is contracted): the model's
+# matrices as config.WEIGHTS declares them, and the feature head's (feature_head.py: [nD, D], [2D, D], [Vd, D])
+CONTRACTED = {**{name: w.contracted for name, w in WEIGHTS.items() if w.contracted is not None},
+              "fuse": 1, "fc": 1, "vocab_head": -1}
 
 
 @dataclasses.dataclass(frozen=True)
