@@ -8,8 +8,9 @@ A benchmark is a module run from the repository root as `python -m benchmarks.GR
   doc = {"benchmark": NAME, "env": common.env_info(), ...}
   common.finish(doc, args.output, f"NAME_{common.device_tag()}.json")
 
-Benchmarks never assign to a magicdec_jax module attribute themselves: `override` is the one place that does
-(docs/measurements.md#module-overrides lists every use). Every benchmark prints (and writes) one JSON document whose `env` block says where and when it ran: device,
+Benchmarks vary plan and draft fields (DecodeSettings, a quantized copy's QuantForm through `QuantFormDraft`),
+not module attributes; `override` is the one place that still sets one, for the GPU harness's simulated
+acceptance (docs/measurements.md#module-overrides). Every benchmark prints (and writes) one JSON document whose `env` block says where and when it ran: device,
 jax version, date, CPU count and model, and the load average before/after (this CPU is shared, so the load
 average is part of the measurement record). Nothing here estimates anything: figures come only from timers.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import importlib.util
 import json
@@ -31,8 +33,10 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from magicdec_jax import checkpoints, engine, plan, prefilled, testing, textdata
+from magicdec_jax import checkpoints, drafts, engine, plan, prefilled, testing, textdata
 from magicdec_jax.drafts import weights as draft_weights
+from magicdec_jax.layers import quant
+from magicdec_jax.layers.dense import weight_copy
 from magicdec_jax.settings import DecodeSettings
 from magicdec_jax.tuning import profiles
 
@@ -172,6 +176,33 @@ def text_prompts(model, n_prompts: int, n_tokens: int, vocab: int, seed: int = 0
     return [rng.integers(0, vocab, n_tokens).tolist() for _ in range(n_prompts)], "random-ids"
   return (textdata.shakespeare_prompts(tok, n_prompts, n_tokens, held_out=held_out),
           "shakespeare held-out plays" if held_out else "shakespeare(textdata)")
+
+
+# ---- a quantized copy in another form ---------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class QuantFormDraft(drafts.StreamingDraft):
+  """A StreamingDraft whose quantized weight copy is made in `form` (layers/quant.QuantForm; None: the
+  backend's): how a benchmark varies an int4 copy's group, offsets, int8 matrices or kernel. The copy is
+  made once per (params, weights, form) and kept like the drafts' own (drafts/weights.cached_copy); the
+  form is part of the draft, so the compiled loop is specialised on it."""
+  form: quant.QuantForm | None = None
+
+  def params(self, target):
+    if self.weights is None or self.form is None:
+      return super().params(target)
+    return draft_weights.cached_copy((target.params,), (self.weights, self.form),
+                                     lambda: weight_copy(target.params, self.weights, self.form))
+
+  def xla_options(self) -> dict:
+    return quant.xla_options(self.weights, self.form)
+
+
+def int4_form(group: int | None = None, keep_int8=None, symmetric: bool = False) -> quant.QuantForm:
+  """The backend's QuantForm with a benchmark's int4 flags applied (None: the backend's value)."""
+  form = quant.backend_form()
+  changes = {"group": group, "keep_int8": keep_int8, "offsets": False if symmetric else None}
+  return form.replace(**{k: v for k, v in changes.items() if v is not None})
 
 
 # ---- the one place benchmarks set package attributes ------------------------------------------------------

@@ -33,6 +33,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from magicdec_jax import backend
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import write_rows
 
@@ -44,7 +45,7 @@ Layers = tuple        # one jax.Array per layer
 
 def slot_align() -> int:
   """The slot-count multiple for caches on the default backend (CPU_SLOT_ALIGN on a CPU, else SLOT_ALIGN)."""
-  return CPU_SLOT_ALIGN if jax.default_backend() == "cpu" else SLOT_ALIGN
+  return CPU_SLOT_ALIGN if backend.name() == "cpu" else SLOT_ALIGN
 
 
 def aligned_slots(n: int) -> int:

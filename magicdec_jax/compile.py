@@ -31,19 +31,16 @@ from typing import Any, Callable, Mapping
 import jax
 from jax.experimental.compilation_cache import compilation_cache as _jax_cc
 
+from magicdec_jax import backend
+
 MAX_ENV = "MAGICDEC_MAX_EXECUTABLES"
 CACHE_ENV = "MAGICDEC_COMPILATION_CACHE"
 DEFAULT_MAX_EXECUTABLES = 16
 PERSISTENT_MIN_COMPILE_SECS = 1.0   # only executables that took this long are written to disk
-# XLA options the engine's own executables get on a GPU backend (a caller's xla_options override them).
-# XLA's Triton GEMMs for the skinny decode / verify matmuls. With the old layout cuBLAS had won (1 x 4K on
-# one H100: 14.0 against 21.3 ms an AR step; docs/how-it-works.md); since the one-row padding (layers/dense.py)
-# Triton wins on the same card (2026-11-27, one run each, benchmarks/results/gpu_engine_h100_2026-11-27_*):
-# 1 x 4K 6.30 against 6.88 ms a step, 8 x 32K AR 444.5 against 435.2 tok/s, the bf16 self-draft chain 2
-# 565.6 against 540.7; a quantized draft needs them anyway to fuse its conversion (layers/quant.py).
-# No dot merger: XLA merges the q/k/v (and gate/up) dots that share an input by concatenating their weights,
-# which in a decode loop copies every layer's weights on every forward (8 x 32K on one H100: 1.13 ms of an
-# 18.9 ms AR step, 2.9 ms of a 34.6 ms self-draft round; docs/gpu.md, issue 44).
+# XLA options the engine's own executables get on a GPU backend (a caller's xla_options override them):
+# XLA's Triton GEMMs for the skinny decode / verify matmuls (they beat cuBLAS once one-row matmuls are
+# padded), and no dot merger (merging q/k/v dots concatenates their weights on every forward of the decode
+# loop). What each measured: docs/decisions.md#gpu-decode-options.
 GPU_DECODE_OPTIONS: dict[str, Any] = {"xla_gpu_enable_triton_gemm": True, "xla_gpu_dot_merger_threshold_mb": 0}
 
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -212,7 +209,7 @@ def engine_options(xla_options: Mapping[str, Any] | None = None) -> dict[str, An
   caller's `xla_options` (which win)."""
   if xla_options is not None and not isinstance(xla_options, Mapping):
     raise ValueError(f"xla_options must be a dict of XLA option name -> value, got {xla_options!r:.80}")
-  out = dict(GPU_DECODE_OPTIONS) if jax.default_backend() == "gpu" else {}
+  out = dict(GPU_DECODE_OPTIONS) if backend.name() == "gpu" else {}
   for k, v in (xla_options or {}).items():
     if not isinstance(k, str) or not k.startswith("xla_"):
       raise ValueError(f"xla_options: {k!r} is not an XLA option name (they start with 'xla_')")

@@ -142,29 +142,96 @@ class ModelConfig:
     return cls(**d)
 
 
+# ---- every weight declared once ------------------------------------------------------------------------
+# A weight's shape is a tuple of logical axes; an axis names a size of the config (AXIS_SIZES) and is what
+# the partition rules split (sharding/rules.py: heads, kv_heads, mlp, vocab, table). `contracted` is how
+# many leading axes its matmul contracts (-1: the last), what a quantized copy stores it by
+# (layers/quant.py); None: not a matrix. `under`: the key the weight sits under in the params tree ("attn",
+# "mlp"; "top": the tree's root; None: anywhere), so a feature head's own "embed" is not the model's.
+# The Flax modules (model.py) create the same names; expected_shapes and checkpoints check them against this.
+
+AXIS_SIZES = {
+    "embed": lambda c: c.hidden_size,                  # the residual stream
+    "table": lambda c: c.hidden_size,                  # the embedding table's / LM head's hidden axis
+    "heads": lambda c: c.num_heads,
+    "kv_heads": lambda c: c.num_kv_heads,
+    "head_dim": lambda c: c.head_dim,
+    "q_flat": lambda c: c.num_heads * c.head_dim,      # q's bias, as HF lays it out
+    "kv_flat": lambda c: c.num_kv_heads * c.head_dim,  # k / v's biases
+    "mlp": lambda c: c.intermediate_size,
+    "vocab": lambda c: c.vocab_size,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Weight:
+  """One parameter: its logical axes, the leading axes its matmul contracts (None: not a matrix) and the
+  params-tree key it sits under."""
+  axes: tuple[str, ...]
+  contracted: int | None = None
+  under: str | None = None
+
+  def shape(self, cfg: ModelConfig) -> tuple[int, ...]:
+    return tuple(AXIS_SIZES[a](cfg) for a in self.axes)
+
+
+NORM = Weight(("embed",))   # an RMSNorm's "scale" over the residual stream
+WEIGHTS = {
+    "embed": Weight(("vocab", "table"), contracted=-1, under="top"),     # tied: also the LM head
+    "lm_head": Weight(("table", "vocab"), contracted=1, under="top"),
+    "q": Weight(("embed", "heads", "head_dim"), contracted=1, under="attn"),
+    "k": Weight(("embed", "kv_heads", "head_dim"), contracted=1, under="attn"),
+    "v": Weight(("embed", "kv_heads", "head_dim"), contracted=1, under="attn"),
+    "o": Weight(("heads", "head_dim", "embed"), contracted=2, under="attn"),
+    "q_bias": Weight(("q_flat",), under="attn"),
+    "k_bias": Weight(("kv_flat",), under="attn"),
+    "v_bias": Weight(("kv_flat",), under="attn"),
+    "o_bias": Weight(("embed",), under="attn"),
+    "q_norm": Weight(("head_dim",), under="attn"),       # its "scale"
+    "k_norm": Weight(("head_dim",), under="attn"),
+    "gate": Weight(("embed", "mlp"), contracted=1, under="mlp"),
+    "up": Weight(("embed", "mlp"), contracted=1, under="mlp"),
+    "down": Weight(("mlp", "embed"), contracted=1, under="mlp"),
+    "attn_norm": NORM, "mlp_norm": NORM, "post_attn_norm": NORM, "post_mlp_norm": NORM, "final_norm": NORM,
+}
+
+
+def weight_at(keys) -> Weight | None:
+  """The declaration of the params-tree leaf at `keys` (its path's keys, e.g. ["layers", "0", "attn", "q"];
+  a norm's "scale" by its module's name), or None for a leaf not declared here."""
+  keys = [str(k) for k in keys]
+  for i in range(len(keys) - 1, -1, -1):
+    w = WEIGHTS.get(keys[i])
+    if w is None:
+      continue
+    if i != len(keys) - 1 and keys[i + 1:] != ["scale"]:
+      return None
+    if w.under == "top" and i != 0 or w.under not in (None, "top") and w.under not in keys[:i]:
+      return None
+    return w
+  return None
+
+
 def expected_shapes(cfg: ModelConfig) -> dict:
-  """The param pytree's leaf shapes (tuples of ints) for `cfg`: `layers` is a tuple of per-layer trees."""
-  dm, h, k, d, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                       cfg.intermediate_size, cfg.vocab_size)
-  attn = {"q": (dm, h, d), "k": (dm, k, d), "v": (dm, k, d), "o": (h, d, dm)}
+  """The param pytree's leaf shapes (tuples of ints) for `cfg`: `layers` is a tuple of per-layer trees;
+  which leaves exist follows the config's features, their shapes WEIGHTS."""
+  shape = lambda name: WEIGHTS[name].shape(cfg)
+  norm = lambda name: {"scale": shape(name)}
+  attn = {n: shape(n) for n in ("q", "k", "v", "o")}
   if cfg.qkv_bias:
-    attn.update(q_bias=(h * d,), k_bias=(k * d,), v_bias=(k * d,))   # as HF lays them out
+    attn.update({n: shape(n) for n in ("q_bias", "k_bias", "v_bias")})
   if cfg.o_bias:
-    attn["o_bias"] = (dm,)
+    attn["o_bias"] = shape("o_bias")
   if cfg.qk_norm:
-    attn.update(q_norm={"scale": (d,)}, k_norm={"scale": (d,)})
-  layer = {
-      "attn_norm": {"scale": (dm,)},
-      "attn": attn,
-      "mlp_norm": {"scale": (dm,)},
-      "mlp": {"gate": (dm, f), "up": (dm, f), "down": (f, dm)},
-  }
+    attn.update(q_norm=norm("q_norm"), k_norm=norm("k_norm"))
+  layer = {"attn_norm": norm("attn_norm"), "attn": attn, "mlp_norm": norm("mlp_norm"),
+           "mlp": {n: shape(n) for n in ("gate", "up", "down")}}
   if cfg.post_norms:
-    layer.update(post_attn_norm={"scale": (dm,)}, post_mlp_norm={"scale": (dm,)})
-  shapes = {"embed": (v, dm), "layers": tuple(layer for _ in range(cfg.num_layers)),
-            "final_norm": {"scale": (dm,)}}
+    layer.update(post_attn_norm=norm("post_attn_norm"), post_mlp_norm=norm("post_mlp_norm"))
+  shapes = {"embed": shape("embed"), "layers": tuple(layer for _ in range(cfg.num_layers)),
+            "final_norm": norm("final_norm")}
   if not cfg.tie_embeddings:
-    shapes["lm_head"] = (dm, v)
+    shapes["lm_head"] = shape("lm_head")
   return shapes
 
 

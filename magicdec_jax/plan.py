@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from magicdec_jax import backend
 from magicdec_jax import compile as compiling
 from magicdec_jax import schedule
 from magicdec_jax.cache import MAX_CHUNK, aligned_slots
@@ -45,7 +46,7 @@ def cache_slots(prompt_bucket: int, max_new_tokens: int, tree_nodes: int, key_bl
 def attention_reads_live_range(impl: str) -> bool:
   """Whether the target's attention reads only each row's live KV (the Pallas kernel on GPU) rather than
   the whole cache (XLA's dense attention, CPU): what a round's cost grows with."""
-  return jax.default_backend() == "gpu" and impl in ("auto", "pallas_triton")
+  return backend.name() == "gpu" and impl in ("auto", "pallas_triton")
 
 
 def eos_ids(cfg: ModelConfig, eos_token_id) -> tuple[int, ...]:

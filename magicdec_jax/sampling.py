@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from magicdec_jax import backend
 from magicdec_jax.options import check_number
 
 
@@ -162,7 +163,7 @@ def _smallest_below(x: jax.Array, w: jax.Array | None, bound: jax.Array, lo: jax
                     hi: jax.Array) -> jax.Array:
   """`_search`, one row at a time on a CPU (lax.map: each row's bracket ends when that row is resolved,
   and its data stays in cache), all rows at once on an accelerator."""
-  if jax.default_backend() != "cpu" or x.shape[0] == 1:
+  if backend.name() != "cpu" or x.shape[0] == 1:
     return _search(x, w, bound, lo, hi)
   if w is None:
     return jax.lax.map(lambda r: _search(r[0][None], None, *(a[None] for a in r[1:]))[0], (x, bound, lo, hi))

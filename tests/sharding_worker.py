@@ -96,8 +96,9 @@ def mesh_tokens(model, prompts, cases: dict, meshes=MESHES, refs: dict | None = 
 def int4_kernel_tokens(model, prompts, ar) -> dict:
   """A StreamingDraft on a packed int4 copy (the Pallas kernel, interpreted; groups of 32, so o [64, 32] is
   packed): per shard over "data" on 8 x 1, XLA's fallback on 2 x 4 (a model axis); plain decoding's tokens."""
-  old = quant.INT4_KERNEL, quant.INT4_GROUP
-  quant.INT4_KERNEL, quant.INT4_GROUP = True, 32
+  platform = jax.default_backend()
+  old = quant.FORMS.get(platform)
+  quant.FORMS[platform] = quant.backend_form().replace(kernel=True, group=32)
   draft_weights._NARROW.clear()
   try:
     packed = [x.packed for x in jax.tree.leaves(draft_weights.copy_of(model.params, "int4"),
@@ -107,7 +108,10 @@ def int4_kernel_tokens(model, prompts, ar) -> dict:
     out = mesh_tokens(model, prompts, cases, meshes=("data:8,model:1", "data:2,model:4"), max_new_tokens=8,
                       refs={"chain_int4_kernel": ar})
   finally:
-    quant.INT4_KERNEL, quant.INT4_GROUP = old
+    if old is None:
+      quant.FORMS.pop(platform, None)
+    else:
+      quant.FORMS[platform] = old
     draft_weights._NARROW.clear()
   out["packed_matrices"] = sum(packed)
   return out

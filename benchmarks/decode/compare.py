@@ -11,7 +11,7 @@ sink 4 + window 256 (`--window`) on a bfloat16 copy of the float32 weights.
   quantized  the self-draft on bfloat16 / int8 / int4 copies (`--weights`) against plain decoding, greedy and
              T 0.8 top-p 0.95 (sampled acceptance over `--seeds` seeds), the draft's step timed alone first
              (calibrate.time_step, the copies interleaved `--step-rounds` times; `--steps-only`: that alone);
-             `--int4-group`, `--int4-keep-int8`, `--int4-symmetric` set layers/quant's int4 form for the run
+             `--int4-group`, `--int4-keep-int8`, `--int4-symmetric` vary the copies' QuantForm (the draft's field)
   numerics   numerics "fast" and "invariant", plain and MagicDec; `--design NAME=FIELD:VALUE,...` adds invariant
              numerics at other fixed shapes (backend.FixedShapes fields, ranges as lo-hi, e.g.
              `--design rows8=decode_rows:8-8 --design kb64=key_block:64`); `--dtype bfloat16` for GPUs' dtype
@@ -42,7 +42,6 @@ import numpy as np
 from benchmarks import common
 from magicdec_jax import backend, drafts, engine, prefilled, sampling, textdata, trees
 from magicdec_jax.cli import demo as cli_demo
-from magicdec_jax.layers import quant
 from magicdec_jax.layers.dense import weight_copy
 from magicdec_jax.measure import calibrate
 
@@ -88,7 +87,8 @@ def settings_of(study: str, a, model) -> dict:
     for s in a.samplings:
       out[f"{s}/plain"] = dict(FILTERS[s])
       for w in a.weights:
-        out[f"{s}/{w}"] = dict(FILTERS[s], draft=drafts.StreamingDraft(4, a.window, weights=w), gamma=a.gamma)
+        out[f"{s}/{w}"] = dict(FILTERS[s], draft=common.QuantFormDraft(4, a.window, weights=w, form=a.form),
+                               gamma=a.gamma)
   elif study == "numerics":
     sample = dict(temperature=a.temperature, top_p=a.top_p, sampling="invariant" if a.temperature else "rejection")
     groups = {"fast": dict(numerics="fast"), "invariant": dict(numerics="invariant"),
@@ -164,7 +164,7 @@ def measure(model, pre, settings: dict, a, ref: str) -> dict:
 def draft_steps(model, a) -> dict:
   """The self-draft's one-token step over its sink + window ring on each weight copy, alone, interleaved."""
   b = common.shape_list(a.shapes.split(":")[0])[0][0]
-  copies = {w: weight_copy(model.params, w) for w in a.weights}
+  copies = {w: weight_copy(model.params, w, a.form) for w in a.weights}
   times = {w: [] for w in a.weights}
   for _ in range(a.step_rounds):
     for w in a.weights:
@@ -225,9 +225,9 @@ def main(argv=None) -> str:
   ap.add_argument("--steps-only", action="store_true")
   ap.add_argument("--step-repeats", type=int, default=20)
   ap.add_argument("--step-rounds", type=int, default=3)
-  ap.add_argument("--int4-group", type=int, default=None, help="quant.INT4_GROUP (0: one scale per channel)")
-  ap.add_argument("--int4-keep-int8", default=None, help="quant.INT4_KEEP_INT8, comma-separated ('none': all int4)")
-  ap.add_argument("--int4-symmetric", action="store_true", help="quant.INT4_OFFSETS = False")
+  ap.add_argument("--int4-group", type=int, default=None, help="QuantForm.group (0: one scale per channel)")
+  ap.add_argument("--int4-keep-int8", default=None, help="QuantForm.keep_int8, comma-separated ('none': all int4)")
+  ap.add_argument("--int4-symmetric", action="store_true", help="QuantForm.offsets = False")
   ap.add_argument("--design", action="append", default=[],
                   help="numerics: NAME=field:value,... invariant numerics at other fixed shapes (backend.FixedShapes)")
   ap.add_argument("--temperature", type=float, default=0.0, help="numerics, lookup: the sampling")
@@ -260,28 +260,27 @@ def main(argv=None) -> str:
   shape_tag = a.shapes.split(",")[0].split(":")[0]
   path = a.output or str(common.RESULTS_DIR / f"compare_{a.study}{'_' + a.label if a.label else ''}_{shape_tag}_"
                          f"{common.device_tag()}.json")
-  with common.override(quant, INT4_GROUP=a.int4_group, INT4_KEEP_INT8=keep,
-                       INT4_OFFSETS=False if a.int4_symmetric else None):
-    if a.study == "quantized":
-      doc["int4"] = {"group": quant.int4_group(), "keep_int8": list(quant.INT4_KEEP_INT8), "offsets": quant.INT4_OFFSETS}
-      doc["draft_step"] = draft_steps(model, a)
-      if a.steps_only:
-        return common.finish(doc, path)
-    if a.study == "numerics":
-      doc["fixed_shapes"] = {n: dataclasses.asdict(f) for n, f in
-                             {"invariant": backend.fixed_shapes(), **a.designs}.items()}
-    if a.study == "filters":
-      doc["filter"] = filter_timings(model, a)
-    for spec in a.shapes.split(","):
-      (b, p), new = common.shape_list(spec.split(":")[0])[0], int(spec.split(":")[1]) if ":" in spec else a.new
-      a.batch = b
-      pre = prefilled.prefill(model, prompts_of(a, model, b, p), max_new_tokens=new, progress=not a.smoke)
-      rows, runs = measure(model, pre, settings_of(a.study, a, model), a, st["ref"])
-      point = {"batch": b, "context": p, "new": new, "prefill_s": pre.prefill_s, "shared_tokens": pre.shared_tokens,
-               "settings": rows}
-      extra(a, model, pre, point, runs)
-      doc["points"].append(point)
-      common.write_json(doc, path)
+  a.form = common.int4_form(a.int4_group, keep, a.int4_symmetric)
+  if a.study == "quantized":
+    doc["int4"] = {"group": a.form.group, "keep_int8": list(a.form.keep_int8), "offsets": a.form.offsets}
+    doc["draft_step"] = draft_steps(model, a)
+    if a.steps_only:
+      return common.finish(doc, path)
+  if a.study == "numerics":
+    doc["fixed_shapes"] = {n: dataclasses.asdict(f) for n, f in
+                           {"invariant": backend.fixed_shapes(), **a.designs}.items()}
+  if a.study == "filters":
+    doc["filter"] = filter_timings(model, a)
+  for spec in a.shapes.split(","):
+    (b, p), new = common.shape_list(spec.split(":")[0])[0], int(spec.split(":")[1]) if ":" in spec else a.new
+    a.batch = b
+    pre = prefilled.prefill(model, prompts_of(a, model, b, p), max_new_tokens=new, progress=not a.smoke)
+    rows, runs = measure(model, pre, settings_of(a.study, a, model), a, st["ref"])
+    point = {"batch": b, "context": p, "new": new, "prefill_s": pre.prefill_s, "shared_tokens": pre.shared_tokens,
+             "settings": rows}
+    extra(a, model, pre, point, runs)
+    doc["points"].append(point)
+    common.write_json(doc, path)
   return common.finish(doc, path)
 
 

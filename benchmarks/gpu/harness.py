@@ -242,8 +242,8 @@ def part_headline(b: Bench, m: dict):
                                                         for k, v in fl.items() if k.endswith("_floor_ms")}))
   rows = [b.run(f"self γ{g} {w or 'bf16'}", target, sd(w), Tree.chain(g), ASSUMED["self"], 8, ctx, profile=True)
           for g, w in ((2, None), (2, "int8"), (3, "int4"))]
-  with common.override(quant, INT4_KEEP_INT8=()):
-    rows += [b.run(f"self γ3 int4 all a{al}", target, sd("int4"), Tree.chain(3), al, 8, ctx) for al in (0.8, 0.56)]
+  all4 = common.QuantFormDraft(sink, window, weights="int4", form=common.int4_form(keep_int8=()))
+  rows += [b.run(f"self γ3 int4 all a{al}", target, all4, Tree.chain(3), al, 8, ctx) for al in (0.8, 0.56)]
   rows += [b.run(f"1B γ3 {w or 'bf16'}", target, drafts.ModelDraft(small, sink, window, weights=w), Tree.chain(3),
                  ASSUMED["1B"], 8, ctx, profile=True) for w in (None, "int8")]
   b.put("speedups", b.ratios(ar, rows))

@@ -1,20 +1,12 @@
 """A matmul against a weight as it lies, in the weight's own precision.
 
-Activations are float32 in a float32 model. A weight stored in a narrower dtype than the activations (the
-bfloat16 copy a `StreamingDraft(weights="bfloat16")` drafts with) is multiplied as a bfloat16 x bfloat16
-dot accumulating in float32: casting the weight up instead would materialize a float32 copy of it every
-step (on XLA:CPU that measured 4x slower than the float32 matmul itself), while the narrow dot reads half
-the bytes. On XLA:CPU that narrow dot is fast only with two or more rows: a single row (batch 1, one token)
-takes a matrix-vector path that measured 12x slower than the float32 one (SmolLM2's LM head: 39 ms against
-3.5), so a single row is padded to two there (3.2 ms).
+Contract: `dense(eq, x, w)` is `jnp.einsum(eq, x, w)` accumulated in float32 where the weight is float32; a
+weight stored narrower than the activations (a draft's bfloat16 copy) is multiplied as a narrow x narrow dot
+accumulating in float32, and a quantized one through layers/quant.py. Why: casting the weight up instead
+would materialize a wide copy of it every step, while the narrow dot reads fewer bytes.
 
-On a GPU every single-row matmul is padded to two rows (what that gains is a prediction, not yet measured;
-issue 44). Profiled on one
-H100 at 1 x 4K (LLaMA-3.1-8B shape, bf16, 2026-11-26), the one-token step took 11.0 ms against a 5.5 ms
-floor. XLA lowered the M = 1 LM head as a float32 conversion of its 1 GB weight plus a cuBLAS float32
-GEMV: 1.75 ms a step for a 0.35 ms read. A per-layer scatter fusion took 2.6 ms a step, most likely the
-k / v projections strength-reduced to reductions and fused into the cache write. With two rows these are
-ordinary GEMMs.
+A single-row matmul runs as two rows where the backend's one-row path is slow (`pads_single_row`: on a
+GPU always, on XLA:CPU for a narrow or quantized weight); what that measured: docs/decisions.md#one-row-padding.
 """
 import functools
 import math
@@ -22,7 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from magicdec_jax.layers.quant import (QUANT_KINDS, QuantizedWeight, quantize_params, quantized_dense,
+from magicdec_jax import backend
+from magicdec_jax.layers.quant import (QUANT_KINDS, QuantForm, QuantizedWeight, quantize_params, quantized_dense,
                                       resident_bytes_per_param, weight_bytes_per_param)
 
 
@@ -61,8 +54,8 @@ def dense(eq: str, x: jax.Array, w, out_dtype=None) -> jax.Array:
 def pads_single_row(narrow: bool) -> bool:
   """Whether a one-row matmul runs as two rows on the default backend: on a GPU always, on CPU for a
   narrow or quantized weight (see the module docstring)."""
-  backend = jax.default_backend()
-  return backend == "gpu" or (backend == "cpu" and narrow)
+  platform = backend.name()
+  return platform == "gpu" or (platform == "cpu" and narrow)
 
 
 def weight_param(module, name: str, init, shape: tuple, dtype):
@@ -85,19 +78,23 @@ def narrow_weights(params, dtype: str):
   return jax.tree.map(lambda x: x.astype(dtype) if x.ndim >= 2 else x, params)
 
 
-def copy_bytes_per_param(kind: str, kept_int8: float = 0.0) -> float:
+def copy_bytes_per_param(kind: str, kept_int8: float = 0.0, form: QuantForm | None = None) -> float:
   """Bytes per matrix element of a weight_copy of this kind (scales included; kept_int8: the share of an
-  "int4" copy kept in int8, quant.kept_int8_share)."""
-  return weight_bytes_per_param(kind, kept_int8=kept_int8) if kind in QUANT_KINDS else float(jnp.dtype(kind).itemsize)
+  "int4" copy kept in int8, quant.kept_int8_share; form: quant.backend_form() for None)."""
+  if kind in QUANT_KINDS:
+    return weight_bytes_per_param(kind, kept_int8=kept_int8, form=form)
+  return float(jnp.dtype(kind).itemsize)
 
 
-def copy_resident_bytes_per_param(kind: str, kept_int8: float = 0.0) -> float:
+def copy_resident_bytes_per_param(kind: str, kept_int8: float = 0.0, form: QuantForm | None = None) -> float:
   """Bytes per matrix element a weight_copy of this kind occupies while decoding (quant.resident_bytes_per_param:
-  on XLA:CPU an int4 copy also holds the bfloat16 matrix its conversion is hoisted into)."""
-  return resident_bytes_per_param(kind, kept_int8=kept_int8) if kind in QUANT_KINDS else float(jnp.dtype(kind).itemsize)
+  a form that hoists the int4 conversion out of the loop also holds the converted matrix)."""
+  if kind in QUANT_KINDS:
+    return resident_bytes_per_param(kind, kept_int8=kept_int8, form=form)
+  return float(jnp.dtype(kind).itemsize)
 
 
-def weight_copy(params, kind: str):
+def weight_copy(params, kind: str, form: QuantForm | None = None):
   """A draft's copy of a params tree: matrices cast to a narrower float dtype (narrow_weights) or quantized
-  to "int8" / "int4" (layers/quant.py)."""
-  return quantize_params(params, kind) if kind in QUANT_KINDS else narrow_weights(params, kind)
+  to "int8" / "int4" (layers/quant.py, in `form`: quant.backend_form() for None)."""
+  return quantize_params(params, kind, form) if kind in QUANT_KINDS else narrow_weights(params, kind)

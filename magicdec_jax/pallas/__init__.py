@@ -10,8 +10,8 @@ same bits in any batch, query tile or slot count, for fixed-shape numerics; `bac
 names its lowering (Triton or the interpreter), decided once in the config.
 
 `int4_matmul` multiplies by a group-wise int4 matrix on packed bytes (pallas/int4_matmul.py): the Triton
-kernel on a GPU, the interpreter elsewhere. A quantized draft calls it where quant.int4_kernel() is on (off
-by default: it lost to XLA's per-channel form on an H100, docs/gpu.md run 5).
+kernel on a GPU, the interpreter elsewhere. A quantized draft calls it where its QuantForm.kernel is on (off
+by default: it lost to XLA's per-channel form, docs/decisions.md#int4-kernel).
 """
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """x @ W for a group-wise int4 matrix, as a split-K Pallas kernel that reads the packed bytes.
 
-Why: a quantized draft's GPU form is int4 with one scale and offset per output channel, because XLA's
-GEMMs fuse a plain int4 -> bfloat16 conversion into their operand but not a per-group scale (a draft step
-19.8 ms with groups of 64 against 8.2 with int8, H100, 2026-11-27). Per channel, SmolLM2 keeps 0.83 of the
-bfloat16 copy's sampled acceptance; groups of 64 keep 0.92 (CPU, layers/quant.py). This kernel multiplies
+Why: XLA's GEMMs fuse a plain int4 -> bfloat16 conversion into their operand but not a per-group scale,
+and grouped int4 keeps more of a draft's acceptance than one scale per channel
+(docs/decisions.md#int4-kernel). This kernel multiplies
 by a grouped int4 matrix reading half a byte a weight plus the group's scale and offset: each group's dot
 is taken against the integers (exact in bfloat16) and scaled after it, so nothing is dequantized in memory.
 
@@ -18,14 +17,10 @@ walks its groups `groups_per_step` at a time, and writes a float32 partial; XLA 
 batch of 8 decode rows (padded to 16, the Triton dot's minimum) the kernel is bound by reading the weight
 bytes, and the splits exist to give a ~132-SM GPU enough programs.
 
-An int4 copy is stored in this layout and multiplied here where quant.int4_kernel() says so: off on every
-backend, because on an H100 (2026-11-27, docs/gpu.md run 5) it lost inside the decode loop: its larger
-calls read 0.92 TB/s where XLA's GEMM fusions read per-channel int4 at 2.07, and a chain-3 self-draft ran
-1.24x plain decoding against the per-channel copy's 1.52x. Alone (docs/gpu.md run 5's matmul check) its best
-of 13 tilings came within 10-17% of XLA's per-channel form, so what it lacks is in-loop behaviour, not
-the tiling alone. `default_tiling` is a first guess; MEASURED_TILINGS takes measured ones. Tested in
-interpret mode on CPU and lowered to Triton for CUDA there (jax.export); on the H100 all 13 tilings
-compiled and agreed with float64 numpy (max relative error 4.6e-7).
+An int4 copy is stored in this layout and multiplied here where its QuantForm.kernel says so: off on every
+backend, because on a GPU it lost to XLA's per-channel form inside the decode loop
+(docs/decisions.md#int4-kernel). `default_tiling` is a first guess; MEASURED_TILINGS takes measured ones.
+Tested in interpret mode on CPU and lowered to Triton for CUDA there (jax.export).
 """
 from __future__ import annotations
 
@@ -46,7 +41,7 @@ MAX_ROWS = 128
 PARTIAL_SHARE = 1 / 8      # default_tiling keeps the splits' float32 partials within this share of the weight bytes
 # (K, N) -> a tiling measured best for that matrix shape (block_n, num_splits, groups_per_step, and for Triton
 # num_warps / num_stages), which default_tiling returns instead of its guess; empty unless a benchmark fills
-# it from measured figures (docs/gpu.md run 5)
+# it from measured figures (docs/decisions.md#int4-kernel)
 MEASURED_TILINGS: dict = {}
 
 
@@ -122,7 +117,7 @@ def default_tiling(k: int, n: int, group: int, rows: int = MIN_DOT) -> dict:
   blocks narrowed (down to MIN_BLOCK_N) until there are TARGET_PROGRAMS of them, then K-splits (a power of
   two dividing the groups) added while short of that and while their float32 partials, written and read
   back, stay within PARTIAL_SHARE of the weight bytes; two groups a step where a split has an even number.
-  A first guess (untuned on a GPU; docs/gpu.md run 5 timed others); MEASURED_TILINGS wins."""
+  A first guess (untuned on a GPU; docs/decisions.md#int4-kernel); MEASURED_TILINGS wins."""
   if (k, n) in MEASURED_TILINGS:
     return dict(MEASURED_TILINGS[k, n])
   block_n = default_block_n(n)

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from magicdec_jax.config import ModelConfig, expected_shapes, is_shape
+from magicdec_jax.config import ModelConfig, expected_shapes, is_shape, weight_at
 from magicdec_jax.layers.quant import QuantizedWeight
 from magicdec_jax.sharding.mesh import DATA, MODEL, axis_sizes
 
@@ -86,28 +86,24 @@ def _keys(path) -> list[str]:
   return out
 
 
+def axis_rule(lay: ModelLayout) -> dict:
+  """Logical axis (config.AXIS_SIZES) -> the mesh axis it is split over in layout `lay` (absent: none)."""
+  return {"heads": lay.q_axis, "q_flat": lay.q_axis, "kv_heads": lay.kv_axis, "kv_flat": lay.kv_axis,
+          "mlp": MODEL if lay.mlp else None, "vocab": MODEL if lay.embed == "vocab" else None,
+          "table": MODEL if lay.embed == "hidden" else None}
+
+
 def param_spec(keys: list[str], ndim: int, lay: ModelLayout) -> P:
-  """The PartitionSpec of one param leaf, by its path in the param pytree (layers/<i>/attn/q, ...)."""
-  name = keys[-1]
-  if keys[0] == "embed":                                   # [V, Dm]
-    return {"vocab": P(MODEL, None), "hidden": P(None, MODEL)}.get(lay.embed, P())
-  if keys[0] == "lm_head":                                 # [Dm, V]
-    return {"vocab": P(None, MODEL), "hidden": P(MODEL, None)}.get(lay.embed, P())
-  if "attn" in keys and name == "q":                       # [Dm, H, D] column-parallel
-    return P(None, lay.q_axis, None)
-  if "attn" in keys and name in ("k", "v"):                # [Dm, K, D]
-    return P(None, lay.kv_axis, None)
-  if "attn" in keys and name == "o":                       # [H, D, Dm] row-parallel
-    return P(lay.q_axis, None, None)
-  if "attn" in keys and name == "q_bias":                  # [H * D] (Qwen2's biases) with q's heads
-    return P(lay.q_axis)
-  if "attn" in keys and name in ("k_bias", "v_bias"):      # [K * D] with k / v's heads
-    return P(lay.kv_axis)
-  if "mlp" in keys and name in ("gate", "up"):             # [Dm, F] column-parallel
-    return P(None, MODEL if lay.mlp else None)
-  if "mlp" in keys and name == "down":                     # [F, Dm] row-parallel
-    return P(MODEL if lay.mlp else None, None)
-  return P(*([None] * ndim))                               # norms: replicated
+  """The PartitionSpec of one param leaf, by its path in the param pytree (layers/<i>/attn/q, ...): its
+  declared axes (config.WEIGHTS) split as axis_rule says; an undeclared leaf is replicated."""
+  w = weight_at(keys)
+  if w is None or len(w.axes) != ndim:
+    return P(*([None] * ndim))
+  rule = axis_rule(lay)
+  spec = tuple(rule.get(a) for a in w.axes)
+  if w.under == "top" and not any(spec):                   # a replicated embedding / LM head
+    return P()
+  return P(*spec)
 
 
 def param_specs(params: Any, lay: ModelLayout) -> Any:

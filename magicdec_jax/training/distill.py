@@ -10,12 +10,9 @@ Losses (`DistillConfig.loss`), both against the target run inside the jitted tra
   i.e. on the tokens the target would generate there.
 * "kl": forward KL(p_target || q_draft) over the whole vocabulary at every position.
 Why "ce" is the default: it optimises exactly what greedy speculation accepts (draft argmax == target
-argmax) and gave the higher held-out greedy acceptance on both models we measured, same steps, data and
-schedule: SmolLM2-135M -> 8-layer draft, 12 steps: 0.249 (ce) vs 0.185 (kl), from 0.060
-(benchmarks/results/distill_smollm2_losscmp12_*_cpu_2026-11-23.json); tiny random 3 -> 1 layer, 120 steps:
-0.822 vs 0.802 (distill_loss_tiny_cpu_2026-11-23.json). "kl" matches the whole distribution (held-out KL
-0.009 vs 1.62 on the tiny pair), which is what speculative *sampling* accepts (sum min(p, q)): use it for
-drafts meant for temperature > 0.
+argmax), and gave the higher held-out greedy acceptance on both models measured
+(docs/decisions.md#distill-loss). "kl" matches the whole distribution, which is what speculative *sampling*
+accepts (sum min(p, q)): use it for drafts meant for temperature > 0.
 
 Training: one pure jitted step (params, opt_state, tokens) -> (params, opt_state, metrics), run by
 trainer.py's resumable loop (AdamW with linear warm-up + cosine decay and global-norm clipping; orbax

@@ -64,8 +64,8 @@ def cost_draft(draft) -> DraftCost:
 # "auto" hedges against the cost model's error (a fitted CPU profile's held-out step-time error is ~9%,
 # and in-loop rounds cost up to 10% more than their isolated steps): it speculates only where the predicted
 # speedup is at least 1 + AUTO_MARGIN, and takes the shortest chain predicted within AUTO_TIE of the best
-# (a shorter chain loses less when acceptance or the verify cost is worse than predicted). Measured on
-# SmolLM2 / CPU at 4 x 1024 .. 4 x 8000 (benchmarks/results/auto_vs_sweep_long_cpu_2026-11-23.json).
+# (a shorter chain loses less when acceptance or the verify cost is worse than predicted). Measured:
+# docs/decisions.md#auto-margin.
 AUTO_MARGIN = 0.05
 AUTO_TIE = 0.03
 

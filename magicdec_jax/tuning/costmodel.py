@@ -100,13 +100,13 @@ def matrix_elements(cfg: ModelConfig) -> dict[str, int]:
 
 def copy_bytes(cfg: ModelConfig, kind: str) -> float:
   """Bytes per matmul weight element of a `kind` copy of cfg's weights (an "int4" copy's int8 matrices
-  included: layers/quant.INT4_KEEP_INT8)."""
+  included: layers/quant.QuantForm.keep_int8)."""
   return copy_bytes_per_param(kind, kept_int8_share(matrix_elements(cfg), kind))
 
 
 def copy_resident_bytes(cfg: ModelConfig, kind: str) -> float:
   """Bytes per matmul weight element a `kind` copy of cfg's weights occupies while decoding (copy_bytes plus
-  what a backend holds beside it: layers/quant.INT4_HOISTED)."""
+  what a backend holds beside it: layers/quant.QuantForm.hoisted)."""
   return copy_resident_bytes_per_param(kind, kept_int8_share(matrix_elements(cfg), kind))
 
 

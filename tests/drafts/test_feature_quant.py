@@ -192,7 +192,7 @@ def test_cost_and_footprint_count_the_copy():
   assert [c.weights_dtype for c in costs.values()] == list(costs)
   step = {w: costmodel.step_bytes(c.network_config(t.config), 1, ctx, 1, "float32", kv_context=c.kv_tokens(ctx),
                                   weights_dtype=c.weights_dtype) for w, c in costs.items()}
-  # on CPU the int4 matrices are read as the bfloat16 ones XLA hoists them into (quant.INT4_HOISTED)
+  # on CPU the int4 matrices are read as the bfloat16 ones XLA hoists them into (QuantForm.hoisted)
   assert step[None] > step["bfloat16"] > step["int4"] > step["int8"], step
   fp = FeatureDraft(head, 2, 16, weights="int8").spec.footprint(t.config, 4, 256)
   assert fp.weight_copy == "int8" and fp.weights == head.config

@@ -1,5 +1,5 @@
 """The group-wise int4 Pallas matmul (interpret mode on CPU) against float64 numpy, and a draft's int4 copy
-stored packed for it (quant.INT4_KERNEL) decoding plain decoding's tokens."""
+stored packed for it (QuantForm.kernel) decoding plain decoding's tokens."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -129,9 +129,14 @@ def test_the_drafts_kernel_call_lowers_to_triton_for_a_gpu(m, k, n):
 
 @pytest.fixture
 def int4_kernel_on(monkeypatch):
-  """quant.INT4_KERNEL on (grouped int4 stored packed, multiplied by the kernel), with fresh draft copies."""
-  monkeypatch.setattr(quant, "INT4_KERNEL", True)
+  """The backend's QuantForm with the kernel on (grouped int4 stored packed, multiplied by the kernel; groups
+  of 64), with fresh draft copies; returns a function that sets another group."""
+  def use(group):
+    monkeypatch.setitem(quant.FORMS, jax.default_backend(), base.replace(kernel=True, group=group))
+  base = quant.backend_form()
+  use(64)
   monkeypatch.setattr(draft_weights, "_NARROW", {})
+  return use
 
 
 @pytest.mark.parametrize("rows", [6, 2 * 100])
@@ -161,11 +166,11 @@ def test_a_packed_copy_multiplies_like_float64(rows, int4_kernel_on):
     (lambda m: md.StreamingDraft(2, 8, weights="int4"), {"gamma": 3}),
     (lambda m: md.StreamingDraft(2, 8, weights="int4"), {"tree": Tree((-1, 0, 0, 1, 2))}),
     (lambda m: md.ModelDraft(m, 2, 8, weights="int4"), {"gamma": 2})])        # its prefill: > MAX_ROWS rows
-def test_drafts_on_a_packed_int4_copy_decode_the_autoregressive_tokens(make, kw, int4_kernel_on, monkeypatch):
+def test_drafts_on_a_packed_int4_copy_decode_the_autoregressive_tokens(make, kw, int4_kernel_on):
   """Drafts whose int4 matrices are packed and multiplied by the kernel (groups of 32, so the tiny model's
   q / gate / up, K = 64, have two groups): plain decoding's tokens, chain and tree; a model draft's own
   prefill multiplies its copy through XLA (more rows than the kernel takes)."""
-  monkeypatch.setattr(quant, "INT4_GROUP", 32)
+  int4_kernel_on(32)
   model = tiny_model(3, attn_scale=8.0, hidden=64)
   prompts = random_prompts([40, 23, 57], model.config.vocab_size, seed=7)
   want = md.generate(model, prompts, max_new_tokens=16).tokens
@@ -180,13 +185,13 @@ def test_drafts_on_a_packed_int4_copy_decode_the_autoregressive_tokens(make, kw,
 def test_a_packed_copy_is_priced_at_its_bytes(int4_kernel_on):
   """Packed, an int4 element is half a byte and its group's float32 scale and offset, read and held as
   such (no converted matrix beside it, as XLA:CPU's hoisting keeps for the unpacked form)."""
-  assert quant.int4_group() == 64
+  assert quant.backend_form().group == 64 and quant.backend_form().kernel
   assert quant.weight_bytes_per_param("int4") == pytest.approx(0.5 + 8 / 64)
   assert quant.resident_bytes_per_param("int4") == pytest.approx(0.5 + 8 / 64)
 
 
 def test_the_decode_loop_reads_a_packed_copy_as_stored(int4_kernel_on):
-  """What the cost model's packed count rests on (no quant.INT4_HOISTED matrix with the kernel): in
+  """What the cost model's packed count rests on (no QuantForm.hoisted matrix with the kernel): in
   loop.decode's compiled HLO (as in test_quant's hoisting test) the while loop carries the packed bytes
   (q [192, 128] as u8 [96, 128], gate / up [192, 320] as [96, 320]) and no bfloat16 matrix of their shape."""
   cfg = ModelConfig(vocab_size=160, hidden_size=192, intermediate_size=320, num_layers=1, num_heads=4,

@@ -3,6 +3,8 @@ CLI and every error path. Expected values come from torch's own weights and a GG
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -235,6 +237,18 @@ def test_convert_cli(tmp_path, capsys):
                back.params, ref.params)
   assert convert_main(["--src", "no-such-model", "--dst", str(tmp_path / "x")]) == 2
   assert "no-such-model" in capsys.readouterr().err
+
+
+def test_convert_cli_takes_absl_flags(tmp_path, capsys):
+  """Bad flags are refused with the usage (exit 2); `python -m checkpoints_convert` parses absl flags
+  (--flag=value too) and exits 2 on a refused input."""
+  assert convert_main(["--src", "x"]) == 2 and "--dst" in capsys.readouterr().err
+  assert convert_main(["--src=x", "--dst=y", "--dtype=float16"]) == 2
+  assert convert_main(["--src=x", "--dst=y", "extra"]) == 2
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run([sys.executable, "-m", "checkpoints_convert", "--src=no-such-model", f"--dst={tmp_path / 'x'}"],
+                        cwd=root, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2 and "no-such-model" in done.stderr, done.stderr[-2000:]
 
 
 def test_orbax_dir_of_the_stacked_layout_still_loads(tmp_path):

@@ -61,7 +61,7 @@ def test_int4_matches_float64_numpy(group):
   p, s, o = quant.quantize_matrix(jnp.asarray(w), "int4", group=group)
   group = group or 128                                                  # 0: one group per output channel
   rq, rs, ro = ref_int4(w, group)
-  assert p.dtype == quant.INT4_STORAGE.get(jax.default_backend(), jnp.int4)
+  assert p.dtype == quant.backend_form().storage_dtype
   assert p.shape == (128, 24) and s.shape == o.shape == (128 // group, 24)
   np.testing.assert_allclose(np.asarray(s), rs, rtol=1e-6)
   np.testing.assert_allclose(np.asarray(o), ro, rtol=1e-5, atol=1e-6)
@@ -78,19 +78,19 @@ def test_int4_matches_float64_numpy(group):
   np.testing.assert_allclose(dg.max(1), wg.max(1), atol=1e-5)
 
 
-def test_symmetric_int4_matches_float64_numpy(monkeypatch):
-  """INT4_OFFSETS = False (benchmarks compare the two forms): max |w| / 7 per group, q in -7 .. 7, no
+def test_symmetric_int4_matches_float64_numpy():
+  """QuantForm(offsets=False) (benchmarks compare the two forms): max |w| / 7 per group, q in -7 .. 7, no
   offset; the matmul of that copy matches float64 numpy of its dequantized matrix."""
-  monkeypatch.setattr(quant, "INT4_OFFSETS", False)
+  form = quant.backend_form().replace(offsets=False)
   w = np.random.default_rng(4).standard_normal((128, 24)).astype(np.float64)
-  p, s, o = quant.quantize_matrix(jnp.asarray(w, jnp.float32), "int4", group=32)
+  p, s, o = quant.quantize_matrix(jnp.asarray(w, jnp.float32), "int4", group=32, form=form)
   wg = w.reshape(4, 32, 24)
   rs = np.abs(wg).max(axis=1) / 7
   rq = np.clip(np.round(wg / rs[:, None]), -7, 7).reshape(128, 24)
-  assert o is None and quant.int4_bytes_per_value(group=32) == 0.5 + 4 / 32
+  assert o is None and quant.int4_bytes_per_value(group=32, form=form) == 0.5 + 4 / 32
   np.testing.assert_allclose(np.asarray(s), rs, rtol=1e-6)
   assert (np.asarray(p, np.float64) == rq).mean() > 0.999
-  qw = quant.quantize_weight("gate", jnp.asarray(w, jnp.float32), "int4", group=0)
+  qw = quant.quantize_weight("gate", jnp.asarray(w, jnp.float32), "int4", group=0, form=form)
   assert qw.offset is None and qw.per_channel
   x = np.random.default_rng(5).standard_normal((3, 128))
   got = np.asarray(dense("TD,DF->TF", jnp.asarray(x, jnp.float32), qw), np.float64)
@@ -117,25 +117,28 @@ def test_int4_group_shrinks_to_divide_the_contracted_size():
 
 @pytest.mark.parametrize("backend,groups", [("gpu", 1), ("cpu", 2)])
 def test_int4_groups_by_backend(backend, groups, monkeypatch):
-  """On a GPU one scale per output channel (a grouped scale does not fuse into the matmul there: measured
-  on one H100, docs/gpu.md); elsewhere groups of 64 inputs."""
-  monkeypatch.setattr(quant.jax, "default_backend", lambda: backend)
+  """On a GPU one scale per output channel (a grouped scale does not fuse into the matmul there:
+  docs/decisions.md#quantized-weights); elsewhere groups of 64 inputs. The default backend's form is the
+  one a copy gets without a form."""
+  form = quant.backend_form(backend)
+  monkeypatch.setattr(quant.backend, "name", lambda: backend)
+  assert quant.backend_form() == form
   w = jnp.asarray(np.random.default_rng(5).standard_normal((128, 8)), jnp.float32)
-  qw = quant.quantize_weight("gate", w, "int4")
+  qw = quant.quantize_weight("gate", w, "int4", form=form)
   assert qw.scale.shape == qw.offset.shape == (groups, 8) and qw.per_channel == (groups == 1)
-  assert quant.int4_bytes_per_value() == (0.5 if groups == 1 else 0.5 + 8 / 64)   # float32 scale + offset
+  assert quant.int4_bytes_per_value(form=form) == (0.5 if groups == 1 else 0.5 + 8 / 64)   # float32 scale + offset
   # what a decode loop reads: the stored bytes on a GPU; on CPU the bfloat16 matrix XLA converts it into first
-  assert quant.weight_bytes_per_param("int4") == (0.5 if backend == "gpu" else 2.0)
+  assert quant.weight_bytes_per_param("int4", form=form) == (0.5 if backend == "gpu" else 2.0)
 
 
 def test_int4_is_stored_as_native_four_bit_integers(monkeypatch):
   """Every int4 value survives the storage; XLA lays the matrix out at 4 bits an element (E(4)), which is
   what a GPU matmul can read with the conversion fused into its operand (the CPU's int8 container set
   aside here: it is checked by every other test)."""
-  monkeypatch.setattr(quant, "INT4_STORAGE", {})
+  native = quant.backend_form().replace(storage="int4")
   vals = np.arange(-8, 8, dtype=np.float32)
   w = np.stack([vals, vals[::-1]], axis=1)                                 # [16, 2]: one group each
-  q, s, o = quant.quantize_matrix(jnp.asarray(w), "int4", group=0)
+  q, s, o = quant.quantize_matrix(jnp.asarray(w), "int4", group=0, form=native)
   np.testing.assert_array_equal(np.asarray(q, np.int8), w.astype(np.int8))
   np.testing.assert_allclose(np.asarray(s), [[1.0, 1.0]])
   np.testing.assert_allclose(np.asarray(o), [[0.0, 0.0]])
@@ -149,16 +152,16 @@ def test_int4_is_stored_as_native_four_bit_integers(monkeypatch):
     ("BTD,DF->BTF", (2, 3, 128), "gate", (128, 48)),
     ("BTD,DF->BTF", (1, 1, 128), "down", (128, 48)),                     # one row: padded to two on CPU
     ("BTD,VD->BTV", (2, 2, 128), "embed", (40, 128))])                     # a tied LM head [V, D]
-def test_quantized_dense_matches_float64(kind, mode, eq, xshape, name, wshape, monkeypatch):
+def test_quantized_dense_matches_float64(kind, mode, eq, xshape, name, wshape):
   """The quantized matmul equals float64 numpy of x and the dequantized matrix, up to the rounding of the
   operands it multiplies: bfloat16 x ("dequant", int4) or per-token int8 x ("int")."""
-  monkeypatch.setitem(quant.INT8_DOT, jax.default_backend(), mode)
+  form = quant.backend_form().replace(int8_dot=mode)
   rng = np.random.default_rng(3)
   x = rng.standard_normal(xshape).astype(np.float32)
   w = rng.standard_normal(wshape).astype(np.float32)
   kind, _, per = kind.partition("/")
-  qw = quant.quantize_weight(name, jnp.asarray(w), kind, group=0 if per else None)
-  assert qw.per_channel == (kind == "int8" or bool(per))
+  qw = quant.quantize_weight(name, jnp.asarray(w), kind, group=0 if per else None, form=form)
+  assert qw.dot == mode and qw.per_channel == (kind == "int8" or bool(per))
   deq = np.asarray(qw.dequantize(jnp.float32), np.float64)
   got = np.asarray(jax.jit(lambda a: dense(eq, a, qw))(jnp.asarray(x)))
   want = np.einsum(eq.lower(), x.astype(np.float64), deq)
@@ -202,8 +205,11 @@ def test_quantized_self_draft_decodes_the_autoregressive_tokens(weights, kw):
 
 @pytest.mark.parametrize("mode", quant.INT8_DOTS)
 def test_int8_self_draft_at_batch_one_either_matmul(mode, monkeypatch):
-  monkeypatch.setitem(quant.INT8_DOT, jax.default_backend(), mode)
-  compiling.clear()                                # the mode is read at trace time
+  """Either int8 matmul through the engine: the backend's form swapped for this test (the copy carries its
+  dot, so a fresh copy and fresh executables)."""
+  monkeypatch.setitem(quant.FORMS, jax.default_backend(), quant.backend_form().replace(int8_dot=mode))
+  monkeypatch.setattr(draft_weights, "_NARROW", {})
+  compiling.clear()
   try:
     model = tiny_model(3, attn_scale=8.0, hidden=64)
     prompts = random_prompts([45], model.config.vocab_size, seed=8)
@@ -232,14 +238,14 @@ def test_quantized_copies_are_priced_at_their_bytes():
 
 
 def int8_share_by_hand(cfg) -> float:
-  """The share of the matmul weights an int4 copy keeps in int8 (quant.INT4_KEEP_INT8: the LM head, the
+  """The share of the matmul weights an int4 copy keeps in int8 (QuantForm.keep_int8: the LM head, the
   down projections and k / v), counted from the config."""
   d, f, n, v = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.vocab_size
   q_o, k_v = 2 * n * d * cfg.num_heads * cfg.head_dim, 2 * n * d * cfg.num_kv_heads * cfg.head_dim
   return (n * f * d + v * d + k_v) / (q_o + k_v + 3 * n * d * f + v * d)
 
 
-def test_an_int4_copy_keeps_the_head_down_and_kv_projections_in_int8(monkeypatch):
+def test_an_int4_copy_keeps_the_head_down_and_kv_projections_in_int8():
   params = tiny_model(0).params
   kinds = lambda qp: {p[-1].key: x.kind for p, x in jax.tree_util.tree_flatten_with_path(
       qp, is_leaf=lambda x: isinstance(x, quant.QuantizedWeight))[0] if isinstance(x, quant.QuantizedWeight)}
@@ -247,14 +253,15 @@ def test_an_int4_copy_keeps_the_head_down_and_kv_projections_in_int8(monkeypatch
   assert set(got.pop(k) for k in ("embed", "lm_head", "down", "k", "v") if k in got) == {"int8"}, got
   assert "k" not in got and "down" not in got
   assert set(got.values()) == {"int4"}, got
-  monkeypatch.setattr(quant, "INT4_KEEP_INT8", ())
-  assert set(kinds(quant.quantize_params(params, "int4")).values()) == {"int4"}
+  all4 = quant.backend_form().replace(keep_int8=())
+  assert set(kinds(quant.quantize_params(params, "int4", all4)).values()) == {"int4"}
 
 
 def test_a_quantized_draft_asks_for_its_xla_options_only_on_a_gpu():
   assert md.StreamingDraft(2, 8).xla_options() == {}
-  want = quant.XLA_OPTIONS.get(jax.default_backend(), {})
+  want = dict(quant.backend_form().xla_options)
   assert md.StreamingDraft(2, 8, weights="int8").xla_options() == want
+  assert quant.xla_options("int8", quant.backend_form("gpu")) == {"xla_gpu_enable_triton_gemm": True}
 
 
 def test_quantized_weights_are_split_as_their_parameters():
@@ -324,7 +331,7 @@ def test_the_planner_counts_a_drafts_weight_copy():
 
 
 def test_xla_cpu_hoists_an_int4_copys_conversion_out_of_the_decode_loop():
-  """What the planner's CPU count rests on (quant.INT4_HOISTED): in loop.decode's compiled HLO with an int4
+  """What the planner's CPU count rests on (QuantForm.hoisted): in loop.decode's compiled HLO with an int4
   self-draft copy of a float32 model, a while loop carries bfloat16 matrices shaped like the copy's int4
   matrices (q / o [D, H*hd], gate / up [D, F]: converted once, before the loop), while the matrices kept in
   int8 (down [F, D]) are carried as int8. If XLA stops hoisting, this fails and the planner's rule goes."""
@@ -336,4 +343,4 @@ def test_xla_cpu_hoists_an_int4_copys_conversion_out_of_the_decode_loop():
   carried = hlo.while_carried(text)
   assert ("bf16", (192, 128)) in carried and ("bf16", (192, 320)) in carried, carried   # q / o, gate / up
   assert ("s8", (320, 192)) in carried and ("bf16", (320, 192)) not in carried, carried  # down: int8, as stored
-  assert quant.INT4_HOISTED["cpu"] == jnp.bfloat16
+  assert quant.backend_form("cpu").hoisted == "bfloat16"

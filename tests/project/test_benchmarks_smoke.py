@@ -457,3 +457,29 @@ def test_results_index_lists_exactly_the_kept_files():
   named = {m for t in texts for m in re.findall(r"(?<![\w.{,*/-])([a-z0-9][\w+.-]*_(?:cpu|h100|h200)[\w+.-]*\.(?:json|png|log|txt))\b", t)}
   assert named and not [n for n in named if n not in on_disk and not n.startswith(("context_sweep_cpu_2026-11-23_z",))], \
       sorted(n for n in named if n not in on_disk)
+
+
+def test_a_benchmark_varies_a_quantized_copys_form_through_the_draft():
+  """common.QuantFormDraft: the copy is made in the draft's QuantForm (here all-int4, groups of 32,
+  symmetric), once, and drafting on it still decodes plain decoding's greedy tokens; the backend's form and
+  every module attribute are left as they were."""
+  import jax
+  import magicdec_jax as md
+  from benchmarks import common
+  from magicdec_jax.layers import quant
+  from conftest import random_prompts, tiny_model
+
+  before = quant.backend_form()
+  form = common.int4_form(group=32, keep_int8=(), symmetric=True)
+  assert (form.group, form.keep_int8, form.offsets) == (32, (), False)
+  draft = common.QuantFormDraft(2, 8, weights="int4", form=form)
+  model = tiny_model(3, attn_scale=8.0, hidden=64)
+  copy = draft.params(model)
+  assert draft.params(model) is copy
+  isq = lambda x: isinstance(x, quant.QuantizedWeight)
+  leaves = [x for x in jax.tree.leaves(copy, is_leaf=isq) if isq(x)]
+  assert {x.kind for x in leaves} == {"int4"} and all(x.offset is None for x in leaves)
+  prompts = random_prompts([40, 23], model.config.vocab_size, seed=7)
+  want = md.generate(model, prompts, max_new_tokens=8).tokens
+  assert md.generate(model, prompts, max_new_tokens=8, draft=draft, gamma=2).tokens == want
+  assert quant.backend_form() == before
