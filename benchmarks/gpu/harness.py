@@ -53,7 +53,6 @@ from magicdec_jax import backend  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
 from magicdec_jax import drafts, engine, schedule, trees  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
-from magicdec_jax.layers import quant  # noqa: E402
 from magicdec_jax.model import Model, init_params  # noqa: E402
 from magicdec_jax.stream import generate_stream  # noqa: E402
 from magicdec_jax.trees import Tree  # noqa: E402

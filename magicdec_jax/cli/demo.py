@@ -43,7 +43,7 @@ except ImportError:     # optional: validity is then json.loads plus a check of 
 import jax
 from absl import app
 
-from magicdec_jax import drafts, engine, prefilled, textdata
+from magicdec_jax import backend, drafts, engine, prefilled, textdata
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.measure import sweep
@@ -72,7 +72,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def default_shape() -> tuple[int, int, int]:
   """(batch, prompt tokens, gamma) where MagicDec should win on this backend."""
-  return (*CPU_SHAPE, CPU_GAMMA) if jax.default_backend() == "cpu" else (*GPU_SHAPE, GPU_GAMMA)
+  return (*CPU_SHAPE, CPU_GAMMA) if backend.name() == "cpu" else (*GPU_SHAPE, GPU_GAMMA)
 
 
 def _sweeps(root: str, device: str, cpu_model: str | None) -> list[tuple[str, dict]]:

@@ -20,6 +20,7 @@ import warnings
 
 import jax
 
+from magicdec_jax import backend
 from magicdec_jax.backend import FixedShapes
 from magicdec_jax.pallas.fixed_attention import pallas_fixed_attention
 from magicdec_jax.pallas.int4_matmul import MIN_DOT, default_tiling, pallas_int4_matmul
@@ -85,7 +86,7 @@ def _triton_compiles(signature, scale, kw_items) -> bool:
 def resolve_impl(q, k, v, base, anc, *, scale=None, block_k=None, block_q=None, num_splits=None,
                  num_warps=None, num_stages=None) -> str:
   """The concrete impl "auto" would use for these (possibly abstract) arrays."""
-  if jax.default_backend() != "gpu" or _triton_params(None, None) is None:
+  if backend.name() != "gpu" or _triton_params(None, None) is None:
     return "xla"
   signature = tuple((tuple(x.shape), jax.numpy.dtype(x.dtype)) for x in (q, k, v, base, anc))
   kw = (("block_k", block_k), ("block_q", block_q), ("num_splits", num_splits),
@@ -157,7 +158,7 @@ def int4_kernel(m: int, k: int, n: int, group: int, *, triton: bool):
   if triton:
     params = _triton_params(warps, stages)
     if params is None:
-      raise NotImplementedError("int4_matmul: this jax has no Pallas Triton backend (quant.INT4_KERNEL off)")
+      raise NotImplementedError("int4_matmul: this jax has no Pallas Triton backend (QuantForm.kernel off)")
     lowering = dict(compiler_params=params)
   else:
     lowering = dict(interpret=True)
@@ -169,7 +170,7 @@ def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.A
   """x [M, K] @ a packed group-wise int4 matrix (pallas/int4_matmul.py) -> [M, N] float32: the Triton kernel
   on a GPU, the interpreter elsewhere, at default_tiling. Under a mesh the injected wrapper runs it per shard,
   or calls fallback(x) (an XLA form of the same product) where it cannot."""
-  kernel = int4_kernel(*x.shape, packed.shape[1], group, triton=jax.default_backend() == "gpu")
+  kernel = int4_kernel(*x.shape, packed.shape[1], group, triton=backend.name() == "gpu")
   wrapper = _shard_wrappers.get("int4_matmul")
   if wrapper is None:
     return kernel(x, packed, scale, offset)

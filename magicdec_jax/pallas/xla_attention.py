@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from magicdec_jax import backend
+
 NEG_BIG = -1e30  # finite "minus infinity": keeps max/exp free of inf - inf
 
 
@@ -68,7 +70,7 @@ def unfold_queries(o: jax.Array, t: int) -> jax.Array:
 
 def dot_operands(*xs):
   """XLA:CPU has no bf16 x bf16 -> f32 dot kernel: upcast there (GPUs keep bf16 operands)."""
-  if jax.default_backend() == "cpu":
+  if backend.name() == "cpu":
     return tuple(x.astype(jnp.float32) if x.dtype == jnp.bfloat16 else x for x in xs)
   return xs
 

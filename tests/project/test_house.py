@@ -21,10 +21,8 @@ FORBIDDEN = re.compile(
     r"|[\w*{},.-]+_(?:cpu|gpu|h100|h200|tpu)[\w*{},.-]*\.json"  # a result file's name
     r"|\brun \d+\b"                                             # a numbered run of a findings log
     r"|GPU-FINDINGS|\.\./shared|\bshared/", re.IGNORECASE)
-# modules that may call jax.default_backend() (backend.name() is the package's way to ask); pallas/ and the
-# demo are left to their owners' next change
-DEFAULT_BACKEND_ALLOWED = {"magicdec_jax/backend.py", "magicdec_jax/pallas/__init__.py",
-                           "magicdec_jax/pallas/xla_attention.py", "magicdec_jax/cli/demo.py"}
+# modules that may call jax.default_backend() (backend.name() is the package's way to ask)
+DEFAULT_BACKEND_ALLOWED = {"magicdec_jax/backend.py"}
 
 
 def _files():
