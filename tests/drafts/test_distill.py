@@ -83,7 +83,7 @@ def test_resume_after_stop_equals_uninterrupted(trained, tmp_path):
 
 KILL_SCRIPT = """
 import os, sys, numpy as np
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, os.path.join({tests!r}, "drafts")]
 from conftest import tiny_model, xla_flags
 from magicdec_jax.training import distill
 import test_distill as T
@@ -116,8 +116,8 @@ def test_resume_after_kill_9(trained, tmp_path):
 
 
 MESH_SCRIPT = """
-import sys, jax, numpy as np
-sys.path.insert(0, {tests!r})
+import os, sys, jax, numpy as np
+sys.path[:0] = [{tests!r}, os.path.join({tests!r}, "drafts")]
 from magicdec_jax import sharding
 from magicdec_jax.training import distill
 import test_distill as T

@@ -96,7 +96,7 @@ def test_pieces_equal_one_run(uninterrupted, tmp_path, clock):
 
 KILL_SCRIPT = """
 import os, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, os.path.join({tests!r}, "drafts")]
 import test_trainer as T
 from magicdec_jax.training import trainer
 opt = trainer.optimizer(T.toy_cfg())
