@@ -81,6 +81,30 @@ def compiled_decode(params, dparams, cfg, spec, tree, batch: int, prompt: int, n
   return text, target, ring
 
 
+def float64_attention(q, k, v, base, anc, scale: float | None = None) -> np.ndarray:
+  """float64 softmax attention under the prefix + tree rule, the reference every attention kernel is held to.
+
+  q [B, T, H, D]; k, v [B, K, S, D] (H a multiple of K); row r's query j sees slots 0 .. base[r]-1 and
+  base[r] + i for every i with anc[j, i] (a causal chunk at `start` is base = start, anc = lower triangle).
+  Only visible slots are read, so poisoned never-visible slots cannot leak into it.
+  """
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  anc, base = np.asarray(anc, bool), np.broadcast_to(np.asarray(base), (q.shape[0],))
+  b, t, h, d = q.shape
+  g, scale = h // k.shape[1], d ** -0.5 if scale is None else scale
+  out = np.zeros_like(q)
+  for r in range(b):
+    for j in range(t):
+      vis = np.zeros(k.shape[2], bool)
+      vis[:int(base[r])] = True
+      vis[int(base[r]) + np.flatnonzero(anc[j])] = True
+      for head in range(h):
+        logits = k[r, head // g][vis] @ q[r, j, head] * scale
+        p = np.exp(logits - logits.max())
+        out[r, j, head] = p @ v[r, head // g][vis] / p.sum()
+  return out
+
+
 def compile_count() -> int:
   """Executables the engine has compiled so far (compile.py's counter; a reused executable adds nothing)."""
   return compiling.compile_count()

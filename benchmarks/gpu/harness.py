@@ -46,7 +46,6 @@ from benchmarks import common  # noqa: E402
 from benchmarks.gpu import simulate  # noqa: E402
 from benchmarks.gpu.bench import Bench, forward_allreduce_s  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from magicdec_jax import backend  # noqa: E402

@@ -9,7 +9,7 @@ from absl import app
 
 from magicdec_jax import engine
 from magicdec_jax.cli import flags as cli_flags
-from magicdec_jax.constraints import Constraint, ConstraintError
+from magicdec_jax.constraints import Constraint
 
 
 def json_schema(fv) -> dict | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import Any, ClassVar, Sequence
+from typing import ClassVar, Sequence
 
 import flax.struct
 import jax

@@ -120,7 +120,6 @@ def cache_spec(lay: ModelLayout) -> P:
 
 def state_spec(keys: list[str], ndim: int, target: ModelLayout, ring: ModelLayout | None) -> P:
   """Specs for loop.LoopState / prefill outputs by path: caches as cache_spec, per-row arrays over data."""
-  name = keys[-1] if keys else ""
   in_ring = "ring" in keys or keys[:1] == ["1"]           # LoopState.ring, or prefill's output[1]
   if len(keys) >= 2 and keys[-2] in ("k", "v") and ndim == 4:     # cache.k[layer]
     return cache_spec(ring if in_ring and ring is not None else target)

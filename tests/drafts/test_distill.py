@@ -69,16 +69,22 @@ def test_heldout_kl_falls(trained):
   assert [h["step"] for h in hist] == [0, CFG.steps] and 0 <= hist[-1]["acceptance"] <= 1
 
 
+def assert_resumed_equals_uninterrupted(out: str, trained):
+  """Running to the end from the checkpoints in `out` gives the uninterrupted run's params (to 1e-6)."""
+  target = _target()
+  model, _ = distill.distill(target, distill.init_draft(target, layers=1), _data(), out, CFG, progress=False)
+  diff = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
+                      model.params, trained[1].params)
+  assert max(jax.tree.leaves(diff)) <= 1e-6
+
+
 def test_resume_after_stop_equals_uninterrupted(trained, tmp_path):
   target = _target()
   out = str(tmp_path / "resumed")
   part, _ = distill.distill(target, distill.init_draft(target, layers=1), _data(), out, CFG, progress=False,
                             stop_after=7)
   assert not os.path.exists(os.path.join(out, checkpoints.CONFIG_FILE))      # no final model yet
-  model, _ = distill.distill(target, distill.init_draft(target, layers=1), _data(), out, CFG, progress=False)
-  diff = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
-                      model.params, trained[1].params)
-  assert max(jax.tree.leaves(diff)) <= 1e-6
+  assert_resumed_equals_uninterrupted(out, trained)
 
 
 KILL_SCRIPT = """
@@ -108,11 +114,7 @@ def test_resume_after_kill_9(trained, tmp_path):
                      capture_output=True, timeout=300)
   assert r.returncode == -9, r.stderr.decode()[-2000:]
   assert not os.path.exists(os.path.join(out, checkpoints.CONFIG_FILE))
-  target = _target()
-  model, _ = distill.distill(target, distill.init_draft(target, layers=1), _data(), out, CFG, progress=False)
-  diff = jax.tree.map(lambda a, b: float(np.max(np.abs(np.asarray(a) - np.asarray(b)))),
-                      model.params, trained[1].params)
-  assert max(jax.tree.leaves(diff)) <= 1e-6
+  assert_resumed_equals_uninterrupted(out, trained)
 
 
 MESH_SCRIPT = """

@@ -9,17 +9,15 @@ from __future__ import annotations
 import logging
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import time
 
 from magicdec_jax import compile as compiling
 from magicdec_jax.engine import generate
-from magicdec_jax.model import full_forward
 
 from conftest import compile_count, random_prompts, tiny_model
+from references import reference_greedy
 
 NEW = 20
 LENGTHS = (5, 12, 9)
@@ -33,25 +31,6 @@ def model():
 @pytest.fixture(scope="module")
 def prompts():
   return random_prompts(LENGTHS, 64, seed=1)
-
-
-def reference_greedy(model, prompts, new: int) -> list[list[int]]:
-  """Argmax of a full causal forward over the whole sequence, one token at a time (no cache).
-
-  Rows live in one fixed-width buffer (right padding is invisible to earlier positions under the causal
-  mask), so every step reuses one compiled shape.
-  """
-  width = max(len(p) for p in prompts) + new
-  buf = np.zeros((len(prompts), width), np.int32)
-  lens = np.asarray([len(p) for p in prompts])
-  for i, p in enumerate(prompts):
-    buf[i, :len(p)] = p
-  for _ in range(new):
-    lg = np.asarray(full_forward(model.params, model.config, jnp.asarray(buf)))
-    nxt = lg[np.arange(len(prompts)), lens - 1].argmax(-1)
-    buf[np.arange(len(prompts)), lens] = nxt
-    lens = lens + 1
-  return [buf[i, len(p):len(p) + new].tolist() for i, p in enumerate(prompts)]
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,7 @@ def test_plain_invariant_sampler_against_hf_float64_at_1e5_draws():
   """The first sampled token of 106,496 streams (13 calls of 8192 rows, distinct stream ids) against the
   float64 top-p distribution of HF's logits for a random tiny LLaMA (its weights converted to ours)."""
   import torch
-  from test_hf_parity import hf_model, ours_from_hf
+  from references import hf_model, ours_from_hf
   hf = hf_model(2, None, False, seed=4)
   ours = ours_from_hf(hf)
   prompt = [3, 17, 99, 4, 250, 31]

@@ -19,13 +19,12 @@ import pytest
 
 import magicdec_jax as md
 from magicdec_jax import backend, pallas
-from magicdec_jax.backend import FixedShapes
 from magicdec_jax.drafts import StreamingDraft
 from magicdec_jax.layers.attention import PrefixTree, attend
 from magicdec_jax.testing import random_tiny_model
 from magicdec_jax.trees import Tree
 
-from conftest import random_prompts
+from conftest import float64_attention, random_prompts
 
 # key blocks of 16 slots, a tail of 2 blocks (trees of depth <= 16), splits of 32 slots: a cache of 96 slots
 # is 3 splits, one of 160 five
@@ -41,24 +40,6 @@ def kernel(q, k, v, base, anc, fixed):
 
 def run(q, k, v, base, anc, fixed=FIXED):
   return np.asarray(kernel(q, k, v, base, anc, fixed), np.float32)
-
-
-def reference(q, k, v, base, anc) -> np.ndarray:
-  """float64 softmax attention under the prefix + tree rule."""
-  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-  b, t, h, d = q.shape
-  g = h // k.shape[1]
-  out = np.zeros_like(q)
-  for i in range(b):
-    for j in range(t):
-      vis = np.zeros(k.shape[2], bool)
-      vis[:int(base[i])] = True
-      vis[int(base[i]) + np.flatnonzero(np.asarray(anc)[j])] = True
-      for hh in range(h):
-        logits = k[i, hh // g][vis] @ q[i, j, hh] * d ** -0.5
-        p = np.exp(logits - logits.max())
-        out[i, j, hh] = p @ v[i, hh // g][vis] / p.sum()
-  return out
 
 
 def random_qkv(rng, b, t, s, dtype=jnp.bfloat16):
@@ -95,7 +76,7 @@ def test_kernel_matches_a_float64_reference_for_chains_and_trees(dtype):
     q, k, v = random_qkv(rng, 2, t, 96, dtype)
     base = jnp.asarray(bases, jnp.int32)
     got = run(q, k, v, base, anc)
-    np.testing.assert_allclose(got, reference(q, k, v, base, anc), atol=tol, rtol=tol, err_msg=f"T={t}")
+    np.testing.assert_allclose(got, float64_attention(q, k, v, base, anc), atol=tol, rtol=tol, err_msg=f"T={t}")
 
 
 def test_a_row_is_the_same_bits_alone_among_tokens_rows_and_slot_counts():
@@ -168,7 +149,7 @@ def test_slots_past_the_round_are_never_read_and_deep_trees_are_refused():
   q, k, v = random_qkv(rng, 1, 40, 128, jnp.float32)                  # a chain of 40: prefill-like
   got = pallas.pallas_fixed_attention(q, k, v, jnp.asarray([24], jnp.int32), chain(40), query_tokens=4,
                                       key_block=16, tail_blocks=2, split_slots=32, chain=True, interpret=True)
-  np.testing.assert_allclose(np.asarray(got), reference(q, k, v, [24], chain(40)), atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(got), float64_attention(q, k, v, [24], chain(40)), atol=1e-5, rtol=1e-5)
 
 
 def test_the_attention_choice_is_the_configs():

@@ -8,21 +8,12 @@ import pytest
 
 from magicdec_jax.layers.prefill_attention import causal_chunk_attention
 
+from conftest import float64_attention
 
-def numpy_reference(q, k_all, v_all, start):
+
+def causal_reference(q, k_all, v_all, start):
   """q [B,T,H,D]; k_all/v_all [B,K,S,D] with the chunk's K/V already at slots start..start+T-1."""
-  q, k_all, v_all = (np.asarray(x, np.float64) for x in (q, k_all, v_all))
-  b, t, h, d = q.shape
-  g = h // k_all.shape[1]
-  out = np.zeros_like(q)
-  for bi in range(b):
-    for ti in range(t):
-      n = start + ti + 1                        # slots 0 .. start + ti are visible
-      for hi in range(h):
-        s = k_all[bi, hi // g, :n] @ q[bi, ti, hi] / np.sqrt(d)
-        p = np.exp(s - s.max())
-        out[bi, ti, hi] = (p / p.sum()) @ v_all[bi, hi // g, :n]
-  return out
+  return float64_attention(q, k_all, v_all, start, np.tril(np.ones((q.shape[1],) * 2, bool)))
 
 
 @pytest.mark.parametrize("chunk,num_chunks,heads,kv_heads", [(8, 4, 6, 2), (16, 3, 4, 4), (4, 5, 3, 1)])
@@ -41,7 +32,7 @@ def test_every_chunk_matches_float64_causal_attention(chunk, num_chunks, heads, 
     k_new = jnp.swapaxes(cache_k[:, :, start:start + chunk], 1, 2)
     v_new = jnp.swapaxes(cache_v[:, :, start:start + chunk], 1, 2)
     got = fn(q, k_new, v_new, cache_k, cache_v, jnp.int32(start))
-    want = numpy_reference(q, cache_k, cache_v, start)
+    want = causal_reference(q, cache_k, cache_v, start)
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
 
 
@@ -55,7 +46,7 @@ def test_bfloat16_inputs_keep_float32_math():
   got = causal_chunk_attention(q, jnp.swapaxes(cache_k[:, :, start:], 1, 2),
                                jnp.swapaxes(cache_v[:, :, start:], 1, 2), cache_k, cache_v, jnp.int32(start))
   assert got.dtype == jnp.bfloat16
-  want = numpy_reference(np.asarray(q, np.float32), np.asarray(cache_k, np.float32),
+  want = causal_reference(np.asarray(q, np.float32), np.asarray(cache_k, np.float32),
                          np.asarray(cache_v, np.float32), start)
   np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2e-2, atol=2e-2)
 
@@ -73,4 +64,4 @@ def test_vectorised_rows_under_a_mesh_match_float64():
     got = jax.jit(causal_chunk_attention)(q, jnp.swapaxes(cache_k[:, :, start:], 1, 2),
                                           jnp.swapaxes(cache_v[:, :, start:], 1, 2), cache_k, cache_v,
                                           jnp.int32(start))
-  np.testing.assert_allclose(np.asarray(got), numpy_reference(q, cache_k, cache_v, start), rtol=2e-5, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(got), causal_reference(q, cache_k, cache_v, start), rtol=2e-5, atol=2e-5)

@@ -15,6 +15,8 @@ from magicdec_jax import pallas as P
 from magicdec_jax.pallas.tree_attention import pallas_tree_attention
 from magicdec_jax.pallas.xla_attention import xla_tree_attention
 
+from conftest import float64_attention
+
 F32_TOL = 1e-5
 BF16_TOL = 2e-2
 
@@ -38,28 +40,6 @@ def make_anc(rng, kind, t):
   return np.tril(np.ones((t, t), bool))  # chain and causal prefill chunk have the same mask
 
 
-def reference(q, k, v, base, anc, scale):
-  """float64 numpy: explicit per-row visibility, plain softmax."""
-  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-  b, t, h, d = q.shape
-  kh, s = k.shape[1], k.shape[2]
-  g = h // kh
-  out = np.zeros((b, t, h, d))
-  for r in range(b):
-    vis = np.zeros((t, s), bool)
-    vis[:, :base[r]] = True
-    vis[:, base[r]:base[r] + t] = anc
-    for head in range(h):
-      kk, vv = k[r, head // g], v[r, head // g]
-      logits = q[r, :, head] @ kk[vis.any(0)].T * scale              # only touch visible slots
-      sub = vis[:, vis.any(0)]
-      logits = np.where(sub, logits, -np.inf)
-      p = np.exp(logits - logits.max(-1, keepdims=True))
-      p /= p.sum(-1, keepdims=True)
-      out[r, :, head] = p @ vv[vis.any(0)]
-  return out
-
-
 def make_case(seed, *, b, t, kh, g, d, s, base, kind, dtype=jnp.float32, poison_v=np.nan):
   rng = np.random.default_rng(seed)
   base = np.asarray(base, np.int32)
@@ -69,7 +49,7 @@ def make_case(seed, *, b, t, kh, g, d, s, base, kind, dtype=jnp.float32, poison_
   v = rng.standard_normal((b, kh, s, d)).astype(np.float32)
   q, k, v = (np.array(jnp.asarray(x, dtype).astype(jnp.float32)) for x in (q, k, v))
   anc = make_anc(rng, kind, t)
-  ref = reference(q, k, v, base, anc, d ** -0.5)
+  ref = float64_attention(q, k, v, base, anc)
   for r in range(b):  # poison never-visible slots after computing the reference
     k[r, :, base[r] + t:] = np.nan
     v[r, :, base[r] + t:] = poison_v

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 from magicdec_jax import Model, StreamingDraft, generate, logits
-from magicdec_jax.checkpoints import known_model_path, load_model, params_from_hf_state_dict
-from magicdec_jax.families import config_from_hf
+from magicdec_jax.checkpoints import known_model_path, load_model
 from magicdec_jax.tokenizer import render_chat
 
-from conftest import random_hf_llama
+from references import hf_model, ours_from_hf
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -33,22 +32,6 @@ CASES = {  # name: (kv heads, rope scaling, tied)
     "gqa-linear-tied": (1, LINEAR, True),
     "mha-llama3": (4, LLAMA3, False),
 }
-
-
-def hf_model(kv_heads, scaling, tied, seed=0):
-  rope = {"rope_type": "default", "rope_theta": 500.0}
-  if scaling:
-    rope = dict(scaling, rope_theta=500.0)
-  return random_hf_llama(
-      seed, 0.2, vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-      num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=128,
-      tie_word_embeddings=tied, rope_parameters=rope, initializer_range=0.15, rms_norm_eps=1e-5)
-
-
-def ours_from_hf(model):
-  cfg = config_from_hf(model.config.to_dict())
-  sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  return Model(cfg, params_from_hf_state_dict(cfg, sd))
 
 
 def hf_forward(model, ids):

@@ -13,7 +13,7 @@ import json
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import datagen, openai_batch, row_features, testing
+from magicdec_jax import datagen, openai_batch, testing
 from magicdec_jax.options import FIELDS, OptionError, RequestOptions
 from magicdec_jax.stream import Request, generate_stream
 

@@ -19,7 +19,7 @@ from magicdec_jax import prefilled, shrink, slots
 from magicdec_jax.trees import Tree
 
 from conftest import random_prompts, tiny_model
-from test_speculative_greedy import DRAFTS, NEW, prompts_and_eos, target
+from speculative_cases import DRAFTS, NEW, prompts_and_eos, target
 
 
 def _stage_batches(res):

@@ -22,7 +22,7 @@ from magicdec_jax.engine import generate
 from magicdec_jax.stream import Request, generate_stream
 
 from conftest import random_prompts, tiny_model, xla_flags
-from test_generate import reference_greedy
+from references import reference_greedy
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NEW = 12
