@@ -17,7 +17,6 @@ average is part of the measurement record). Nothing here estimates anything: fig
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import importlib.util
@@ -122,14 +121,16 @@ def interleaved_decodes(model, pre, settings: dict, repeats: int) -> dict:
 
 
 def loop_engine(model, draft, tree, *, batch: int, context: int, max_new: int, impl: str = "auto",
-                numerics: str | None = None, options: dict | None = None, fixed_shapes=None) -> engine.Engine:
+                numerics: str | None = None, options: dict | None = None, fixed_shapes=None,
+                simulated_acceptance=None) -> engine.Engine:
   """The Engine `generate` builds for a fixed draft and tree (None: plain decoding) at batch x context: its
   plan's XLA options (the engine's, the draft's, then `options`), attention choice and 1 x 1 mesh
-  (fixed_shapes: invariant numerics' shapes, None: the backend's). `engine.decode(state)` is then the
-  compiled loop users run."""
+  (fixed_shapes: invariant numerics' shapes, None: the backend's; simulated_acceptance: DecodeSettings').
+  `engine.decode(state)` is then the compiled loop users run."""
   st = DecodeSettings(max_new_tokens=max_new, draft=draft, tree=None if draft is None else tree,
                       attention_impl=impl, numerics=numerics, xla_options=options,
-                      fixed_shapes=fixed_shapes if numerics == "invariant" else None)
+                      fixed_shapes=fixed_shapes if numerics == "invariant" else None,
+                      simulated_acceptance=None if draft is None else simulated_acceptance)
   return engine.Engine(model, plan.make_plan(model, st, batch=batch, shortest=context, longest=context))
 
 
@@ -205,39 +206,9 @@ def int4_form(group: int | None = None, keep_int8=None, symmetric: bool = False)
   return form.replace(**{k: v for k, v in changes.items() if v is not None})
 
 
-# ---- the one place benchmarks set package attributes ------------------------------------------------------
-
-@contextlib.contextmanager
-def override(module, **values):
-  """Inside the block, `module.NAME` is `value` for each NAME=value (an attribute that is a dict keyed by
-  backend gets the value at the default backend's key; a value of None leaves NAME as it is); all are
-  restored on exit. The drafts' cached weight copies are dropped on entry and exit, so that a copy made
-  under one setting is never reused under another. Every benchmark that changes a package setting does
-  it here, so one function changes when those settings move into a plan."""
-  backend, undo = jax.default_backend(), []
-  for name, value in values.items():
-    if value is None:
-      continue
-    old = getattr(module, name)
-    if isinstance(old, dict) and not isinstance(value, dict):
-      had, prev = backend in old, old.get(backend)
-      undo.append(lambda d=old, h=had, p=prev: d.__setitem__(backend, p) if h else d.pop(backend, None))
-      old[backend] = value
-    else:
-      undo.append(lambda n=name, v=old: setattr(module, n, v))
-      setattr(module, name, value)
-  drop_weight_copies()
-  try:
-    yield
-  finally:
-    for fn in reversed(undo):
-      fn()
-    drop_weight_copies()
-
-
 def drop_weight_copies() -> None:
   """Forget the drafts' cached bf16 / int8 / int4 weight copies (made once per model and kept)."""
-  draft_weights._NARROW.clear()
+  draft_weights.drop_copies()
 
 
 # ---- output ------------------------------------------------------------------------------------------------

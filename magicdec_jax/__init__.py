@@ -8,7 +8,8 @@ from magicdec_jax.drafts import (FeatureDraft, ModelDraft, PromptLookupDraft, Sn
 from magicdec_jax.feature_head import FeatureHead, init_head, load_head
 from magicdec_jax.settings import DEFAULT_GAMMA, DecodeSettings
 from magicdec_jax.plan import DecodePlan, make_plan
-from magicdec_jax.engine import Engine, GenerateResult, generate, logits, prompt_logprobs
+from magicdec_jax.engine import Engine, GenerateResult
+from magicdec_jax.generation import generate, logits, prompt_logprobs
 from magicdec_jax.checkpoints import load_model
 from magicdec_jax.stream import Generator, Request, StreamResult, generate_stream
 from magicdec_jax import trees

@@ -34,7 +34,7 @@ from magicdec_jax.model import forward
 from magicdec_jax.row_features import Nodes
 from magicdec_jax.sampling import Sampling, Scores, position_noise
 from magicdec_jax.trees import Tree
-from magicdec_jax.verify import accept
+from magicdec_jax.verify import accept, simulated_walk
 
 __all__ = ["LoopState", "Rows", "Shared", "decode", "draft_config", "initial_state", "path_logprobs", "prefill",
            "prefill_chunk", "prefill_draft"]
@@ -142,6 +142,9 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
                                   verify_keys)
   else:   # (argmax rows: one-hot p and q, so acceptance is the greedy comparison)
     path, n, nxt, acc_at = accept(tree, False, scores.probabilities(), q, node_tokens, verify_keys)
+  if sampling.simulated_acceptance and tree.max_depth:     # a benchmark's acceptance: the path replaced
+    sim_path, sim_n, acc_at = simulated_walk(tree, sampling.simulated_acceptance, verify_keys)
+    path, n = sim_path.astype(path.dtype), sim_n.astype(n.dtype)
   if not tree.is_chain:   # move the accepted path's K/V to consecutive (virtual) slots (a chain already is)
     k, v = target.gather(base[:, None] + path)
     target = target.put(base[:, None] + jnp.arange(path.shape[1])[None, :], k, v)

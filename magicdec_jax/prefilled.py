@@ -27,7 +27,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from magicdec_jax import compile as compiling
-from magicdec_jax import engine, loop
+from magicdec_jax import engine, generation, loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
 from magicdec_jax.backend import fixed_shapes
@@ -137,14 +137,14 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
            shrink_batch: bool = False, row_sampling=None, json_schema=None, regex=None, choices=None,
            **kwargs) -> engine.GenerateResult:
   """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings, row_sampling,
-  json_schema / regex / choices and result as `engine.generate`'s (max_new_tokens defaults to the prefill's room; "auto" is planned for
+  json_schema / regex / choices and result as `generation.generate`'s (max_new_tokens defaults to the prefill's room; "auto" is planned for
   this batch and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
   kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
   if options is not None:
     kwargs["xla_options"] = options
   st = decode_settings(settings, **kwargs)
-  st, rows_o = engine.with_row_sampling(st, row_sampling, pre.num_prompts)
-  st, rows_o = engine.with_constraint(st, rows_o, pre.num_prompts, model, json_schema=json_schema, regex=regex,
+  st, rows_o = generation.with_row_sampling(st, row_sampling, pre.num_prompts)
+  st, rows_o = generation.with_constraint(st, rows_o, pre.num_prompts, model, json_schema=json_schema, regex=regex,
                                       choices=choices)
   if not 1 <= st.max_new_tokens <= pre.max_new_tokens:
     raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the prefill's room), got "
@@ -167,7 +167,7 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
     return target, eng.prefill_draft(target, pre.tokens, pre.lengths, pre.chunk)
   (target, draft_ring), ring_s, ring_compile_s = compiling.timed(ring)
   # the out buffer is sized for the prefill's room, so a shorter budget reuses one executable
-  opts = engine.padded(rows_o, b)
+  opts = generation.padded(rows_o, b)
   feats = None if opts is None else eng.feature_rows(opts)
   fin, decode_s, decode_compile_s = compiling.timed(lambda: eng.run(eng.initial_state(
       pre.tokens, jnp.array(pre.lengths), jnp.asarray(budget), keys, target, draft_ring, feats), shrink_batch))

@@ -57,6 +57,9 @@ class Sampling:
   min-p cut (else, after the other cuts, tokens below min_p times the most likely one's probability go). invariant:
   drafter-invariant sampling (a token is the argmax of the filtered logits plus the noise of its
   position, shared by draft and target: `position_noise`); False: speculative rejection sampling.
+  simulated_acceptance (benchmarks of random-weight models at a realistic acceptance): each speculative
+  round's accepted path is replaced by a random walk accepting a node's child of rank k with probability
+  v[k] (a chain: v[0]); the real acceptance still runs, so the round costs what it would.
   per_row: the rows' temperature / top-k / top-p / min-p are a RowSampling passed beside it (in the loop:
   the per-row sampling row feature's state, row_features/sampling.py; mixed batches: greedy rows are then
   sampled from one-hot distributions, which speculative sampling accepts exactly as greedy decoding
@@ -67,10 +70,14 @@ class Sampling:
   invariant: bool = False
   per_row: bool = False        # each row's own settings come as data (RowSampling); the fields above unused
   min_p: float = 0.0           # 0 means no cut; else drop tokens below min_p x the most likely one's probability
+  simulated_acceptance: tuple[float, ...] = ()  # measurement only (verify.simulated_walk); (): real acceptance
 
   def __post_init__(self):
     for name in ROW_FIELDS:                      # ranges as a request's options have them (options.py)
       check_number(name, getattr(self, name))
+    v = self.simulated_acceptance
+    if not isinstance(v, tuple) or not all(isinstance(x, float) and 0.0 <= x <= 1.0 for x in v) or sum(v) > 1.0:
+      raise ValueError(f"simulated_acceptance must be a tuple of floats in [0, 1] summing to at most 1, got {v!r:.80}")
 
   def over(self, **own) -> "Sampling":
     """A row's own settings (ROW_FIELDS; None: this one's) over this sampling, per_row off: each checked

@@ -27,7 +27,7 @@ from magicdec_jax.trees import Tree
 
 DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
 OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling", "min_p",   # fingerprinted only when set
-                "row_features", "fixed_shapes")                           # (older data sets resume unchanged)
+                "row_features", "fixed_shapes", "simulated_acceptance")     # (older data sets resume unchanged)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +83,7 @@ class DecodeSettings:
   top_logprobs: int = 0                  # and the k most likely alternatives per position (needs logprobs)
   per_row_sampling: bool = False         # each row's temperature / top-k / top-p as data (mixed batches)
   row_features: tuple[str, ...] = ()     # further row features compiled in (row_features.REGISTRY names)
+  simulated_acceptance: Any = None       # measurement only: accept rank k with probability v[k] (Sampling)
 
   def __post_init__(self):
     if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
@@ -132,13 +133,22 @@ class DecodeSettings:
       raise ValueError(f"row_features must be distinct names of {sorted(set(row_features.REGISTRY) - {'sampling'})} "
                        f"(per-row sampling: per_row_sampling=True), got {names!r}")
     object.__setattr__(self, "row_features", tuple(names))
+    if self.simulated_acceptance is not None:
+      if isinstance(self.simulated_acceptance, (str, bytes)) or not hasattr(self.simulated_acceptance, "__iter__"):
+        raise ValueError(f"simulated_acceptance must be a sequence of probabilities, got "
+                         f"{self.simulated_acceptance!r:.80}")
+      object.__setattr__(self, "simulated_acceptance", tuple(float(x) for x in self.simulated_acceptance))
+      Sampling(simulated_acceptance=self.simulated_acceptance)                 # its checks
+      if self.draft is None:
+        raise ValueError("simulated_acceptance needs a draft (plain decoding accepts nothing)")
     if self.xla_options is not None and not isinstance(self.xla_options, Mapping):
       raise ValueError(f"xla_options must be a dict of XLA option name -> value, got {self.xla_options!r:.80}")
 
   @property
   def sampler(self) -> Sampling:
     return Sampling(float(self.temperature), int(self.top_k), float(self.top_p), self.sampling == "invariant",
-                    per_row=self.per_row_sampling, min_p=float(self.min_p))
+                    per_row=self.per_row_sampling, min_p=float(self.min_p),
+                    simulated_acceptance=self.simulated_acceptance or ())
 
   @property
   def logprob_width(self) -> int:

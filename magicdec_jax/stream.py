@@ -45,6 +45,7 @@ from magicdec_jax.plan import DecodePlan, bucket, make_plan
 from magicdec_jax.prompts import pad_prompts, tokenize_prompts
 from magicdec_jax.row_features import Run
 from magicdec_jax.settings import DecodeSettings, decode_settings
+from magicdec_jax.stops import cut_result, find_stop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,12 +142,6 @@ class _Job:
     return bool(self.options.keep_stop)
 
 
-def finish_rows(state, mask):
-  """The state with rows `mask` [B] marked done (a stop the host found): the loop freezes them and counts
-  them toward refill_at, as after EOS."""
-  return state.replace(done=state.done | mask)
-
-
 def overflow_stream(index: int, sample: int) -> int:
   """The default stream id of sample `sample` of request `index` past the Generator's num_samples: 2**31
   plus 31 bits of a hash of (index, sample) (never a default id below 2**31, nor a padding row's)."""
@@ -154,23 +149,28 @@ def overflow_stream(index: int, sample: int) -> int:
   return 2**31 + (int.from_bytes(digest[:4], "big") & 0x7FFFFFFF)
 
 
-def find_stop(decode, toks: list[int], stop: Sequence[str], stop_ids, keep: bool,
-              start: int = 0) -> tuple[int, str] | None:
-  """The first stop in `toks` past the first `start` tokens (already searched): (tokens kept, text) or
-  None. A stop string ends the output at the token completing its first occurrence (the earliest
-  completed; of those, the earliest in the text); a stop id at that id. decode: token ids -> text."""
-  k_id = next((i + 1 for i in range(start, len(toks)) if toks[i] in stop_ids), None)
-  end = len(toks) if k_id is None else k_id
-  if stop and any(s in decode(toks[:end]) for s in stop):
-    for k in range(start + 1, end + 1):
-      text = decode(toks[:k])
-      found = [(text.find(s), -len(s)) for s in stop if s in text]
-      if found:
-        pos, neg = min(found)
-        return k, text[:pos - neg if keep else pos]
-  if k_id is None:
-    return None
-  return k_id, decode(toks[:k_id if keep else k_id - 1])
+@dataclasses.dataclass
+class _Board:
+  """The host's view of the decode slots between loop calls (Generator._run's steps share it)."""
+  batch: dataclasses.InitVar[int]
+  occupant: list = None          # [B] (job, sample index) or None: a free slot
+  seen_rounds: np.ndarray = None  # [B] int64: each row's rounds at the last decode call
+  checked: np.ndarray = None     # [B] int64: tokens of a row already searched for stop strings
+  queue: collections.deque = dataclasses.field(default_factory=collections.deque)   # jobs to prefill
+  exhausted: bool = False        # the requests iterator is used up
+  state: Any = None              # loop.LoopState, or None before the first prefill (and when rebuilt)
+  p_cap: int = 0                 # the state's prompt bucket
+  pre: Any = None                # the last prefill's (target, ring, tokens, lengths)
+  pre_jobs: list = dataclasses.field(default_factory=list)   # the jobs of that prefill
+
+  def __post_init__(self, batch: int):
+    self.occupant = [None] * batch
+    self.seen_rounds = np.zeros((batch,), np.int64)
+    self.checked = np.zeros((batch,), np.int64)
+
+  def idle(self) -> bool:
+    """No slot holds a request (all done and nothing left to insert)."""
+    return all(o is None for o in self.occupant)
 
 
 class Generator:
@@ -354,116 +354,112 @@ class Generator:
     mask = np.zeros(done.shape, bool)
     mask[[s for s in cuts if not done[s]]] = True
     if mask.any():
-      eng = self.engine
-      sh = eng._state_sh(state)
-      state = self._timed("decode_s", eng._run, "finish_rows", finish_rows, (state, jnp.asarray(mask)), {},
-                          (sh, eng._replicated()), sh, donate=("state",))
+      state = self._timed("decode_s", self.engine.finish_rows, state, mask)
     return state, done | mask, cuts
-
-  @staticmethod
-  def _cut(res: StreamResult, cut) -> StreamResult:
-    """A result ended by a stop: its tokens (and per-token fields) up to the stop, its text cut."""
-    if cut is None:
-      return res
-    k, text = cut
-    upd = {name: getattr(res, name)[:k] for name in ("logprobs", "top_logprobs")
-           if getattr(res, name, None) is not None}
-    return dataclasses.replace(res, tokens=res.tokens[:k], text=text, finish_reason="stop",
-                               stats={**res.stats, "new_tokens": k, "generated_tokens": len(res.tokens)}, **upd)
 
   # ---------------------------------------------------------------------------------------------- host loop
 
   def _run(self) -> Iterator[StreamResult]:
+    """The host loop: refill free slots, decode until rows finish, harvest them; until nothing is left."""
     t_start = time.perf_counter()
-    b = self.batch
-    occupant: list[tuple[_Job, int] | None] = [None] * b
-    seen_rounds = np.zeros((b,), np.int64)
-    checked = np.zeros((b,), np.int64)       # tokens of a row with stops already searched
-    queue: collections.deque[_Job] = collections.deque()
-    exhausted = False
-    state, p_cap, pre, pre_jobs = None, 0, None, []
-
-    def refill_queue():
-      nonlocal exhausted
-      while not exhausted and len(queue) < self.prefill_batch:
-        job = self._next_job()
-        if job is None:
-          exhausted = True
-        else:
-          queue.append(job)
-
+    board = _Board(self.batch)
     while True:
-      refill_queue()
-      free = [s for s in range(b) if occupant[s] is None]
-      entries = []
-      while free:
-        left = [(r, j) for r, j in enumerate(pre_jobs) if j.taken < len(j.stream_ids)]
-        if left:                                   # more samples of an already prefilled prompt
-          r, j = left[0]
-          s = free.pop(0)
-          entries.append((s, r, j.stream_ids[j.taken], j.max_new, j.seed, j.options))
-          occupant[s] = (j, j.taken)
-          seen_rounds[s] = checked[s] = 0
-          j.taken += 1
-          continue
-        refill_queue()
-        if not queue:
-          break
-        jobs = list(itertools.islice(queue, self.prefill_batch))
-        need = self.plan.prompt_bucket(max(max(len(j.ids) for j in jobs), self.max_prompt_tokens or 0))
-        grow = not self.engine.fits([j.options for j in jobs])      # a row feature's bucket (a larger schema)
-        if state is not None and (need > p_cap or grow):
-          if any(o is not None for o in occupant) or entries:
-            break                                  # drain, then rebuild the state for longer prompts
-          state = None
-        if entries:
-          state = self._insert(state, pre, entries)
-          entries = []
-        if state is None:
-          p_cap = need
-          self.engine.fit([j.options for j in jobs])
-          state = self._new_state(p_cap)
-          seen_rounds[:] = 0
-        for _ in jobs:
-          queue.popleft()
-        pre, pre_jobs = self._prefill(jobs), jobs
-      if entries:
-        state = self._insert(state, pre, entries)
-      n_free = sum(o is None for o in occupant)
-      if n_free == b:
+      self._refill(board)
+      if board.idle():
         break
-      state = state.replace(refill_at=jnp.asarray(n_free + min(self.refill_at, b - n_free), jnp.int32))
-      step0 = int(state.step)
-      stopping = any(o is not None and (o[0].stop or o[0].stop_ids) for o in occupant)
-      state = self._decode(state, step0, stopping)
-      if self.plan.variants is not None:
-        self.stats["schedule"] = schedule.report(self.plan.variants, jax.device_get(state.sched))
-        if self.engine.learning is not None:
-          self.stats["schedule"]["learning"] = self.engine.learning.report(self.plan.variants)
-      done, n_out = np.asarray(state.done), np.asarray(state.n_out)
-      rounds = np.asarray(state.rounds)
-      self.stats["decode_calls"] += 1
-      self.stats["rounds"] += int(state.step) - step0
-      self.stats["row_rounds"] += b * (int(state.step) - step0)
-      busy = np.asarray([o is not None for o in occupant])
-      self.stats["active_row_rounds"] += int((rounds - seen_rounds)[busy].sum())
-      seen_rounds = rounds.astype(np.int64)
-      state, done, cuts = self._stops(state, occupant, done, n_out, checked)
-      finished = [s for s in range(b) if occupant[s] is not None and done[s]]
-      if not finished:
-        continue
-      rs = host_rows(state.rows)                     # the harvest: every per-row array, one tree map
-      lp = engine.logprob_arrays(rs)
-      results = [self._result(occupant[s], rs.out[s, :n_out[s]].tolist(), int(rounds[s]), int(rs.accepted[s]),
-                              int(rs.drafted[s]), engine.row_logprobs(lp, s, int(n_out[s])),
-                              self.engine.finish_reason(rs, s))
-                 for s in finished]
-      results = [self._cut(res, cuts.get(s)) for res, s in zip(results, finished)]
-      for s in finished:
-        occupant[s] = None
-      self._update_stats(results, t_start)
-      yield from results
+      finished, cuts = self._decode_until_rows_finish(board)
+      if finished:
+        results = self._harvest(board, finished, cuts)
+        self._update_stats(results, t_start)
+        yield from results
     self._update_stats([], t_start)
+
+  def _top_up(self, board: "_Board") -> None:
+    """Pull requests into the queue until it holds a prefill's worth (or the requests run out)."""
+    while not board.exhausted and len(board.queue) < self.prefill_batch:
+      job = self._next_job()
+      if job is None:
+        board.exhausted = True
+      else:
+        board.queue.append(job)
+
+  def _refill(self, board: "_Board") -> None:
+    """Fill free slots: further samples of the prompts last prefilled first, then new prefills from the
+    queue, inserted into the state. A larger prompt bucket or row-feature table than the state's drains
+    the slots first and then rebuilds the state."""
+    self._top_up(board)
+    occupant = board.occupant
+    free = [s for s in range(self.batch) if occupant[s] is None]
+    entries = []
+    while free:
+      left = [(r, j) for r, j in enumerate(board.pre_jobs) if j.taken < len(j.stream_ids)]
+      if left:                                   # more samples of an already prefilled prompt
+        r, j = left[0]
+        s = free.pop(0)
+        entries.append((s, r, j.stream_ids[j.taken], j.max_new, j.seed, j.options))
+        occupant[s] = (j, j.taken)
+        board.seen_rounds[s] = board.checked[s] = 0
+        j.taken += 1
+        continue
+      self._top_up(board)
+      if not board.queue:
+        break
+      jobs = list(itertools.islice(board.queue, self.prefill_batch))
+      need = self.plan.prompt_bucket(max(max(len(j.ids) for j in jobs), self.max_prompt_tokens or 0))
+      grow = not self.engine.fits([j.options for j in jobs])      # a row feature's bucket (a larger schema)
+      if board.state is not None and (need > board.p_cap or grow):
+        if any(o is not None for o in occupant) or entries:
+          break                                  # drain, then rebuild the state for longer prompts
+        board.state = None
+      if entries:
+        board.state = self._insert(board.state, board.pre, entries)
+        entries = []
+      if board.state is None:
+        board.p_cap = need
+        self.engine.fit([j.options for j in jobs])
+        board.state = self._new_state(need)
+        board.seen_rounds[:] = 0
+      for _ in jobs:
+        board.queue.popleft()
+      board.pre, board.pre_jobs = self._prefill(jobs), jobs
+    if entries:
+      board.state = self._insert(board.state, board.pre, entries)
+
+  def _decode_until_rows_finish(self, board: "_Board") -> tuple[list[int], dict]:
+    """One decode call (until refill_at rows are done), its stats and the stop-string search -> (the slots
+    whose rows finished, {slot: stop cut})."""
+    b, occupant = self.batch, board.occupant
+    n_free = sum(o is None for o in occupant)
+    state = board.state.replace(refill_at=jnp.asarray(n_free + min(self.refill_at, b - n_free), jnp.int32))
+    step0 = int(state.step)
+    stopping = any(o is not None and (o[0].stop or o[0].stop_ids) for o in occupant)
+    state = self._decode(state, step0, stopping)
+    if self.plan.variants is not None:
+      self.stats["schedule"] = schedule.report(self.plan.variants, jax.device_get(state.sched))
+      if self.engine.learning is not None:
+        self.stats["schedule"]["learning"] = self.engine.learning.report(self.plan.variants)
+    done, n_out, rounds = np.asarray(state.done), np.asarray(state.n_out), np.asarray(state.rounds)
+    self.stats["decode_calls"] += 1
+    self.stats["rounds"] += int(state.step) - step0
+    self.stats["row_rounds"] += b * (int(state.step) - step0)
+    busy = np.asarray([o is not None for o in occupant])
+    self.stats["active_row_rounds"] += int((rounds - board.seen_rounds)[busy].sum())
+    board.seen_rounds = rounds.astype(np.int64)
+    board.state, done, cuts = self._stops(state, occupant, done, n_out, board.checked)
+    return [s for s in range(b) if occupant[s] is not None and done[s]], cuts
+
+  def _harvest(self, board: "_Board", finished: list[int], cuts: dict) -> list[StreamResult]:
+    """The finished slots' results (every per-row array read in one tree map), their slots freed."""
+    rs = host_rows(board.state.rows)
+    lp = engine.logprob_arrays(rs)
+    n_out = rs.n_out
+    results = [self._result(board.occupant[s], rs.out[s, :n_out[s]].tolist(), int(rs.rounds[s]),
+                            int(rs.accepted[s]), int(rs.drafted[s]), engine.row_logprobs(lp, s, int(n_out[s])),
+                            self.engine.finish_reason(rs, s))
+               for s in finished]
+    for s in finished:
+      board.occupant[s] = None
+    return [cut_result(res, cuts.get(s)) for res, s in zip(results, finished)]
 
   def _result(self, occ, toks: list[int], rounds: int, accepted: int, drafted: int,
               logprobs: tuple = (None, None), reason: str = "length") -> StreamResult:

@@ -26,6 +26,31 @@ def child_table(tree: Tree) -> np.ndarray:
   return table
 
 
+def simulated_walk(tree: Tree, vector: tuple[float, ...], keys: jax.Array):
+  """path [B, D+1], n [B], acc_at [B, D] of a random walk down `tree` (Sampling.simulated_acceptance): at each
+  reached node one uniform draw u picks the child of rank k where v[0] + .. + v[k-1] <= u < v[0] + .. + v[k]
+  (no such child: the walk stops). keys [B]: the rows' verify keys."""
+  table = child_table(tree)                              # [N, W], -1 padded
+  w = table.shape[1]
+  v = list(vector) + [0.0] * max(0, w - len(vector))
+  cum = jnp.asarray(np.tile(np.cumsum(v[:w]), (tree.num_nodes, 1)), jnp.float32)
+  valid, table_j = jnp.asarray(table >= 0), jnp.asarray(np.maximum(table, 0))
+  u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, 0xBE5), (tree.max_depth,)))(keys)   # [B, D]
+  node = jnp.zeros((keys.shape[0],), jnp.int32)
+  alive = jnp.ones((keys.shape[0],), bool)
+  path, acc = [node], []
+  for d in range(tree.max_depth):
+    hit = (u[:, d, None] < cum[node]) & valid[node]
+    ok = alive & hit.any(-1)
+    child = table_j[node, jnp.argmax(hit, -1)]
+    node = jnp.where(ok, child, node)
+    path.append(jnp.where(ok, child, 0))
+    acc.append(ok)
+    alive = ok
+  acc_at = jnp.stack(acc, 1)
+  return jnp.stack(path, 1).astype(jnp.int32), acc_at.sum(1).astype(jnp.int32), acc_at
+
+
 def _normalize(x: jax.Array, fallback: jax.Array) -> jax.Array:
   total = x.sum(-1, keepdims=True)
   return jnp.where(total > 0, x / jnp.where(total > 0, total, 1.0), fallback)

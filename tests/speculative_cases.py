@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 
 from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft, truncate_layers
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 
 from conftest import random_prompts, tiny_model
 

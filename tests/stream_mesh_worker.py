@@ -14,7 +14,7 @@ import jax  # noqa: E402
 
 from magicdec_jax import sharding  # noqa: E402
 from magicdec_jax.drafts import StreamingDraft  # noqa: E402
-from magicdec_jax.engine import generate  # noqa: E402
+from magicdec_jax.generation import generate  # noqa: E402
 from magicdec_jax.stream import generate_stream  # noqa: E402
 
 from conftest import random_prompts, tiny_model  # noqa: E402

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from magicdec_jax import backend, drafts, engine, prefilled, sampling, textdata, trees
+from magicdec_jax import backend, drafts, generation, prefilled, sampling, textdata, trees
 from magicdec_jax.cli import demo as cli_demo
 from magicdec_jax.layers.dense import weight_copy
 from magicdec_jax.measure import calibrate
@@ -193,7 +193,7 @@ def sorted_probabilities(logits, s: sampling.Sampling):
 def filter_timings(model, a) -> list[dict]:
   """ms per row of the sort-free filter and the sorted one, per vocabulary and sampled setting."""
   text = common.text_prompts(model, 1, 4 * a.filter_rows, model.config.vocab_size, held_out=not a.smoke)[0]
-  own = engine.logits(model, text)[0, ::4]
+  own = generation.logits(model, text)[0, ::4]
   out = []
   for v in [model.config.vocab_size] + a.vocabs:
     x = own if v == model.config.vocab_size else 4.0 * jax.random.gumbel(jax.random.key(v), (a.filter_rows, v))

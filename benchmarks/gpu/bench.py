@@ -25,7 +25,6 @@ import numpy as np
 from jax.profiler import ProfileData
 
 from benchmarks import common
-from benchmarks.gpu import simulate
 from magicdec_jax import compile as compiling
 from magicdec_jax import loop, plan
 from magicdec_jax.cache import KVCache
@@ -184,7 +183,6 @@ class Bench:
     if cfg.invariant:
       rec["fixed_attention"] = cfg.fixed.attention
     spec = None if draft is None else draft.spec
-    simulate.use(None if draft is None else (vector or (alpha,)))
     compiling.clear()
     n1, n2 = self.args.n1, self.args.n2
     slots = plan.cache_slots(context, n2, tree.num_nodes, cfg.fixed.key_block if cfg.invariant else 1)
@@ -210,6 +208,7 @@ class Bench:
     eng = None
     try:
       eng = common.loop_engine(model, draft, tree, batch=batch, context=context, max_new=n2,
+                               simulated_acceptance=None if draft is None else (vector or (alpha,)),
                                numerics=numerics, options=options, fixed_shapes=cfg.fixed)
       rec["plan_xla_options"] = eng.plan.xla_options
       t0 = time.perf_counter()

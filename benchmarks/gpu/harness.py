@@ -24,7 +24,7 @@ later is recorded as skipped, and the JSON is rewritten after every configuratio
   batch1     the 1 x 4K AR step against its floor
   identity   fixed-shape numerics on the Pallas kernel (backend.FixedShapes.attention) against fast, random
              8-layer LLaMA-3.2-1B shape: greedy speculative tokens against plain decoding's through
-             `engine.generate` (real acceptance, logits unsharpened: near ties counted), then the AR step,
+             `generation.generate` (real acceptance, logits unsharpened: near ties counted), then the AR step,
              a self-draft chain-3 round and the first call at 8 x 32K under each numerics
   invariant  the headline's AR and self chain 3 with fixed-shape numerics
 
@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 
 from magicdec_jax import backend  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
-from magicdec_jax import drafts, engine, schedule, trees  # noqa: E402
+from magicdec_jax import drafts, generation, schedule, trees  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
 from magicdec_jax.model import Model, init_params  # noqa: E402
 from magicdec_jax.stream import generate_stream  # noqa: E402
@@ -187,11 +187,10 @@ def part_stream(b: Bench, m: dict):
       fed.append(rng.integers(0, target.config.vocab_size, ctx).tolist())
       yield fed[-1]
 
-  simulate.use((alpha["alpha"],))
   compiling.clear()
   t0 = time.perf_counter()
   gen = generate_stream(target, requests(), batch_size=batch, refill_at=1, max_new_tokens=a.n2, draft=draft,
-                        gamma=g, eos_token_id=[], max_prompt_tokens=ctx)
+                        gamma=g, eos_token_id=[], max_prompt_tokens=ctx, simulated_acceptance=(alpha["alpha"],))
   try:
     done = sum(1 for _ in gen)
     s = {k: v for k, v in gen.stats.items() if isinstance(v, (int, float)) or v is None}
@@ -293,15 +292,14 @@ def part_identity(b: Bench, m: dict):
         {"xla_options": [list(o) for o in fixed.xla_options]})
   n, p, new = (2, 40, 12) if b.args.smoke else (8, 1024, 64)
   prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (n, p)).tolist()
-  simulate.use(None)
   for numerics in ("fast", "invariant"):
     if b.late(b.args.config_s):
       b.put(numerics, {"skipped": "deadline"})
       continue
     kw = dict(max_new_tokens=new, temperature=0.0, numerics=numerics, progress=False, logprobs=True, top_logprobs=2,
               fixed_shapes=fixed if numerics == "invariant" else None)
-    ar = engine.generate(model, prompts, **kw)
-    sp = engine.generate(model, prompts, draft=drafts.StreamingDraft(16, 256), gamma=3, **kw)
+    ar = generation.generate(model, prompts, **kw)
+    sp = generation.generate(model, prompts, draft=drafts.StreamingDraft(16, 256), gamma=3, **kw)
     first = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), None) for u, v in zip(ar.tokens, sp.tokens)]
     margins = [[pos[0][1] - pos[1][1] for pos in row[:(len(row) if f is None else f + 1)] if len(pos) > 1]
                for row, f in zip(ar.top_logprobs, first)]             # plain decoding's, up to a first difference
@@ -368,21 +366,20 @@ def main(argv=None):
   b.res.update(parts_requested=parts, budgets={p: budgets[p] for p in parts}, alphas=m["alphas"],
                acceptance="Bernoulli(alpha) per draft token (simulated; a tree: alpha (1 - alpha)^k per child rank)")
   b.bandwidth()
-  with simulate.active():
-    for part in parts:
-      b.begin(part, budgets[part])
-      for name, cfg, seed, shape in (("target", tcfg, 0, "llama31_8b"), ("small", dcfg, 1, "llama32_1b")):
-        if name not in USES[part]:                                         # only the models the part reads
-          m.pop(name, None)
-        elif name not in m:
-          gc.collect()
-          m[name] = random_model(cfg, seed, shape)
-      gc.collect()
-      try:
-        PARTS[part](b, m)
-      except Exception as e:                                      # noqa: BLE001 (recorded, the next part runs)
-        b.put("error", traceback.format_exc()[-1500:])
-        b.say(part, "error", repr(e)[:300])
+  for part in parts:
+    b.begin(part, budgets[part])
+    for name, cfg, seed, shape in (("target", tcfg, 0, "llama31_8b"), ("small", dcfg, 1, "llama32_1b")):
+      if name not in USES[part]:                                         # only the models the part reads
+        m.pop(name, None)
+      elif name not in m:
+        gc.collect()
+        m[name] = random_model(cfg, seed, shape)
+    gc.collect()
+    try:
+      PARTS[part](b, m)
+    except Exception as e:                                      # noqa: BLE001 (recorded, the next part runs)
+      b.put("error", traceback.format_exc()[-1500:])
+      b.say(part, "error", repr(e)[:300])
   b.save()
   b.say("done in", round(b.elapsed(), 1), "s ->", b.path)
   return b.res

@@ -30,7 +30,8 @@ from benchmarks import common
 from magicdec_jax import loop
 from magicdec_jax.tuning import hlo
 from magicdec_jax.cache import aligned_slots
-from magicdec_jax.engine import AR_TREE, bucket, generate
+from magicdec_jax.engine import AR_TREE, bucket
+from magicdec_jax.generation import generate
 from magicdec_jax.sampling import Sampling
 
 

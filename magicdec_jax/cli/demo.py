@@ -43,7 +43,7 @@ except ImportError:     # optional: validity is then json.loads plus a check of 
 import jax
 from absl import app
 
-from magicdec_jax import backend, drafts, engine, prefilled, textdata
+from magicdec_jax import backend, drafts, generation, prefilled, textdata
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.measure import sweep
@@ -220,8 +220,8 @@ def structured_answers(model: Model, *, gamma: int, sink: int, window: int, ques
   log(f"structured output: {len(prompts)} questions about a {document_tokens}-token document, answers as JSON "
       f"under a schema, plainly and with MagicDec (gamma {gamma})")
   kw = dict(max_new_tokens=max_new_tokens, json_schema=ANSWER_SCHEMA)
-  plain = engine.generate(model, prompts, **kw)
-  spec = engine.generate(model, prompts, draft=drafts.StreamingDraft(sink, window), gamma=gamma, **kw)
+  plain = generation.generate(model, prompts, **kw)
+  spec = generation.generate(model, prompts, draft=drafts.StreamingDraft(sink, window), gamma=gamma, **kw)
   texts = [t.replace(model.tokenizer.decode(model.config.eos_token_ids[:1]), "") for t in plain.texts]
   ok = [valid_answer(t) for t in texts]
   agree = plain.tokens == spec.tokens

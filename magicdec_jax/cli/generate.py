@@ -7,7 +7,7 @@ import json
 
 from absl import app
 
-from magicdec_jax import engine
+from magicdec_jax import generation
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.constraints import Constraint
 
@@ -47,7 +47,7 @@ def run(fv, log) -> None:
   texts = [cli_flags.prompt_text(fv, model, p) for p in prompts]
   kw = cli_flags.gen_kwargs(fv, model)
   log(f"generating {len(texts)} prompt(s) ...")
-  res = engine.generate(model, texts, shrink_batch=fv.shrink_batch, json_schema=json_schema(fv), **kw)
+  res = generation.generate(model, texts, shrink_batch=fv.shrink_batch, json_schema=json_schema(fv), **kw)
   for i, (t, reason) in enumerate(zip(res.texts or res.tokens, res.finish_reasons)):
     if len(texts) > 1:
       print(f"=== [{i}] ({reason}) ===")

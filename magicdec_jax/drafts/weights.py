@@ -45,6 +45,11 @@ def cached_copy(sources: tuple, kind: str, make):
   return hit[-1]
 
 
+def drop_copies() -> None:
+  """Forget every cached copy (a long measurement frees their memory between configurations)."""
+  _NARROW.clear()
+
+
 def copy_of(params, kind: str):
   """`params` cast (or quantized) to `kind` for a draft, made once per params tree."""
   return cached_copy((params,), kind, lambda: weight_copy(params, kind))

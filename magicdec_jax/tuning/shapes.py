@@ -25,11 +25,9 @@ def llama31_8b(dtype: str = "bfloat16") -> ModelConfig:
 
 def llama32_1b(dtype: str = "bfloat16") -> ModelConfig:
   """Llama-3.2-1B: 16 layers, d 2048, GQA 32/8, head_dim 64, FFN 8192, vocab 128256, tied embeddings."""
-  return ModelConfig(
-      vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,
-      num_kv_heads=8, head_dim=64, rope_theta=500000.0,
-      rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192), rms_norm_eps=1e-5, tie_embeddings=True,
-      max_position_embeddings=131072, bos_token_id=128000, eos_token_ids=_LLAMA3_EOS, dtype=dtype)
+  return llama31_8b(dtype).replace(
+      hidden_size=2048, intermediate_size=8192, num_layers=16, head_dim=64, tie_embeddings=True,
+      rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192))
 
 
 def llama2_7b(dtype: str = "bfloat16") -> ModelConfig:
@@ -48,10 +46,8 @@ def llama2_7b_32k(dtype: str = "bfloat16") -> ModelConfig:
 
 def tinyllama_1b(dtype: str = "bfloat16") -> ModelConfig:
   """TinyLlama-1.1B: 22 layers, d 2048, GQA 32/4, head_dim 64, FFN 5632, vocab 32000 (Llama-2 tokenizer)."""
-  return ModelConfig(
-      vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_layers=22, num_heads=32,
-      num_kv_heads=4, head_dim=64, rope_theta=10000.0, rms_norm_eps=1e-5, tie_embeddings=False,
-      max_position_embeddings=2048, bos_token_id=1, eos_token_ids=(2,), dtype=dtype)
+  return llama2_7b(dtype).replace(hidden_size=2048, intermediate_size=5632, num_layers=22, num_kv_heads=4,
+                                  head_dim=64, max_position_embeddings=2048)
 
 
 def smollm2_135m(dtype: str = "bfloat16") -> ModelConfig:

@@ -27,7 +27,7 @@ from scipy import stats
 
 from magicdec_jax import constraints as C
 from magicdec_jax import checkpoints, drafts, row_features
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 from magicdec_jax.model import full_forward
 from magicdec_jax.options import RequestOptions
 from magicdec_jax.settings import decode_settings

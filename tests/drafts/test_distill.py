@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import tiny_model, xla_flags
-from magicdec_jax import checkpoints, drafts, engine
+from magicdec_jax import checkpoints, drafts, generation
 from magicdec_jax.cli import modes as cli_modes
 from magicdec_jax import testing
 from magicdec_jax.training import distill, distill_data, trainer
@@ -153,8 +153,8 @@ def test_trained_dir_loads_and_decodes_losslessly(trained):
   draft_model = checkpoints.load_model(trained[0])
   assert draft_model.config.num_layers == 1
   prompts = [np.random.default_rng(5).integers(0, 64, size=n).tolist() for n in (9, 20)]
-  ar = engine.generate(target, prompts, max_new_tokens=12)
-  sd = engine.generate(target, prompts, max_new_tokens=12, gamma=3,
+  ar = generation.generate(target, prompts, max_new_tokens=12)
+  sd = generation.generate(target, prompts, max_new_tokens=12, gamma=3,
                        draft=drafts.ModelDraft(draft_model, sink=2, window=8))
   assert sd.tokens == ar.tokens
 
@@ -216,8 +216,8 @@ def test_cli_distill_writes_a_draft_that_decodes_losslessly(tmp_path):
   assert r.returncode == 0, r.stderr[-3000:]
   target = testing.random_tiny_model(0)
   prompts = [np.random.default_rng(6).integers(0, target.config.vocab_size, size=n).tolist() for n in (9, 20)]
-  ar = engine.generate(target, prompts, max_new_tokens=10)
-  sd = engine.generate(target, prompts, max_new_tokens=10, gamma=2,
+  ar = generation.generate(target, prompts, max_new_tokens=10)
+  sd = generation.generate(target, prompts, max_new_tokens=10, gamma=2,
                        draft=drafts.ModelDraft(checkpoints.load_model(str(out)), sink=2, window=8))
   assert sd.tokens == ar.tokens
 

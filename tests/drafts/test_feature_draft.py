@@ -26,7 +26,7 @@ import pytest
 from magicdec_jax.tuning import autotune
 from magicdec_jax.training import distill_feature as dfm
 from magicdec_jax import feature_head
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 from magicdec_jax.drafts import FeatureDraft
 from magicdec_jax.model import full_forward
 from magicdec_jax.trees import Tree, default_tree

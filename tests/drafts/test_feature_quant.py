@@ -22,7 +22,7 @@ from absl import flags
 from magicdec_jax import feature_head
 from magicdec_jax.cli import draft_flags, modes as cli_modes
 from magicdec_jax.drafts import FeatureDraft
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 from magicdec_jax.layers.attention import DenseMask
 from magicdec_jax.layers.quant import QuantizedWeight
 from magicdec_jax.model import Model

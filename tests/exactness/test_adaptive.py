@@ -13,7 +13,7 @@ import pytest
 
 from magicdec_jax import plan, schedule
 from magicdec_jax.drafts import PromptLookupDraft, StreamingDraft
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 from magicdec_jax.stream import generate_stream
 from magicdec_jax.trees import Tree
 

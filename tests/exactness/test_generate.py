@@ -14,7 +14,7 @@ import pytest
 import time
 
 from magicdec_jax import compile as compiling
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 
 from conftest import compile_count, random_prompts, tiny_model
 from references import reference_greedy

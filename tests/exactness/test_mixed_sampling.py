@@ -103,7 +103,7 @@ def test_a_sampled_row_among_greedy_rows_draws_from_the_filtered_distribution():
 
 
 def test_generate_takes_one_sampling_dict_per_prompt():
-  """engine.generate(row_sampling=[...]): each row equals `generate` of its prompt alone with its settings
+  """generation.generate(row_sampling=[...]): each row equals `generate` of its prompt alone with its settings
   (same stream id), greedy rows equal plain greedy decoding."""
   kw = dict(max_new_tokens=10, seed=4, draft=md.StreamingDraft(sink=2, window=8), gamma=2)
   rows = [{}, {"temperature": 0.9, "top_p": 0.8}, {"temperature": 1.0, "top_k": 20}]

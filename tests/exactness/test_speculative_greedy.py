@@ -15,7 +15,7 @@ import functools
 import numpy as np
 import pytest
 
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 from magicdec_jax.trees import Tree, default_tree
 
 from speculative_cases import DRAFTS, NEW, prompts_and_eos, target

@@ -27,7 +27,7 @@ from scipy import stats
 from magicdec_jax import compile as compiling
 from magicdec_jax import verify
 from magicdec_jax.drafts import FeatureDraft, ModelDraft, PromptLookupDraft, SnapKVDraft, StreamingDraft
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 from magicdec_jax.feature_head import init_head
 from magicdec_jax.model import Model, full_forward, init_params
 from magicdec_jax.trees import Tree, default_tree

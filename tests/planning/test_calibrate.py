@@ -241,16 +241,16 @@ def test_profile_round_trip_and_cost_functions(tmp_path):
 
 
 def test_auto_falls_back_to_autoregressive_when_speculation_is_predicted_to_lose():
-  from magicdec_jax import engine
+  from magicdec_jax import generation
   from magicdec_jax.drafts import StreamingDraft
   model = testing.random_tiny_model(0)
   flat = stepfit.FittedHardware("every-step-costs-the-same", (1e-3,) + (0.0,) * 7)   # a draft step = a verify step
   prompts = [[1, 2, 3, 4] * 10] * 2
-  ar = engine.generate(model, prompts, max_new_tokens=6)
+  ar = generation.generate(model, prompts, max_new_tokens=6)
   for kw in (dict(gamma="auto"), dict(tree="auto")):
-    res = engine.generate(model, prompts, max_new_tokens=6, draft=StreamingDraft(2, 16), hardware=flat, **kw)
+    res = generation.generate(model, prompts, max_new_tokens=6, draft=StreamingDraft(2, 16), hardware=flat, **kw)
     assert res.stats["auto_plan"]["speculate"] is False and res.stats["auto_plan"]["speedup"] <= 1
     assert res.stats["draft"] is None and res.tokens == ar.tokens
-    kept = engine.generate(model, prompts, max_new_tokens=6, draft=StreamingDraft(2, 16), hardware=flat,
+    kept = generation.generate(model, prompts, max_new_tokens=6, draft=StreamingDraft(2, 16), hardware=flat,
                            auto_fallback=False, **kw)
     assert kept.stats["draft"] == "StreamingDraft" and kept.tokens == ar.tokens

@@ -10,7 +10,7 @@ import sys
 import pytest
 from absl import app, flags
 
-from magicdec_jax import engine
+from magicdec_jax import generation
 from magicdec_jax.cli import modes as cli_modes
 from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
@@ -73,6 +73,6 @@ def test_calibrate_plan_profile_acceptance_and_auto(tmp_path):
   assert a["source"] == str(prompts) and len(a["acceptance_vector"]) == 8 and a["positions"] > 0
 
   model = testing.random_tiny_model(0)
-  res = engine.generate(model, [[1, 2, 3] * 20] * 2, max_new_tokens=8, draft=StreamingDraft(2, 16),
+  res = generation.generate(model, [[1, 2, 3] * 20] * 2, max_new_tokens=8, draft=StreamingDraft(2, 16),
                         gamma="auto", hardware=str(prof), acceptance=str(acc))
   assert res.stats["auto_plan"]["hardware"].endswith("(fitted)") and len(res.tokens[0]) == 8

@@ -23,7 +23,7 @@ from magicdec_jax import datagen, sharding
 from magicdec_jax import testing
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.drafts import ModelDraft, StreamingDraft, truncate_layers
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 
 from conftest import xla_flags
 

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import magicdec_jax as md
 from magicdec_jax import constraints, testing
 from magicdec_jax.model import full_forward
 from magicdec_jax.trees import Tree
@@ -402,7 +403,19 @@ def test_simulated_acceptance_matches_its_definition():
   vec = simulate.default_vector(0.8)
   chk = simulate.check(0.8, tree=trees.sequoia_tree(vec, 16, 8), vector=vec)
   assert abs(chk["mean_accepted"] - chk["expected_mean_accepted"]) < 0.1, chk
-  simulate.use(None)
+
+
+def test_simulated_acceptance_plan_field_drives_the_loop():
+  """DecodeSettings.simulated_acceptance replaces each round's outcome in the compiled loop: (1.0,) accepts
+  every drafted token, (0.0,) none, whatever the random weights would have; plain decoding refuses it."""
+  model = testing.random_tiny_model(0)
+  prompts = [[1, 2, 3, 4, 5, 6, 7, 8] * 4] * 2
+  for v, rate in (((1.0,), 1.0), ((0.0,), 0.0)):
+    r = md.generate(model, prompts, max_new_tokens=17, draft=md.StreamingDraft(2, 8), gamma=3,
+                    simulated_acceptance=v)
+    assert r.stats["acceptance_rate"] == rate, (v, r.stats)
+  with pytest.raises(ValueError, match="simulated_acceptance needs a draft"):
+    md.generate(model, prompts, max_new_tokens=4, simulated_acceptance=(0.5,))
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if c[2] else []) for n, c in CASES.items()])

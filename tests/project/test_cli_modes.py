@@ -1,6 +1,6 @@
 """The --mode registry (cli/modes.py) and the mode modules, run as run.py runs them.
 
-References are independent of the CLI: plain autoregressive `engine.generate` for generated text, the
+References are independent of the CLI: plain autoregressive `generation.generate` for generated text, the
 cost model called directly for plan tables, the files under cli/ for the registry, hand-written messages.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax
 import pytest
 from absl import app, flags
 
-from magicdec_jax import engine, testing
+from magicdec_jax import generation, testing
 from magicdec_jax.cli import datagen as cli_datagen, flags as cli_flags, generate as cli_generate, modes
 from magicdec_jax.cli import demo as cli_demo, plan as cli_plan
 from magicdec_jax.tuning import costmodel, profiles, shapes
@@ -44,7 +44,7 @@ def quiet(msg):
 @functools.lru_cache(maxsize=None)
 def ar_text() -> str:
   """The reference: plain autoregressive greedy decoding of PROMPT by the model --model=random-tiny loads."""
-  return engine.generate(testing.random_tiny_model(0), [PROMPT], max_new_tokens=NEW).texts[0]
+  return generation.generate(testing.random_tiny_model(0), [PROMPT], max_new_tokens=NEW).texts[0]
 
 
 def test_every_mode_is_registered_with_run_and_validate():

@@ -31,12 +31,12 @@ def test_no_function_level_project_imports():
 RUNGS = (
     ("plain values", ("backend", "config", "trees", "sampling", "tokenizer", "textdata", "compile", "tuning.batch_tail",
                       "tuning.hlo", "sharding.mesh", "sharding.distributed", "training.distill_data",
-                      "openai_batch", "options", "constraints", "hub")),
+                      "openai_batch", "options", "constraints", "hub", "stops")),
     ("kernels and layers", ("pallas", "layers")),
     ("the model and the cost model", ("cache", "model", "families", "checkpoints", "feature_head", "prompts",
                                       "testing", "sharding", "tuning")),
     ("drafts and the loop", ("drafts", "verify", "loop", "loop_state", "row_features", "schedule", "slots", "shrink")),
-    ("plan and engine", ("settings", "plan", "engine", "stream", "prefilled", "datagen")),
+    ("plan and engine", ("settings", "plan", "engine", "generation", "stream", "prefilled", "datagen")),
     ("measurement and training", ("measure", "training")),
     ("command line", ("cli", "")),            # "": the package's own __init__ (the public API)
 )

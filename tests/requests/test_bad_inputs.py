@@ -11,7 +11,7 @@ import pytest
 
 from magicdec_jax import loop
 from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 
 from conftest import compile_count, tiny_model
 

@@ -1,6 +1,6 @@
 """datagen: bad input, resume after a torn write, exactly-once after SIGKILL, and SmolLM2 output == generate.
 
-References are independent of datagen: plain `engine.generate` (autoregressive) for content, an
+References are independent of datagen: plain `generation.generate` (autoregressive) for content, an
 uninterrupted run for the kill test, and hand-written expectations for every bad-input message.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from magicdec_jax import datagen, engine
+from magicdec_jax import datagen, generation
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
@@ -188,7 +188,7 @@ def test_smollm2_datagen_equals_generate(tmp_path):
               draft=StreamingDraft(sink=4, window=16), gamma=3)
   got = {r["id"]: r for r in read_records(out)}
   texts = [recs[0]["prompt"], cli_flags.render_chat(model, recs[1]["messages"]), recs[2]["prompt"]]
-  ref = engine.generate(model, texts, max_new_tokens=8)            # plain autoregressive, greedy
+  ref = generation.generate(model, texts, max_new_tokens=8)            # plain autoregressive, greedy
   for r, toks, reason in zip(recs, ref.tokens, ref.finish_reasons):
     assert got[r["id"]]["token_ids"] == toks and got[r["id"]]["finish_reason"] == reason
     body = toks[:-1] if reason == "eos" else toks

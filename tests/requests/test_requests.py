@@ -15,7 +15,7 @@ import pytest
 import magicdec_jax as md
 from magicdec_jax import datagen, openai_batch, testing
 from magicdec_jax import tokenizer as tok_lib
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 from magicdec_jax.stream import Request, generate_stream, overflow_stream
 
 PROMPTS = ["Hello there, friend", "To be or not", "abc", "The quick brown fox", "Once upon"]

@@ -20,7 +20,7 @@ from scipy import stats
 
 import magicdec_jax as md
 from magicdec_jax import row_features
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 from magicdec_jax.model import full_forward
 from magicdec_jax.row_features import Nodes, RowFeature
 from magicdec_jax.sampling import Sampling, Scores, filter_logits

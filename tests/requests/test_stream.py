@@ -18,7 +18,7 @@ import pytest
 
 import magicdec_jax as md
 from magicdec_jax import trees
-from magicdec_jax.engine import generate
+from magicdec_jax.generation import generate
 from magicdec_jax.stream import Request, generate_stream
 
 from conftest import random_prompts, tiny_model, xla_flags
