@@ -33,15 +33,13 @@ from magicdec_jax.options import FIELDS, OptionError, RequestOptions
 from magicdec_jax.plan import DecodePlan, bucket, eos_ids, make_plan
 from magicdec_jax.row_features import Run
 from magicdec_jax.settings import DecodeSettings, decode_settings
+from magicdec_jax.datagen_files import (DatagenError, atomic_write, check_config, open_output,
+                                       repair_output, shard_path, split, write_line)
 from magicdec_jax.stream import Request, generate_stream, with_features
 
 # settings that only steer gamma / tree = "auto": the fingerprint holds the draft and tree auto chose instead
 AUTO_INPUTS = ("gamma", "hardware", "acceptance", "auto_fallback", "learn_acceptance")
 INPUT_FORMATS = ("auto", "native", "openai")
-
-
-class DatagenError(ValueError):
-  """Bad input, output or settings; the message says which and where."""
 
 
 @dataclasses.dataclass
@@ -128,8 +126,7 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
   input_format "openai": each line an OpenAI batch request (openai_batch.to_native; 'id' is its
   custom_id, its options in Item.options). eos: the run's stop ids (None: the model's), which a
   constraint is compiled with when its line is read (a bad one is an error line)."""
-  openai = input_format == "openai"
-  name = "custom_id" if openai else "id"
+  fmt = FORMATS[input_format]
   if render_chat is None:
     render_chat = tok_lib.chat_prompt
   if model.tokenizer is None:
@@ -159,19 +156,11 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
         rec = json.loads(text)
       except json.JSONDecodeError as e:
         raise DatagenError(f"malformed JSON ({e.msg} at column {e.colno})") from None
-      options = None
-      if openai:
-        try:
-          native, options = openai_batch.to_native(rec, max_new_tokens=max_new_tokens)
-          try:
-            row_features.check_served(options.request, run)
-          except OptionError as e:
-            raise openai_batch.body_error(e, rec["body"]) from None
-        except openai_batch.RequestError as e:
-          if isinstance(rec, dict) and isinstance(rec.get("custom_id"), str):
-            rid = rec["custom_id"]
-          raise DatagenError(str(e)) from None
-        rec = native
+      try:
+        rec, options = fmt.to_native(rec, max_new_tokens, run)
+      except openai_batch.RequestError as e:
+        rid = fmt.line_id(rec)
+        raise DatagenError(str(e)) from None
       if not isinstance(rec, dict):
         raise DatagenError(f"expected a JSON object, got {type(rec).__name__}")
       if "id" not in rec:
@@ -181,13 +170,12 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
         raise DatagenError(f"'id' must be a non-empty string or an integer, got {json.dumps(rid)}")
       key = json.dumps(rid)
       if key in seen:
-        raise DatagenError(f"duplicate {name} {key} (first on line {seen[key]})")
+        raise DatagenError(f"duplicate {fmt.id_field} {key} (first on line {seen[key]})")
       if ("prompt" in rec) == ("messages" in rec):
         raise DatagenError("needs exactly one of 'prompt' or 'messages'")
       seen[key] = n
-      if not openai:
-        options = native_options(rec, max_new_tokens, run)
-      ids = list(model.tokenizer.encode(_prompt_text(model, rec, chat and not openai, render_chat)).ids)
+      options = fmt.options(rec, options, max_new_tokens, run)
+      ids = list(model.tokenizer.encode(_prompt_text(model, rec, chat and fmt.renders_chat, render_chat)).ids)
       if not ids:
         raise DatagenError("empty prompt (no tokens)")
       cut = 0
@@ -203,49 +191,6 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
       errors.append({"line": n, "id": rid, "reason": str(e),
                      "text": raw[:200].decode("utf-8", errors="replace")})
   return items, errors
-
-
-def repair_output(path: str) -> tuple[set[tuple[str, int]], int]:
-  """Truncate `path` to its longest prefix of complete valid records -> (done (key, sample) set, bytes cut)."""
-  if not os.path.exists(path):
-    return set(), 0
-  with open(path, "rb") as f:
-    data = f.read()
-  done, good_end, pos = set(), 0, 0
-  while True:
-    nl = data.find(b"\n", pos)
-    if nl < 0:
-      break
-    try:
-      rec = json.loads(data[pos:nl].decode("utf-8"))
-      if "custom_id" in rec:
-        keys = openai_batch.record_keys(rec)
-      else:
-        keys = [(json.dumps(rec["id"]), int(rec["sample"]))]
-        if not isinstance(rec.get("token_ids"), list):
-          raise ValueError
-      if any(k in done for k in keys):
-        raise ValueError
-    except (ValueError, KeyError, TypeError, AttributeError):
-      break
-    done.update(keys)
-    good_end = pos = nl + 1
-  cut = len(data) - good_end
-  if cut:
-    with open(path, "r+b") as f:
-      f.truncate(good_end)
-      f.flush()
-      os.fsync(f.fileno())
-  return done, cut
-
-
-def _atomic_write(path: str, text: str):
-  tmp = f"{path}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 def plan_over(model: Model, st: DecodeSettings, items: list[Item], batch_size: int, mesh,
@@ -268,27 +213,6 @@ def fingerprint(model: Model, used: DecodePlan, **job) -> dict:
   skip = AUTO_INPUTS + (() if used.draft_shapes_samples else ("draft", "tree", "schedule"))
   fp = {k: v for k, v in used.fingerprint().items() if k not in skip}
   return {"model": model.name, "sampler": sampling.SAMPLER[used.settings.sampling], **fp, **job}
-
-
-def _check_config(path: str, config: dict):
-  """Refuse to resume an output produced with different generation settings, naming each difference."""
-  cpath = path + ".config.json"
-  if os.path.exists(cpath) and os.path.exists(path) and os.path.getsize(path) > 0:
-    with open(cpath) as f:
-      old = json.load(f)
-    diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
-    if diff:
-      changes = ", ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
-      raise DatagenError(f"{path} was produced with different settings ({changes}); use another --output "
-                         "or delete it")
-  _atomic_write(cpath, json.dumps(config, indent=1) + "\n")
-
-
-def _open_output(path: str):
-  try:
-    return open(path, "ab")
-  except OSError as e:
-    raise DatagenError(f"cannot write output {path}: {e.strerror or e}") from None
 
 
 def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSettings | None = None,
@@ -321,21 +245,15 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
     raise DatagenError("input and output are the same file")
   if input_format not in INPUT_FORMATS:
     raise DatagenError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
-  fmt = detect_format(input_path) if input_format == "auto" else input_format
-  if fmt == "openai" and process_count > 1:
-    raise DatagenError("OpenAI batch files run on one process (process_count=1)")
+  fmt = FORMATS[detect_format(input_path) if input_format == "auto" else input_format]
+  fmt.check_processes(process_count)
   t_start = time.perf_counter()
-  out_f = _open_output(output_path)   # fail early on an unwritable path
+  out_f = open_output(output_path)   # fail early on an unwritable path
   try:
     items, errors = parse_input(input_path, model, max_new_tokens=st.max_new_tokens, truncate=truncate, chat=chat,
-                                input_format=fmt, eos=eos_ids(model.config, st.eos_token_id))
-    err_path = output_path + ".errors.jsonl"
-    if errors and on_error == "fail" and fmt == "native":
-      shown = "; ".join(f"line {e['line']}: {e['reason']}" for e in errors[:5])
-      more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-      raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
-    if fmt == "native" and any(it.options for it in items):
-      st = with_features(st, [it.options for it in items if it.options], model)
+                                input_format=fmt.name, eos=eos_ids(model.config, st.eos_token_id))
+    fmt.refuse_bad_lines(input_path, errors, on_error)
+    st = fmt.settings(st, items, model)
     try:
       used = plan_over(model, st, items, batch_size, mesh, device_memory)
     except ValueError as e:
@@ -343,31 +261,19 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
     if process_count > 1:
       items = split(items, process_index, process_count)
       errors = errors if process_index == 0 else []    # bad lines are reported once, by process 0
-    if on_error == "skip" and fmt == "native":
-      _atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
-    job_opts = dict(chat=chat, truncate=truncate, num_samples=num_samples) if fmt == "native" else \
-        dict(input_format=fmt, truncate=truncate)
-    _check_config(output_path, fingerprint(model, used, **job_opts))
+    fmt.record_bad_lines(output_path + ".errors.jsonl", errors, on_error)
+    check_config(output_path, fingerprint(model, used, **fmt.job(chat=chat, truncate=truncate,
+                                                                 num_samples=num_samples)))
     out_f.close()
     done, cut = repair_output(output_path)
-    out_f = _open_output(output_path)
-    gen = dict(batch_size=batch_size, refill_at=refill_at)
-    if fmt == "openai":
-      stats = _run_openai(model, st, items, errors, done, out_f, gen, progress,
-                          dict(batch_size=batch_size, mesh=mesh, device_memory=device_memory))
-    else:
-      jobs = [(it, [s for s in range(num_samples) if (it.key, s) not in done]) for it in items]
-      jobs = sorted((j for j in jobs if j[1]), key=lambda j: (bucket(len(j[0].ids)), j[0].line))
-      requests = [Request.of(it.ids, it.options or RequestOptions(), tag=(it, samples),
-                             stream_ids=[stream_id(it.id, s) for s in samples]) for it, samples in jobs]
-      bar = _bar(sum(len(j[1]) for j in jobs), len(done), progress)
-      stats = _generate_jobs(model, [(requests, dict(gen, decode_plan=used))],
-                             lambda it, s, res: _record(model, it, s, res), out_f, bar)
+    out_f = open_output(output_path)
+    job = Job(model, st, used, items, errors, done, out_f, progress, num_samples,
+              dict(batch_size=batch_size, refill_at=refill_at), dict(mesh=mesh, device_memory=device_memory))
+    stats = fmt.generate(job)
   finally:
     out_f.close()
   wall = time.perf_counter() - t_start
-  if fmt == "openai":
-    done = {k for k in done if k[0] != "error"}
+  done = fmt.records_done(done)
   rate, mean = engine.acceptance(stats["accepted"], stats["drafted"], stats["steps"])
   summary = {
       "input": input_path, "output": output_path, "records_total": len(done) + stats["records"],
@@ -376,12 +282,10 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
       "wall_s": wall, "generate_s": stats["gen_s"], "slot_utilization": stats["slot_utilization"],
       "tokens_per_s": stats["tokens"] / stats["gen_s"] if stats["gen_s"] > 0 else None,
       "verify_steps": stats["steps"], "accepted_tokens": stats["accepted"],
-      "acceptance_rate": rate, "mean_accepted_length": mean, "input_format": fmt,
-      "sampling_groups": stats["groups"],
+      "acceptance_rate": rate, "mean_accepted_length": mean, "input_format": fmt.name,
+      "sampling_groups": stats["groups"], **fmt.summary(stats),
   }
-  if fmt == "openai":
-    summary["error_lines_written"] = stats["error_lines"]
-  _atomic_write(output_path + ".summary.json", json.dumps(summary, indent=1) + "\n")
+  atomic_write(output_path + ".summary.json", json.dumps(summary, indent=1) + "\n")
   return summary
 
 
@@ -399,12 +303,6 @@ def _bar(todo: int, already: int, progress: bool):
   return tqdm(total=todo + already, initial=already, unit="rec", disable=not progress, dynamic_ncols=True)
 
 
-def _write(out_f, line: str):
-  out_f.write(line.encode("utf-8"))
-  out_f.flush()
-  os.fsync(out_f.fileno())
-
-
 def _generate_jobs(model, streams, line, out_f, bar) -> dict:
   """streams: (requests, generate_stream keywords) each, run one after another; a request's tag is (item,
   its missing sample indices), and the requests of a stream are sorted by prompt bucket (consumed lazily,
@@ -415,7 +313,7 @@ def _generate_jobs(model, streams, line, out_f, bar) -> dict:
     stream = generate_stream(model, requests, **gen)
     for res in stream:
       it, samples = res.tag
-      _write(out_f, line(it, samples[res.sample], res))
+      write_line(out_f, line(it, samples[res.sample], res))
       tot["records"] += 1
       tot["tokens"] += len(res.tokens)
       tot["steps"] += res.stats["verify_steps"]
@@ -435,106 +333,185 @@ def _generate_jobs(model, streams, line, out_f, bar) -> dict:
   return tot
 
 
-def _run_openai(model, st: DecodeSettings, items, errors, done, out_f, gen, progress, plan_kw) -> dict:
-  """OpenAI batch requests: error lines for the bad ones not yet written, then every missing (custom_id,
-  choice) in one stream per log-probability setting (its own plan and executables); requests with their
-  own temperature / top_p share it, their settings data in the loop (per_row_sampling). A request with a
-  seed draws choice s from stream id s with that seed (two requests with the same seed, prompt and
-  settings give the same choices); without one, from stream_id(custom_id, s) with the run's seed."""
-  n_err = 0
-  for e in errors:
-    if ("error", f"batch_req_line_{e['line']}") not in done:
-      _write(out_f, openai_batch.error_line(e["line"], e["id"], e["reason"]))
-      n_err += 1
-  groups: dict[tuple, list] = {}
-  for it in items:
-    groups.setdefault((it.options.request.logprobs, it.options.request.top_logprobs), []).append(it)
-  streams, todo = [], 0
-  for (lp, top), group in sorted(groups.items()):
-    jobs = [(it, [s for s in range(it.options.request.num_samples) if (it.key, s) not in done]) for it in group]
-    jobs = sorted((j for j in jobs if j[1]), key=lambda j: (bucket(len(j[0].ids)), j[0].line))
-    if not jobs:
-      continue
-    todo += sum(len(s) for _, s in jobs)
-    reqs = []
-    for it, s in jobs:
-      o = dataclasses.replace(it.options.request, num_samples=None)    # its missing choices: stream_ids
-      reqs.append(Request.of(it.ids, o, tag=(it, s),
-                             stream_ids=[x if o.seed is not None else stream_id(it.id, x) for x in s]))
-    g_st = st.replace(logprobs=lp, top_logprobs=top)
+@dataclasses.dataclass
+class Job:
+  """What a format's generate step needs: the run as planned and the output as found."""
+  model: Model
+  settings: DecodeSettings
+  plan: DecodePlan                # planned over every input record (plan_over)
+  items: list                     # [Item] this process's valid records
+  errors: list                    # [dict] bad lines ({'line', 'id', 'reason', 'text'})
+  done: set                       # (key, sample) already in the output
+  out_f: Any                      # the output, opened for appending
+  progress: bool
+  num_samples: int                # native: samples per record (OpenAI requests carry their own n)
+  stream_kw: dict                 # generate_stream's batch_size / refill_at
+  plan_kw: dict                   # plan_over's mesh / device_memory (OpenAI: a plan per group)
+
+  def missing(self, it: Item, samples: int) -> list[int]:
+    """The sample indices of `it` not yet in the output."""
+    return [s for s in range(samples) if (it.key, s) not in self.done]
+
+
+def _by_bucket(jobs):
+  """(item, missing samples) pairs with something missing, by prompt bucket then input line."""
+  return sorted((j for j in jobs if j[1]), key=lambda j: (bucket(len(j[0].ids)), j[0].line))
+
+
+class NativeFormat:
+  """Native lines {"id", "prompt" | "messages", own options}: one record per (id, sample); bad lines fail the
+  run (on_error="fail") or go to <output>.errors.jsonl ("skip")."""
+  name, id_field, renders_chat = "native", "id", True
+
+  def check_processes(self, count: int) -> None:
+    """Any process count: each process takes its share and writes its shard."""
+
+  @staticmethod
+  def line_id(rec) -> Any:
+    return None
+
+  @staticmethod
+  def to_native(rec, max_new_tokens: int, run: Run):
+    return rec, None
+
+  @staticmethod
+  def options(rec: dict, given, max_new_tokens: int, run: Run) -> RequestOptions | None:
+    return native_options(rec, max_new_tokens, run)
+
+  @staticmethod
+  def refuse_bad_lines(input_path: str, errors: list, on_error: str) -> None:
+    if errors and on_error == "fail":
+      shown = "; ".join(f"line {e['line']}: {e['reason']}" for e in errors[:5])
+      more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+      raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
+
+  @staticmethod
+  def record_bad_lines(err_path: str, errors: list, on_error: str) -> None:
+    if on_error == "skip":
+      atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
+
+  @staticmethod
+  def settings(st: DecodeSettings, items: list, model: Model) -> DecodeSettings:
+    """The run's settings with the row features the records' own options need compiled in."""
+    own = [it.options for it in items if it.options]
+    return with_features(st, own, model) if own else st
+
+  @staticmethod
+  def job(chat: bool, truncate: str, num_samples: int) -> dict:
+    return dict(chat=chat, truncate=truncate, num_samples=num_samples)
+
+  @staticmethod
+  def generate(job: Job) -> dict:
+    """Every missing (id, sample) in one stream, written as it finishes."""
+    jobs = _by_bucket((it, job.missing(it, job.num_samples)) for it in job.items)
+    requests = [Request.of(it.ids, it.options or RequestOptions(), tag=(it, samples),
+                           stream_ids=[stream_id(it.id, s) for s in samples]) for it, samples in jobs]
+    bar = _bar(sum(len(j[1]) for j in jobs), len(job.done), job.progress)
+    return _generate_jobs(job.model, [(requests, dict(job.stream_kw, decode_plan=job.plan))],
+                          lambda it, s, res: _record(job.model, it, s, res), job.out_f, bar)
+
+  @staticmethod
+  def records_done(done: set) -> set:
+    return done
+
+  @staticmethod
+  def summary(stats: dict) -> dict:
+    return {}
+
+
+class OpenAIFormat(NativeFormat):
+  """OpenAI batch request lines: each request's own max_tokens / stop / n / seed / temperature / top_p /
+  response_format (openai_batch.py); one output line per choice in the batch output shape; bad requests
+  become error lines in the output whatever on_error says; one process."""
+  name, id_field, renders_chat = "openai", "custom_id", False
+
+  def check_processes(self, count: int) -> None:
+    if count > 1:
+      raise DatagenError("OpenAI batch files run on one process (process_count=1)")
+
+  @staticmethod
+  def line_id(rec) -> Any:
+    return rec["custom_id"] if isinstance(rec, dict) and isinstance(rec.get("custom_id"), str) else None
+
+  @staticmethod
+  def to_native(rec, max_new_tokens: int, run: Run):
+    native, options = openai_batch.to_native(rec, max_new_tokens=max_new_tokens)
     try:
-      g_st = with_features(g_st, [it.options.request for it, _ in jobs], model)
-      used = plan_over(model, g_st, group, mesh=plan_kw["mesh"], batch_size=plan_kw["batch_size"],
-                       device_memory=plan_kw["device_memory"])
-    except ValueError as e:
-      raise DatagenError(str(e)) from None
-    streams.append((reqs, dict(gen, decode_plan=used)))
+      row_features.check_served(options.request, run)
+    except OptionError as e:
+      raise openai_batch.body_error(e, rec["body"]) from None
+    return native, options
 
-  def line(it, s, res):
-    text = res.text if res.finish_reason == "stop" else model.tokenizer.decode(
-        res.tokens[:-1] if res.finish_reason == "eos" else res.tokens, skip_special_tokens=False)
-    return openai_batch.output_line(model, it.id, it.options, len(it.ids), s, res, text)
-  tot = _generate_jobs(model, streams, line, out_f, _bar(todo, len(done), progress))
-  tot["error_lines"] = n_err
-  return tot
+  @staticmethod
+  def options(rec: dict, given, max_new_tokens: int, run: Run):
+    return given
 
+  @staticmethod
+  def refuse_bad_lines(input_path: str, errors: list, on_error: str) -> None:
+    """Never: a bad request is an error line in the output."""
 
-# ------------------------------------------------------------------ multi-host: per-process shards
+  @staticmethod
+  def record_bad_lines(err_path: str, errors: list, on_error: str) -> None:
+    """Nothing beside the output: generate writes the error lines into it."""
 
-def shard_path(output: str, index: int, count: int) -> str:
-  """Where process `index` of `count` writes its part of `output`."""
-  return f"{output}.shard-{index:05d}-of-{count:05d}"
+  @staticmethod
+  def settings(st: DecodeSettings, items: list, model: Model) -> DecodeSettings:
+    return st                     # each group's own features: generate
 
+  @staticmethod
+  def job(chat: bool, truncate: str, num_samples: int) -> dict:
+    return dict(input_format="openai", truncate=truncate)
 
-def split(items: list, index: int, count: int) -> list:
-  """This process's share of `items`: every count-th one, starting at `index`."""
-  return items[index::count]
-
-
-def _input_order(input_path: str) -> dict[str, int]:
-  """json.dumps(id) -> position in the input (ids only; bad lines are skipped)."""
-  order = {}
-  with open(input_path, "rb") as f:
-    for n, raw in enumerate(f):
-      try:
-        rec = json.loads(raw)
-        order.setdefault(json.dumps(rec["id"]), n)
-      except (ValueError, KeyError, TypeError):
+  @staticmethod
+  def generate(job: Job) -> dict:
+    """OpenAI batch requests: error lines for the bad ones not yet written, then every missing (custom_id,
+    choice) in one stream per log-probability setting (its own plan and executables); requests with their
+    own temperature / top_p share it, their settings data in the loop (per_row_sampling). A request with a
+    seed draws choice s from stream id s with that seed (two requests with the same seed, prompt and
+    settings give the same choices); without one, from stream_id(custom_id, s) with the run's seed."""
+    model, done, out_f = job.model, job.done, job.out_f
+    n_err = 0
+    for e in job.errors:
+      if ("error", f"batch_req_line_{e['line']}") not in done:
+        write_line(out_f, openai_batch.error_line(e["line"], e["id"], e["reason"]))
+        n_err += 1
+    groups: dict[tuple, list] = {}
+    for it in job.items:
+      groups.setdefault((it.options.request.logprobs, it.options.request.top_logprobs), []).append(it)
+    streams, todo = [], 0
+    for (lp, top), group in sorted(groups.items()):
+      jobs = _by_bucket((it, job.missing(it, it.options.request.num_samples)) for it in group)
+      if not jobs:
         continue
-  return order
+      todo += sum(len(s) for _, s in jobs)
+      reqs = []
+      for it, s in jobs:
+        o = dataclasses.replace(it.options.request, num_samples=None)    # its missing choices: stream_ids
+        reqs.append(Request.of(it.ids, o, tag=(it, s),
+                               stream_ids=[x if o.seed is not None else stream_id(it.id, x) for x in s]))
+      g_st = job.settings.replace(logprobs=lp, top_logprobs=top)
+      try:
+        g_st = with_features(g_st, [it.options.request for it, _ in jobs], model)
+        used = plan_over(model, g_st, group, batch_size=job.stream_kw["batch_size"], **job.plan_kw)
+      except ValueError as e:
+        raise DatagenError(str(e)) from None
+      streams.append((reqs, dict(job.stream_kw, decode_plan=used)))
+
+    def line(it, s, res):
+      text = res.text if res.finish_reason == "stop" else model.tokenizer.decode(
+          res.tokens[:-1] if res.finish_reason == "eos" else res.tokens, skip_special_tokens=False)
+      return openai_batch.output_line(model, it.id, it.options, len(it.ids), s, res, text)
+    tot = _generate_jobs(model, streams, line, out_f, _bar(todo, len(done), job.progress))
+    tot["error_lines"] = n_err
+    return tot
+
+  @staticmethod
+  def records_done(done: set) -> set:
+    return {k for k in done if k[0] != "error"}
+
+  @staticmethod
+  def summary(stats: dict) -> dict:
+    return {"error_lines_written": stats["error_lines"]}
 
 
-def merge_shards(output: str, input_path: str, count: int) -> dict:
-  """Concatenate the `count` shards of `output` into `output`, in input order then sample; returns a
-  summary. Each shard is first repaired (a torn tail dropped); a missing shard is an error."""
-  records, per_shard = {}, []
-  for i in range(count):
-    path = shard_path(output, i, count)
-    if not os.path.exists(path):
-      raise DatagenError(f"merge: shard {path} is missing (did process {i} finish?)")
-    repair_output(path)
-    n = 0
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        rec = json.loads(line)
-        records.setdefault((json.dumps(rec["id"]), int(rec["sample"])), line)
-        n += 1
-    per_shard.append(n)
-  order = _input_order(input_path)
-  keys = sorted(records, key=lambda k: (order.get(k[0], len(order)), k[0], k[1]))
-  tmp = f"{output}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(records[k] for k in keys)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, output)
-  config = shard_path(output, 0, count) + ".config.json"
-  if os.path.exists(config):
-    with open(config) as f:
-      text = f.read()
-    with open(output + ".config.json", "w") as f:
-      f.write(text)
-  summary = {"output": output, "records_total": len(keys), "shards": count, "records_per_shard": per_shard}
-  with open(output + ".summary.json", "w") as f:
-    f.write(json.dumps(summary, indent=1) + "\n")
-  return summary
+FORMATS = {"native": NativeFormat(), "openai": OpenAIFormat()}

@@ -8,7 +8,7 @@ import os
 import jax
 from absl import app
 
-from magicdec_jax import datagen
+from magicdec_jax import datagen, datagen_files
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.sharding import distributed
 
@@ -37,7 +37,7 @@ def run(fv, log) -> None:
     if count > 1:        # every process has written its shard; process 0 merges them into --output
       distributed.barrier("datagen-shards-written")
       if index == 0:
-        summary = dict(datagen.merge_shards(fv.output, fv.input, count), this_process=summary)
+        summary = dict(datagen_files.merge_shards(fv.output, fv.input, count), this_process=summary)
       distributed.barrier("datagen-merged")
   except datagen.DatagenError as e:
     raise app.UsageError(f"datagen: {e}") from None

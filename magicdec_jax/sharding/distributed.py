@@ -1,6 +1,6 @@
 """Multi-host runs: `jax.distributed` start-up and a barrier.
 
-Per-process datagen shards and their merge are datagen's (datagen.shard_path / split / merge_shards);
+Per-process datagen shards and their merge are datagen's (datagen_files.shard_path / split / merge_shards);
 run.py orchestrates: initialize, datagen.run on this process's share, barrier, process 0 merges.
 
 Design: a mesh spans the devices of one process (make_mesh uses jax.local_devices()); hosts split the

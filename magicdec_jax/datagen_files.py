@@ -1,0 +1,149 @@
+"""datagen's files: crash-safe writes, the torn-tail repair, the resume check, per-process shards and their merge.
+
+Why: a killed job must lose at most the record being written, and a resumed one must produce what the first
+would have; every write here is flushed and fsynced, and every whole-file write goes through a rename.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from magicdec_jax import openai_batch
+
+
+class DatagenError(ValueError):
+  """Bad input, output or settings; the message says which and where."""
+
+
+def repair_output(path: str) -> tuple[set[tuple[str, int]], int]:
+  """Truncate `path` to its longest prefix of complete valid records -> (done (key, sample) set, bytes cut)."""
+  if not os.path.exists(path):
+    return set(), 0
+  with open(path, "rb") as f:
+    data = f.read()
+  done, good_end, pos = set(), 0, 0
+  while True:
+    nl = data.find(b"\n", pos)
+    if nl < 0:
+      break
+    try:
+      rec = json.loads(data[pos:nl].decode("utf-8"))
+      if "custom_id" in rec:
+        keys = openai_batch.record_keys(rec)
+      else:
+        keys = [(json.dumps(rec["id"]), int(rec["sample"]))]
+        if not isinstance(rec.get("token_ids"), list):
+          raise ValueError
+      if any(k in done for k in keys):
+        raise ValueError
+    except (ValueError, KeyError, TypeError, AttributeError):
+      break
+    done.update(keys)
+    good_end = pos = nl + 1
+  cut = len(data) - good_end
+  if cut:
+    with open(path, "r+b") as f:
+      f.truncate(good_end)
+      f.flush()
+      os.fsync(f.fileno())
+  return done, cut
+
+
+def atomic_write(path: str, text: str):
+  """`path` holds `text` (written beside it, fsynced, then renamed over it)."""
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def write_line(out_f, line: str):
+  """Append one output line, flushed and fsynced (a record is on disk when its sample is reported)."""
+  out_f.write(line.encode("utf-8"))
+  out_f.flush()
+  os.fsync(out_f.fileno())
+
+
+def check_config(path: str, config: dict):
+  """Refuse to resume an output produced with different generation settings, naming each difference."""
+  cpath = path + ".config.json"
+  if os.path.exists(cpath) and os.path.exists(path) and os.path.getsize(path) > 0:
+    with open(cpath) as f:
+      old = json.load(f)
+    diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
+    if diff:
+      changes = ", ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
+      raise DatagenError(f"{path} was produced with different settings ({changes}); use another --output "
+                         "or delete it")
+  atomic_write(cpath, json.dumps(config, indent=1) + "\n")
+
+
+def open_output(path: str):
+  """`path` opened for appending bytes (DatagenError naming it when it cannot be written)."""
+  try:
+    return open(path, "ab")
+  except OSError as e:
+    raise DatagenError(f"cannot write output {path}: {e.strerror or e}") from None
+
+
+# ---- multi-host: per-process shards ----------------------------------------------------------------------
+
+def shard_path(output: str, index: int, count: int) -> str:
+  """Where process `index` of `count` writes its part of `output`."""
+  return f"{output}.shard-{index:05d}-of-{count:05d}"
+
+
+def split(items: list, index: int, count: int) -> list:
+  """This process's share of `items`: every count-th one, starting at `index`."""
+  return items[index::count]
+
+
+def input_order(input_path: str) -> dict[str, int]:
+  """json.dumps(id) -> position in the input (ids only; bad lines are skipped)."""
+  order = {}
+  with open(input_path, "rb") as f:
+    for n, raw in enumerate(f):
+      try:
+        rec = json.loads(raw)
+        order.setdefault(json.dumps(rec["id"]), n)
+      except (ValueError, KeyError, TypeError):
+        continue
+  return order
+
+
+def merge_shards(output: str, input_path: str, count: int) -> dict:
+  """Concatenate the `count` shards of `output` into `output`, in input order then sample; returns a
+  summary. Each shard is first repaired (a torn tail dropped); a missing shard is an error."""
+  records, per_shard = {}, []
+  for i in range(count):
+    path = shard_path(output, i, count)
+    if not os.path.exists(path):
+      raise DatagenError(f"merge: shard {path} is missing (did process {i} finish?)")
+    repair_output(path)
+    n = 0
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        rec = json.loads(line)
+        records.setdefault((json.dumps(rec["id"]), int(rec["sample"])), line)
+        n += 1
+    per_shard.append(n)
+  order = input_order(input_path)
+  keys = sorted(records, key=lambda k: (order.get(k[0], len(order)), k[0], k[1]))
+  tmp = f"{output}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.writelines(records[k] for k in keys)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, output)
+  config = shard_path(output, 0, count) + ".config.json"
+  if os.path.exists(config):
+    with open(config) as f:
+      text = f.read()
+    with open(output + ".config.json", "w") as f:
+      f.write(text)
+  summary = {"output": output, "records_total": len(keys), "shards": count, "records_per_shard": per_shard}
+  with open(output + ".summary.json", "w") as f:
+    f.write(json.dumps(summary, indent=1) + "\n")
+  return summary
