@@ -1,4 +1,4 @@
-"""FeatureDraft(head, weights="int8" | "int4"): the feature head drafting on a quantized copy (issue 46).
+"""FeatureDraft(head, weights="int8" | "int4"): the feature head drafting on a quantized copy.
 
 The copy holds the head's matrices and the target matrices its step reads (embedding; the LM head where
 the head has no draft vocabulary) under "target_head". Greedy output is token-exact against plain

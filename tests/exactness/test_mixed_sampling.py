@@ -1,4 +1,4 @@
-"""Per-request sampling as data (issue 48): a batch mixing greedy and sampled requests, each with its own
+"""Per-request sampling as data: a batch mixing greedy and sampled requests, each with its own
 temperature / top-k / top-p, compiles one loop, and every request's tokens equal those of the same request
 run alone with its settings as the run's (plain decoding and speculation; the reference is the uniform
 loop, which compiles the one setting in). A sampled row's first-token distribution in a mixed batch is

@@ -202,7 +202,7 @@ def test_broken_residual_is_rejected(monkeypatch):
 
 
 def _gemma3_target():
-  """The target's shape as a two-layer Gemma 3 (issue 35's families): q/k norms, (1 + w) norms, post-norms,
+  """The target's shape as a two-layer Gemma 3: q/k norms, (1 + w) norms, post-norms,
   GeGLU, scaled embedding, query_pre_attn_scalar, a final soft-cap, a local layer (window 4, its own RoPE
   base: the 6-token prompt + 3 new tokens run past it) and a global one."""
   base = tiny_model(6, vocab=V, scale=0.3, attn_scale=10.0, hidden=16, heads=2, kv_heads=1, layers=2)

@@ -154,7 +154,7 @@ def test_planner_and_cost_model_count_windows():
 
 
 def test_adaptive_schedule_over_rings_equals_hf(root):
-  """Adaptive speculation (issue 36) on the ring target: a forced schedule switching chain 2 -> plain ->
+  """Adaptive speculation on the ring target: a forced schedule switching chain 2 -> plain ->
   chain 3 -> chain 1 inside the generated span (the batch's mean context runs 168 -> 208) gives HF
   `generate`'s tokens; plain rounds keep the self-draft's ring current while the target's rings wrap."""
   hf, model = family("gemma3-untied", root)

@@ -63,6 +63,26 @@ def test_docstrings_and_comments_hold_no_dates_issues_or_result_files():
       "\n  ".join(bad)
 
 
+OUTSIDE = re.compile(r"\b(?:issue|PR|pull request)s?\s+#?\d+|GPU-FINDINGS|\.\./shared\b", re.IGNORECASE)
+
+
+def test_no_text_in_the_repository_cites_issues_or_files_outside_it():
+  """README, docs, benchmarks and tests too: a reader of the repository has neither the issue tracker nor
+  files beside the checkout (this file names the patterns it forbids, so it is left out)."""
+  bad = []
+  for top in ("README.md", "docs", "benchmarks", "tests", "scripts"):
+    path = os.path.join(REPO, top)
+    walk = [(REPO, [], [top])] if os.path.isfile(path) else os.walk(path)
+    for dirpath, _, files in walk:
+      for f in files:
+        rel = os.path.relpath(os.path.join(dirpath, f), REPO)
+        if not f.endswith((".md", ".py", ".sh")) or rel == "tests/project/test_house.py":
+          continue
+        with open(os.path.join(REPO, rel), encoding="utf-8") as fh:
+          bad += [f"{rel}:{n}: {m.group(0)!r}" for n, line in enumerate(fh, 1) for m in OUTSIDE.finditer(line)]
+  assert not bad, "\n  ".join(["texts citing an issue or a file outside the repository:"] + bad)
+
+
 def test_the_scan_sees_what_it_forbids():
   src = ('"""Measured 2026-11-27 (issue 46; benchmarks/results/x_cpu_2026-11-27.json, docs/gpu.md run 5)."""\n'
          "X = 1  # see ../shared/GPU-FINDINGS.md\n"
