@@ -32,7 +32,15 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   """Every flag, into `fv`; `modes`: the --mode names (cli/modes.py defines them with its registry)."""
   d = dict(flag_values=fv)
   flags.DEFINE_enum("mode", "demo", list(modes), "What to run (default: the demo).", **d)
-  # Model and draft.
+  for define in (define_model_flags, define_multi_host_flags, define_sampling_flags, define_generate_flags,
+                 define_bench_flags, define_datagen_flags, define_convert_flags, define_plan_flags,
+                 define_calibrate_flags, define_profile_acceptance_flags, define_distill_flags):
+    define(d)
+  return fv
+
+
+def define_model_flags(d: dict) -> None:
+  """Model and draft (d: DEFINE_* keywords, the FlagValues to define into)."""
   flags.DEFINE_string("model", "smollm2-135m", "Target: 'smollm2-135m', an orbax dir, an HF dir or a .gguf "
                       f"file ('{RANDOM_PREFIX}[:SEED]': a tiny random model with a byte tokenizer, for tests).", **d)
   flags.DEFINE_enum("draft", "streaming", DRAFTS, "none = autoregressive; streaming = self-speculation "
@@ -58,7 +66,7 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_boolean("learn_acceptance", True, "--gamma=auto: re-plan a call at rounds 32, 64, 128, ... from "
                        "the acceptance its own chain rounds have had, measuring the settings the cost model "
                        "cannot separate (off: the profiled or default acceptance and the model's choice).", **d)
-  flags.register_validator("gamma", _gamma_ok, "is not an integer in the range [1, 64] or 'auto'", flag_values=fv)
+  flags.register_validator("gamma", _gamma_ok, "is not an integer in the range [1, 64] or 'auto'", **d)
   flags.DEFINE_string("tree", None, "Speculate a tree instead of a chain: 'auto' (cost model), a shipped "
                       f"tree name ({', '.join(trees.DEFAULT_TREE_NAMES)}) or a tree JSON file.", **d)
   flags.DEFINE_enum("attention_impl", "auto", IMPLS, "Attention kernel.", **d)
@@ -69,11 +77,17 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
                       "set through jax's own config is left alone.", **d)
   flags.DEFINE_float("device_memory_gb", None, "Memory per device for the planner's fit check (default: "
                      "what the device reports; CPU reports nothing, so no check).", lower_bound=0.0, **d)
-  # Multi-host (jax.distributed): each process runs its own mesh on its own share of the data.
+
+
+def define_multi_host_flags(d: dict) -> None:
+  """Multi-host (jax.distributed): each process runs its own mesh on its own share of the data."""
   flags.DEFINE_string("coordinator_address", None, "host:port of process 0 for jax.distributed.", **d)
   flags.DEFINE_integer("num_processes", 1, "Processes in a jax.distributed run.", lower_bound=1, **d)
   flags.DEFINE_integer("process_id", 0, "This process's index in a jax.distributed run.", lower_bound=0, **d)
-  # Sampling.
+
+
+def define_sampling_flags(d: dict) -> None:
+  """Sampling."""
   flags.DEFINE_float("temperature", 0.0, "0 = greedy.", lower_bound=0.0, upper_bound=100.0, **d)
   flags.DEFINE_integer("top_k", 0, "0 = off.", lower_bound=0, **d)
   flags.DEFINE_float("top_p", 1.0, "1 = off.", lower_bound=1e-6, upper_bound=1.0, **d)
@@ -114,14 +128,20 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
                        upper_bound=100, **d)
   flags.DEFINE_boolean("demo_structured", True, "Demo: a second part, questions about the document answered as "
                        "JSON under a schema (structured output), plainly and with the draft.", **d)
-  # generate.
+
+
+def define_generate_flags(d: dict) -> None:
+  """generate."""
   flags.DEFINE_multi_string("prompt", [], "A prompt (repeatable).", **d)
   flags.DEFINE_string("prompts_file", None, "Prompts: one per line, or JSONL with a 'prompt' field.", **d)
   flags.DEFINE_boolean("chat", False, "Render prompts with the model's chat template.", **d)
   flags.DEFINE_string("json_schema", None, "generate: structured output, every prompt's output valid JSON under "
                       "this JSON schema: its JSON text or @PATH of a file holding it (docs/structured-output.md).",
                       **d)
-  # bench.
+
+
+def define_bench_flags(d: dict) -> None:
+  """bench."""
   flags.DEFINE_list("batches", ["1", "4"], "bench: batch sizes.", **d)
   flags.DEFINE_list("contexts", ["256", "1024"], "bench: prompt lengths in tokens.", **d)
   flags.DEFINE_list("gammas", ["2", "4"], "bench: speculation lengths.", **d)
@@ -130,7 +150,10 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
                     "long-context sweep (batches 8,4,1 x contexts 1024..8000, gammas 2,3, window 256, 64 new "
                     "tokens, points up to 33000 batch tokens; ~25 min on a 2-core CPU); flags given explicitly "
                     "override it.", **d)
-  # datagen.
+
+
+def define_datagen_flags(d: dict) -> None:
+  """datagen."""
   flags.DEFINE_string("input", None, "datagen: input JSONL ({'id', 'prompt'} or {'id', 'messages'}, or "
                       "OpenAI batch request lines); "
                       "profile_acceptance: prompts to profile on (JSONL or one per line; default Shakespeare).", **d)
@@ -146,17 +169,26 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_enum("truncate", "none", ["none", "left"], "datagen: prompts longer than the context are an "
                     "error (none) or lose their oldest tokens (left).", **d)
   flags.DEFINE_boolean("progress", True, "Show progress (tqdm / log lines).", **d)
-  # convert.
+
+
+def define_convert_flags(d: dict) -> None:
+  """convert."""
   flags.DEFINE_string("src", None, "convert: source checkpoint (HF dir, .gguf, name).", **d)
   flags.DEFINE_string("dst", None, "convert: destination orbax dir.", **d)
-  # plan.
+
+
+def define_plan_flags(d: dict) -> None:
+  """plan."""
   flags.DEFINE_enum("model_shape", "llama31_8b", sorted(shapes.MODEL_SHAPES), "plan: model shape.", **d)
   flags.DEFINE_string("hardware", None, f"Cost model's device: a datasheet ({', '.join(HARDWARE)}) or a hardware "
                       "profile JSON from --mode=calibrate (measured here). plan: default h100; generate / "
                       "gamma=auto / tree=auto: default detected from the device.", **d)
   flags.DEFINE_enum("datasheet", None, HARDWARE, "plan with --hardware=PROFILE: the datasheet to show beside the "
                     "profile's prediction (default: the profile's GPU if it is one of them, else h100).", **d)
-  # calibrate.
+
+
+def define_calibrate_flags(d: dict) -> None:
+  """calibrate."""
   flags.DEFINE_integer("calibrate_repeats", 3, "calibrate: timed calls per shape per pass.", lower_bound=1,
                        upper_bound=100, **d)
   flags.DEFINE_list("calibrate_tokens", ["1", "4", "16"], "calibrate: target tokens per row timed (1 = the AR "
@@ -168,14 +200,20 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
   flags.DEFINE_float("alpha", 0.8, "plan: per-token acceptance rate.", lower_bound=0.0, upper_bound=1.0, **d)
   flags.DEFINE_string("acceptance_file", None, "An acceptance-vector JSON from profile_acceptance: plan, "
                       "calibrate (stored in the profile) and gamma=auto / tree=auto use it.", **d)
-  # profile_acceptance.
+
+
+def define_profile_acceptance_flags(d: dict) -> None:
+  """profile_acceptance."""
   flags.DEFINE_integer("width", 8, "profile_acceptance: draft children ranked per position (W).",
                        lower_bound=1, upper_bound=64, **d)
   flags.DEFINE_integer("profile_tokens", 1024, "profile_acceptance: held-out text window in tokens.",
                        lower_bound=32, upper_bound=1 << 20, **d)
   flags.DEFINE_integer("profile_windows", 2, "profile_acceptance: number of text windows.",
                        lower_bound=1, upper_bound=1024, **d)
-  # distill.
+
+
+def define_distill_flags(d: dict) -> None:
+  """distill."""
   flags.DEFINE_list("distill_data", [], "distill: training data, comma-separated: datagen JSONL files "
                     "(*.jsonl) and/or plain text files.", **d)
   flags.DEFINE_string("distill_out", None, "distill: output dir (the trained draft, loadable with "
@@ -205,7 +243,6 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
                     "sampling).", **d)
   flags.DEFINE_string("distill_heldout", None, "distill: held-out text file for the acceptance measurement "
                       "(default: held-out Shakespeare when the model has a tokenizer).", **d)
-  return fv
 
 
 def int_list(fv, name: str, minimum: int) -> list[int]:
