@@ -251,11 +251,12 @@ def held_out_prompts(n: int, tokens: int) -> list[list[int]]:
 
 
 def test_smollm2_bfloat16_streaming_chain_gives_plain_decodings_tokens():
-  """The issue's reproduction (1 of 4 rows identical before, first differences at tokens 30, 22, 14): 4
-  held-out prompts of 512 tokens, greedy, StreamingDraft(sink 4, window 64), gamma 1 and 3."""
+  """The bfloat16 mismatch as first reproduced (with the backend's own shapes 1 of 4 rows identical, first
+  differences at tokens 30, 22, 14): 4 held-out prompts of 512 tokens, greedy, StreamingDraft(sink 4,
+  window 64), gamma 3 (gamma 1 on SmolLM2 with the slow matrix below; on the tiny model by default)."""
   prompts = held_out_prompts(4, 512)
   ref = md.generate(smol(), prompts, max_new_tokens=48)
-  for gamma in (1, 3):
+  for gamma in (3,):
     res = md.generate(smol(), prompts, max_new_tokens=48, draft=StreamingDraft(4, 64), gamma=gamma)
     assert res.tokens == ref.tokens, gamma
     assert 0.3 < res.stats["acceptance_rate"] < 1.0
@@ -274,7 +275,7 @@ SMOL_DRAFTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("sampled", [False, True])
 def test_smollm2_bfloat16_every_draft_batch_and_refill(sampled):
-  """The issue's test matrix: 8 held-out prompts x 512 + 256 new tokens, every draft; then the rows alone,
+  """The full matrix: 8 held-out prompts x 512 + 256 new tokens, every draft; then the rows alone,
   reversed, and through continuous batching with refills."""
   prompts = held_out_prompts(8, 512)
   kw = dict(max_new_tokens=256, **(SAMPLED if sampled else {}))
