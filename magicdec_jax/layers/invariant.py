@@ -44,21 +44,13 @@ def key_block(num_slots: int, fixed: FixedShapes) -> int:
   return blk
 
 
-def tile_calls(m: int, rows: tuple[int, int]) -> list[tuple[int, int]]:
-  """The token-wise calls of m tokens under rows (lo, hi) (backend.FixedShapes): [(tokens, padded size)]."""
-  lo, hi = rows
-  calls = [(hi, hi)] * (m // hi) if m > hi else []
-  rest = m - hi * len(calls)
-  if rest:
-    calls.append((rest, max(rest, lo)))
-  return calls
-
-
 def tile_map(fn, rows: tuple[int, int], *xs):
-  """fn over the tokens of xs (arrays [B, T, ...] or None) in calls whose token counts lie in rows = (lo, hi)
-  (tile_calls), each call given to fn as [n, 1, ...] -> fn's outputs (a pytree of [n, 1, ...] arrays) as
-  [B, T, ...]. Each call is fenced by optimization barriers, so XLA fuses nothing across it and compiles
-  its body as it would alone; with lo == hi the calls are one loop over equal tiles (one body)."""
+  """fn over the tokens of xs (arrays [B, T, ...] or None) in calls whose token counts lie in rows = (lo, hi):
+  m tokens make m // hi calls of hi tokens, then one of the rest padded to at least lo. Each call is given to
+  fn as [n, 1, ...]; fn's outputs (a pytree of [n, 1, ...] arrays) come back as [B, T, ...]. Each call is
+  fenced by optimization barriers, so XLA fuses nothing across it and compiles its body as it would alone;
+  the calls of hi tokens are one loop over equal tiles (one body, so compile time does not grow with the
+  batch), the rest one call after them."""
   b, t = next(x for x in xs if x is not None).shape[:2]
   m = b * t
   flat = tuple(None if x is None else x.reshape(m, 1, *x.shape[2:]) for x in xs)
@@ -69,23 +61,31 @@ def tile_map(fn, rows: tuple[int, int], *xs):
   def pad(x, n):
     return jnp.pad(x, ((0, n - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
 
+  def tiles_of(n):                  # the first n tokens (a multiple of hi) as [n / hi, hi, 1, ...]
+    return tuple(None if x is None else x[:n].reshape(n // hi, hi, *x.shape[1:]) for x in flat)
+
   lo, hi = rows
   if lo == hi:
     tiles = -(-m // hi)
     out = jax.lax.map(body, tuple(None if x is None else pad(x, tiles * hi).reshape(tiles, hi, *x.shape[1:])
                                   for x in flat))
-    out = jax.tree.map(lambda y: y.reshape(tiles * hi, *y.shape[2:])[:m], out)
-  else:
-    parts, at, prev = [], 0, ()
-    for n, size in tile_calls(m, rows):
-      # each call's inputs pass one barrier with the previous call's outputs: the calls then run in order, and
-      # XLA cannot merge their dots (which share the weights) into one of another row count
-      args, _ = jax.lax.optimization_barrier((tuple(None if x is None else pad(x[at:at + n], size) for x in flat),
-                                              prev))
-      prev = body(args)
-      parts.append(jax.tree.map(lambda y, n=n: y[:n], prev))
-      at += n
-    out = parts[0] if len(parts) == 1 else jax.tree.map(lambda *ys: jnp.concatenate(ys, 0), *parts)
+    return jax.tree.map(lambda y: y.reshape(tiles * hi, *y.shape[2:])[:m].reshape(b, t, *y.shape[2:]), out)
+  full = m // hi * hi
+  parts, prev = [], ()
+  if full > hi:         # full tiles: one loop body however many (compile time does not grow with the batch)
+    prev = jax.lax.map(body, tiles_of(full))
+    parts.append(jax.tree.map(lambda y: y.reshape(full, *y.shape[2:]), prev))
+  elif full:
+    prev = body(tuple(None if x is None else x[:full] for x in flat))
+    parts.append(prev)
+  rest = m - full
+  if rest:
+    # its inputs pass one barrier with the tiles' outputs: the calls then run in order, and XLA cannot merge
+    # their dots (which share the weights) into one of another row count
+    args, _ = jax.lax.optimization_barrier((tuple(None if x is None else pad(x[full:], max(rest, lo))
+                                                  for x in flat), prev))
+    parts.append(jax.tree.map(lambda y: y[:rest], body(args)))
+  out = parts[0] if len(parts) == 1 else jax.tree.map(lambda *ys: jnp.concatenate(ys, 0), *parts)
   return jax.tree.map(lambda y: y.reshape(b, t, *y.shape[2:]), out)
 
 

@@ -122,7 +122,7 @@ def pass_logits(model, cfg, cache, tokens, positions, slots, base, anc):
 
 @pytest.mark.parametrize("batch", [1, 2, 8])
 def test_a_row_is_the_same_bits_alone_in_any_batch_and_at_any_slot_count(batch):
-  """SmolLM2 (2 layers, bfloat16): chains of 4 and 12 tokens verified in one pass (token-wise work in one
+  """SmolLM2 (2 layers, bfloat16): chains of 4, 9 and 12 tokens verified in one pass (token-wise work in one
   and in several calls, attention in one and several query tiles) over a cache of 1024 slots give every
   row bitwise the one-token steps over a cache of 1536 slots holding the same prefix, in a batch of 1, 2
   or 8 rows; and row 0 alone gives the same bits as among the batch."""
@@ -141,7 +141,7 @@ def test_a_row_is_the_same_bits_alone_in_any_batch_and_at_any_slot_count(batch):
     lg, c = compiled(lambda p, c, x: forward(p, cfg, x, pos, c, pos, spec), cfg, model.params, c, tokens[:, j:j + 1])
     steps.append(np.asarray(lg[:, 0], np.float32))
   steps = np.stack(steps, 1)
-  for t in (4, 12):
+  for t in (4, 9, 12):          # batch 8: 32 token rows in one call; 72 = a loop of 2 tiles + 8; 96 = 3 tiles
     pos = base[:, None] + jnp.arange(t)[None]
     got = pass_logits(model, cfg, small, tokens[:, :t], pos, pos, base, jnp.tril(jnp.ones((t, t), bool)))
     np.testing.assert_array_equal(got, steps[:, :t], err_msg=f"batch {batch}, {t} tokens")
