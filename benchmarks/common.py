@@ -206,11 +206,6 @@ def int4_form(group: int | None = None, keep_int8=None, symmetric: bool = False)
   return form.replace(**{k: v for k, v in changes.items() if v is not None})
 
 
-def drop_weight_copies() -> None:
-  """Forget the drafts' cached bf16 / int8 / int4 weight copies (made once per model and kept)."""
-  draft_weights.drop_copies()
-
-
 # ---- output ------------------------------------------------------------------------------------------------
 
 def write_json(doc: dict, path, stamp: bool = True) -> str:

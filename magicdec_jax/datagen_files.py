@@ -131,19 +131,11 @@ def merge_shards(output: str, input_path: str, count: int) -> dict:
     per_shard.append(n)
   order = input_order(input_path)
   keys = sorted(records, key=lambda k: (order.get(k[0], len(order)), k[0], k[1]))
-  tmp = f"{output}.tmp{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(records[k] for k in keys)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, output)
+  atomic_write(output, "".join(records[k] for k in keys))
   config = shard_path(output, 0, count) + ".config.json"
   if os.path.exists(config):
     with open(config) as f:
-      text = f.read()
-    with open(output + ".config.json", "w") as f:
-      f.write(text)
+      atomic_write(output + ".config.json", f.read())
   summary = {"output": output, "records_total": len(keys), "shards": count, "records_per_shard": per_shard}
-  with open(output + ".summary.json", "w") as f:
-    f.write(json.dumps(summary, indent=1) + "\n")
+  atomic_write(output + ".summary.json", json.dumps(summary, indent=1) + "\n")
   return summary

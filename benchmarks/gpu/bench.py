@@ -28,6 +28,7 @@ from benchmarks import common
 from magicdec_jax import compile as compiling
 from magicdec_jax import loop, plan
 from magicdec_jax.cache import KVCache
+from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.sharding import planner
 from magicdec_jax.tuning import costmodel
 
@@ -229,7 +230,7 @@ class Bench:
     del eng
     jax.clear_caches()
     compiling.clear()
-    common.drop_weight_copies()
+    draft_weights.drop_copies()
     gc.collect()
     return self._done(rec)
 
