@@ -77,7 +77,7 @@ class FixedShapes:
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False))
 CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,
-                  key_block=32, reduction_floor=4608, xla_options=CPU_FUSION)
+                  key_block=16, reduction_floor=4608, xla_options=CPU_FUSION)
 # Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction); attention
 # in the Triton kernel; GEMMs with one algorithm per shape whatever the program or the process (autotuning
 # off: it picks by timing; no atomics; bf16 intermediates rounded where the program says, whatever fuses).
