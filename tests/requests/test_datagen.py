@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from magicdec_jax import datagen, generation
+from magicdec_jax import datagen, datagen_files, generation
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
@@ -116,6 +116,27 @@ def test_skip_mode_resume_and_torn_tail(tmp_path):
   assert datagen.run(tiny(), inp, out, **kw)["records_written"] == 0
   with pytest.raises(datagen.DatagenError, match="different settings"):
     datagen.run(tiny(), inp, out, **dict(kw, seed=99))
+
+
+def test_two_process_shards_merge_into_the_one_process_output(tmp_path):
+  """Two processes' shards, merged: the records, their order (input order, then sample) and the config of one
+  uninterrupted single-process run; a missing shard is an error naming it."""
+  inp = write(tmp_path / "in.jsonl", GOOD)
+  kw = dict(GEN, batch_size=2, num_samples=2, progress=False)
+  ref_out = str(tmp_path / "ref.jsonl")
+  datagen.run(tiny(), inp, ref_out, **kw)
+  out = str(tmp_path / "out.jsonl")
+  with pytest.raises(datagen.DatagenError, match="shard-00001-of-00002 is missing"):
+    datagen.run(tiny(), inp, out, process_index=0, process_count=2, **kw)
+    datagen_files.merge_shards(out, inp, 2)
+  datagen.run(tiny(), inp, out, process_index=1, process_count=2, **kw)
+  summary = datagen_files.merge_shards(out, inp, 2)
+  ref, got = read_records(ref_out), read_records(out)
+  assert summary["records_total"] == 10 and summary["records_per_shard"] == [6, 4]
+  assert [(r["id"], r["sample"]) for r in got] == [(f"r{i}", s) for i in range(5) for s in range(2)]
+  assert [json.dumps(r, sort_keys=True) for r in got] == [json.dumps(r, sort_keys=True) for r in ref]
+  assert json.load(open(out + ".config.json")) == json.load(open(ref_out + ".config.json"))
+  assert json.load(open(out + ".summary.json")) == summary
 
 
 def test_truncate_left_keeps_last_tokens(tmp_path):
