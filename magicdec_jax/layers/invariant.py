@@ -124,7 +124,7 @@ def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
                     tree: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
   """Folded queries qf [B, K, T*G, D] of `tokens` = T query tokens, one layer's k/v [B, K, S, D] (already in
   the dot's dtype) and the visibility mask [B, T*G, S] -> [B, K, T*G, D] float32, in tiles of
-  fixed.query_tokens tokens (more run one after another, each tile reading the whole cache).
+  fixed.query_tokens tokens (several: one loop over one tile body, each tile reading the whole cache).
 
   With tree = (base [B], anc [T, T]) (a PrefixTree rule: slots < base the prefix, the T new tokens at
   base + j), a query at position p sums its values in two parts that depend on p alone: the prefix
@@ -181,9 +181,8 @@ def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
     p = jnp.where(mt[:, None], jnp.exp(logits - top), 0.0).reshape(b, kh, q0, nb, blk)
     part_o = value_dot(p, v.reshape(b, kh, nb, blk, d), "BKQnS,BKnSD->BKnQD")   # [B, K, nb, q0, D]
     part_l = pairwise_sum(p)                                                   # [B, K, q0, nb]
-    o, l = part_o[:, :, 0], part_l[..., 0]
-    for i in range(1, nb):                                                     # in slot order, one by one
-      o, l = o + part_o[:, :, i], l + part_l[..., i]
+    o, l = jax.lax.fori_loop(1, nb, lambda i, ol: (ol[0] + part_o[:, :, i], ol[1] + part_l[..., i]),
+                             (part_o[:, :, 0], part_l[..., 0]))                # in slot order, one by one
     return o / l[..., None]
 
   def tree_tile(args):
@@ -208,11 +207,10 @@ def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
     lt_sum = value_dot(pt.reshape(b, kh, tt, g, width), ones[:, :, None, :width], "BKTGC,BKTCE->BKTGE")
     return (o + ot) / (l + lt_sum.reshape(b, kh, q0, -1)[..., 0])[..., None]
 
-  qs = qf.reshape(b, kh, tiles, q0, d)
-  ms = mask.reshape(b, tiles, q0, s)
-  if tree is None:
-    outs = [block_tile((qs[:, :, i], ms[:, i])) for i in range(tiles)]
-  else:
-    ats, sts, dts = (x.reshape(tiles, tt, *x.shape[1:]) for x in (anc, src, depth))
-    outs = [tree_tile((qs[:, :, i], ms[:, i], ats[i], sts[i], dts[i])) for i in range(tiles)]
-  return jnp.concatenate(outs, axis=2)[:, :, :tg]
+  # tiles stacked first: [tiles, B, K, q0, D] and [tiles, B, q0, S]; several are one loop over one body
+  qs = jnp.moveaxis(qf.reshape(b, kh, tiles, q0, d), 2, 0)
+  ms = jnp.moveaxis(mask.reshape(b, tiles, q0, s), 1, 0)
+  args, tile = ((qs, ms), block_tile) if tree is None else \
+      ((qs, ms, *(x.reshape(tiles, tt, *x.shape[1:]) for x in (anc, src, depth))), tree_tile)
+  out = tile(tuple(x[0] for x in args))[None] if tiles == 1 else jax.lax.map(tile, args)
+  return jnp.moveaxis(out, 0, 2).reshape(b, kh, tiles * q0, d)[:, :, :tg]
