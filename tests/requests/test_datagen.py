@@ -126,8 +126,8 @@ def test_two_process_shards_merge_into_the_one_process_output(tmp_path):
   ref_out = str(tmp_path / "ref.jsonl")
   datagen.run(tiny(), inp, ref_out, **kw)
   out = str(tmp_path / "out.jsonl")
+  datagen.run(tiny(), inp, out, process_index=0, process_count=2, **kw)
   with pytest.raises(datagen.DatagenError, match="shard-00001-of-00002 is missing"):
-    datagen.run(tiny(), inp, out, process_index=0, process_count=2, **kw)
     datagen_files.merge_shards(out, inp, 2)
   datagen.run(tiny(), inp, out, process_index=1, process_count=2, **kw)
   summary = datagen_files.merge_shards(out, inp, 2)
