@@ -216,6 +216,8 @@ def main(argv=None) -> str:
   ap.add_argument("--shapes", default=None, help="BxP[:NEW],... (default: the study's)")
   for flag, typ in (("--new", int), ("--repeats", int), ("--gamma", int)):
     ap.add_argument(flag, type=typ, default=None, help="default: the study's")
+  ap.add_argument("--prompts", choices=["held_out", "document", "text"], default=None,
+                  help="default: the study's (document: the demo's shared document, a passage per row)")
   ap.add_argument("--window", type=int, default=None, help="the self-draft's window (default 256; trees 128)")
   ap.add_argument("--draft-weights", default="bfloat16", help="the self-draft's weights ('none': the model's)")
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -245,7 +247,7 @@ def main(argv=None) -> str:
   for k in ("shapes", "new", "repeats", "gamma"):
     if getattr(a, k) is None or (a.smoke and k == "gamma"):
       setattr(a, k, st[k])
-  a.warm, a.prompts = st["warm"], st["prompts"]
+  a.warm, a.prompts = st["warm"], a.prompts or st["prompts"]
   if a.temperatures is None:
     a.temperatures = {"sampling": [0.8] if a.smoke else [0.6, 0.8, 1.0], "trees": [0.0, 0.8]}.get(a.study, [0.8])
   if a.top_p is None:
@@ -256,7 +258,7 @@ def main(argv=None) -> str:
   keep = None if a.int4_keep_int8 is None else tuple(n for n in a.int4_keep_int8.split(",") if n and n != "none")
   doc = {"benchmark": "compare", "study": a.study, "env": common.env_info(), "command": common.command(),
          "model": source, "dtype": model.config.dtype, "draft": f"StreamingDraft(4, {a.window}, weights="
-         f"{a.draft_weights})", "gamma": a.gamma, "repeats": a.repeats, "points": []}
+         f"{a.draft_weights})", "gamma": a.gamma, "repeats": a.repeats, "prompts": a.prompts, "points": []}
   shape_tag = a.shapes.split(",")[0].split(":")[0]
   path = a.output or str(common.RESULTS_DIR / f"compare_{a.study}{'_' + a.label if a.label else ''}_{shape_tag}_"
                          f"{common.device_tag()}.json")
