@@ -47,7 +47,7 @@ def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: i
     s = loop.initial_state(jnp.ones((batch, context), jnp.int32), lengths, jnp.full((batch,), rounds, jnp.int32),
                            jnp.array([-1], jnp.int32), jax.random.split(jax.random.key(0), batch), target, ring,
                            rounds + tree.num_nodes, tree)
-    return jax.block_until_ready(s)
+    return jax.block_until_ready(jax.tree.map(jnp.copy, s))   # XLA:CPU may share equal leaves: donated once each
 
   t0 = time.perf_counter()
   comp = loop.decode.lower(params, draft_params, state(), cfg=cfg, spec=spec, tree=tree, sampling=Sampling()).compile()

@@ -30,9 +30,10 @@ from benchmarks import common
 from magicdec_jax import loop
 from magicdec_jax.tuning import hlo
 from magicdec_jax.cache import aligned_slots
-from magicdec_jax.engine import AR_TREE, bucket
 from magicdec_jax.generation import generate
+from magicdec_jax.plan import bucket
 from magicdec_jax.sampling import Sampling
+from magicdec_jax.trees import AR_TREE
 
 
 def ours(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
