@@ -9,10 +9,8 @@ A benchmark is a module run from the repository root as `python -m benchmarks.GR
   common.finish(doc, args.output, f"NAME_{common.device_tag()}.json")
 
 Benchmarks vary plan and draft fields (DecodeSettings, a quantized copy's QuantForm through `QuantFormDraft`),
-not module attributes; `override` is the one place that still sets one, for the GPU harness's simulated
-acceptance (docs/measurements.md#module-overrides). Every benchmark prints (and writes) one JSON document whose `env` block says where and when it ran: device,
-jax version, date, CPU count and model, and the load average before/after (this CPU is shared, so the load
-average is part of the measurement record). Nothing here estimates anything: figures come only from timers.
+never module attributes (docs/measurements.md#module-overrides). Every JSON's `env` block says where and when
+it ran, with the load average before / after (a shared CPU's load is part of the record).
 """
 from __future__ import annotations
 
@@ -107,11 +105,11 @@ def device_tag() -> str:
   return f"{name}_{datetime.date.today().isoformat()}"
 
 
-def interleaved_decodes(model, pre, settings: dict, repeats: int) -> dict:
+def interleaved_decodes(model, pre, settings: dict, repeats: int, warm: bool = True) -> dict:
   """{name: [GenerateResult] x repeats}: every setting (prefilled.decode keywords) decodes the prefilled
-  batch once untimed (compiling), then all settings in turn, `repeats` times, so a burst of load on the
-  shared machine hits one run of each rather than all runs of one."""
-  for kw in settings.values():
+  batch once untimed (compiling; unless not `warm`), then all settings in turn, `repeats` times, so a burst
+  of load on the shared machine hits one run of each rather than all runs of one."""
+  for kw in settings.values() if warm else ():
     prefilled.decode(model, pre, **kw)
   runs = {k: [] for k in settings}
   for _ in range(repeats):
@@ -208,6 +206,11 @@ def int4_form(group: int | None = None, keep_int8=None, symmetric: bool = False)
 
 # ---- output ------------------------------------------------------------------------------------------------
 
+def read_json(path):
+  """The JSON document at `path`."""
+  return json.loads(pathlib.Path(path).read_text())
+
+
 def write_json(doc: dict, path, stamp: bool = True) -> str:
   """Write `doc` (numpy values made plain) to `path`; stamp: first set env.loadavg_end to the load now."""
   if stamp:
@@ -247,13 +250,18 @@ def save_figure(fig, path) -> str:
 
 
 def _jsonable(x):
-  if isinstance(x, (np.integer,)):
-    return int(x)
-  if isinstance(x, (np.floating,)):
-    return float(x)
-  if isinstance(x, np.ndarray):
-    return x.tolist()
-  return str(x)
+  return x.tolist() if isinstance(x, (np.integer, np.floating, np.ndarray)) else str(x)
+
+
+def flags(ap: argparse.ArgumentParser, **defaults) -> None:
+  """A plain --NAME flag (underscores written as dashes) of each default's type, for the scripts' sizes."""
+  for name, default in defaults.items():
+    ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+
+
+def log(*msg) -> None:
+  """A progress line, on stderr."""
+  print(*msg, file=sys.stderr, flush=True)
 
 
 def int_list(text: str) -> list[int]:
