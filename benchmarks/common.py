@@ -71,7 +71,7 @@ def model(smoke: bool, dtype: str = "float32"):
   """(Model, source): smoke (--smoke): the random tiny model, "random-tiny"; else the real SmolLM2-135M."""
   if smoke:
     return testing.random_tiny_model(0), "random-tiny"
-  return load_smollm(dtype)
+  return checkpoints.load_model("smollm2-135m", dtype=dtype), "gguf:smollm2-135m"
 
 
 def output_path(output: str | None, name: str) -> str:
@@ -118,15 +118,13 @@ def interleaved_decodes(model, pre, settings: dict, repeats: int, warm: bool = T
   return runs
 
 
-def loop_engine(model, draft, tree, *, batch: int, context: int, max_new: int, impl: str = "auto",
-                numerics: str | None = None, options: dict | None = None, fixed_shapes=None,
-                simulated_acceptance=None) -> engine.Engine:
+def loop_engine(model, draft, tree, *, batch: int, context: int, max_new: int, numerics: str | None = None,
+                fixed_shapes=None, simulated_acceptance=None) -> engine.Engine:
   """The Engine `generate` builds for a fixed draft and tree (None: plain decoding) at batch x context: its
-  plan's XLA options (the engine's, the draft's, then `options`), attention choice and 1 x 1 mesh
-  (fixed_shapes: invariant numerics' shapes, None: the backend's; simulated_acceptance: DecodeSettings').
+  plan's XLA options (the engine's, then the draft's), attention choice and 1 x 1 mesh (fixed_shapes:
+  invariant numerics' shapes, None: the backend's; simulated_acceptance: DecodeSettings').
   `engine.decode(state)` is then the compiled loop users run."""
-  st = DecodeSettings(max_new_tokens=max_new, draft=draft, tree=None if draft is None else tree,
-                      attention_impl=impl, numerics=numerics, xla_options=options,
+  st = DecodeSettings(max_new_tokens=max_new, draft=draft, tree=None if draft is None else tree, numerics=numerics,
                       fixed_shapes=fixed_shapes if numerics == "invariant" else None,
                       simulated_acceptance=None if draft is None else simulated_acceptance)
   return engine.Engine(model, plan.make_plan(model, st, batch=batch, shortest=context, longest=context))
@@ -155,11 +153,6 @@ def smollm_gguf_path() -> str:
   if not path.exists():
     raise FileNotFoundError(path)
   return str(path)
-
-
-def load_smollm(dtype: str = "float32"):
-  """(Model, source): the real SmolLM2-135M via checkpoints.load_model."""
-  return checkpoints.load_model("smollm2-135m", dtype=dtype), "gguf:smollm2-135m"
 
 
 # ---- text --------------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def main(argv=None):
     tok, eos, vocab_size, source = testing.byte_tokenizer(), (256,), 264, "byte tokenizer"
     schemas = {"four_fields": FOUR_FIELDS, "six_fields": many_fields(6)}
   else:
-    model, source = common.load_smollm()
+    model, source = common.model(False)
     tok, eos, vocab_size = model.tokenizer, model.config.eos_token_ids, model.config.vocab_size
     schemas = {"four_fields": FOUR_FIELDS, "twenty_fields": many_fields(20), "json_object": {"type": "object"}}
   vocab_s, _, vocab, _ = timed(lambda: constraints.build_vocabulary(tok, eos, vocab_size), 1)

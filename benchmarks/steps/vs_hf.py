@@ -147,7 +147,7 @@ def main(argv=None):
 
   if args.hf_only:
     return hf_child(args, shapes)
-  model, source = common.load_smollm("float32")
+  model, source = common.model(False)
   doc = {"benchmark": "cpu_decode_vs_hf", "env": common.env_info(), "model": model.name,
          "weights": source, "dtype": "float32", "max_new_tokens": args.max_new, "repeats": args.repeats,
          "hf_threads": args.threads, "xla_flags": os.environ.get("XLA_FLAGS", ""),
