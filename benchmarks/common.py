@@ -9,10 +9,8 @@ A benchmark is a module run from the repository root as `python -m benchmarks.GR
   common.finish(doc, args.output, f"NAME_{common.device_tag()}.json")
 
 Benchmarks vary plan and draft fields (DecodeSettings, a quantized copy's QuantForm through `QuantFormDraft`),
-not module attributes; `override` is the one place that still sets one, for the GPU harness's simulated
-acceptance (docs/measurements.md#module-overrides). Every benchmark prints (and writes) one JSON document whose `env` block says where and when it ran: device,
-jax version, date, CPU count and model, and the load average before/after (this CPU is shared, so the load
-average is part of the measurement record). Nothing here estimates anything: figures come only from timers.
+never module attributes (docs/measurements.md#module-overrides). Every JSON's `env` block says where and when
+it ran, with the load average before / after (a shared CPU's load is part of the record).
 """
 from __future__ import annotations
 
@@ -73,7 +71,7 @@ def model(smoke: bool, dtype: str = "float32"):
   """(Model, source): smoke (--smoke): the random tiny model, "random-tiny"; else the real SmolLM2-135M."""
   if smoke:
     return testing.random_tiny_model(0), "random-tiny"
-  return load_smollm(dtype)
+  return checkpoints.load_model("smollm2-135m", dtype=dtype), "gguf:smollm2-135m"
 
 
 def output_path(output: str | None, name: str) -> str:
@@ -107,11 +105,11 @@ def device_tag() -> str:
   return f"{name}_{datetime.date.today().isoformat()}"
 
 
-def interleaved_decodes(model, pre, settings: dict, repeats: int) -> dict:
+def interleaved_decodes(model, pre, settings: dict, repeats: int, warm: bool = True) -> dict:
   """{name: [GenerateResult] x repeats}: every setting (prefilled.decode keywords) decodes the prefilled
-  batch once untimed (compiling), then all settings in turn, `repeats` times, so a burst of load on the
-  shared machine hits one run of each rather than all runs of one."""
-  for kw in settings.values():
+  batch once untimed (compiling; unless not `warm`), then all settings in turn, `repeats` times, so a burst
+  of load on the shared machine hits one run of each rather than all runs of one."""
+  for kw in settings.values() if warm else ():
     prefilled.decode(model, pre, **kw)
   runs = {k: [] for k in settings}
   for _ in range(repeats):
@@ -120,15 +118,13 @@ def interleaved_decodes(model, pre, settings: dict, repeats: int) -> dict:
   return runs
 
 
-def loop_engine(model, draft, tree, *, batch: int, context: int, max_new: int, impl: str = "auto",
-                numerics: str | None = None, options: dict | None = None, fixed_shapes=None,
-                simulated_acceptance=None) -> engine.Engine:
+def loop_engine(model, draft, tree, *, batch: int, context: int, max_new: int, numerics: str | None = None,
+                fixed_shapes=None, simulated_acceptance=None) -> engine.Engine:
   """The Engine `generate` builds for a fixed draft and tree (None: plain decoding) at batch x context: its
-  plan's XLA options (the engine's, the draft's, then `options`), attention choice and 1 x 1 mesh
-  (fixed_shapes: invariant numerics' shapes, None: the backend's; simulated_acceptance: DecodeSettings').
+  plan's XLA options (the engine's, then the draft's), attention choice and 1 x 1 mesh (fixed_shapes:
+  invariant numerics' shapes, None: the backend's; simulated_acceptance: DecodeSettings').
   `engine.decode(state)` is then the compiled loop users run."""
-  st = DecodeSettings(max_new_tokens=max_new, draft=draft, tree=None if draft is None else tree,
-                      attention_impl=impl, numerics=numerics, xla_options=options,
+  st = DecodeSettings(max_new_tokens=max_new, draft=draft, tree=None if draft is None else tree, numerics=numerics,
                       fixed_shapes=fixed_shapes if numerics == "invariant" else None,
                       simulated_acceptance=None if draft is None else simulated_acceptance)
   return engine.Engine(model, plan.make_plan(model, st, batch=batch, shortest=context, longest=context))
@@ -157,11 +153,6 @@ def smollm_gguf_path() -> str:
   if not path.exists():
     raise FileNotFoundError(path)
   return str(path)
-
-
-def load_smollm(dtype: str = "float32"):
-  """(Model, source): the real SmolLM2-135M via checkpoints.load_model."""
-  return checkpoints.load_model("smollm2-135m", dtype=dtype), "gguf:smollm2-135m"
 
 
 # ---- text --------------------------------------------------------------------------------------------------
@@ -208,6 +199,11 @@ def int4_form(group: int | None = None, keep_int8=None, symmetric: bool = False)
 
 # ---- output ------------------------------------------------------------------------------------------------
 
+def read_json(path):
+  """The JSON document at `path`."""
+  return json.loads(pathlib.Path(path).read_text())
+
+
 def write_json(doc: dict, path, stamp: bool = True) -> str:
   """Write `doc` (numpy values made plain) to `path`; stamp: first set env.loadavg_end to the load now."""
   if stamp:
@@ -247,13 +243,18 @@ def save_figure(fig, path) -> str:
 
 
 def _jsonable(x):
-  if isinstance(x, (np.integer,)):
-    return int(x)
-  if isinstance(x, (np.floating,)):
-    return float(x)
-  if isinstance(x, np.ndarray):
-    return x.tolist()
-  return str(x)
+  return x.tolist() if isinstance(x, (np.integer, np.floating, np.ndarray)) else str(x)
+
+
+def flags(ap: argparse.ArgumentParser, **defaults) -> None:
+  """A plain --NAME flag (underscores written as dashes) of each default's type, for the scripts' sizes."""
+  for name, default in defaults.items():
+    ap.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+
+
+def log(*msg) -> None:
+  """A progress line, on stderr."""
+  print(*msg, file=sys.stderr, flush=True)
 
 
 def int_list(text: str) -> list[int]:

@@ -1,17 +1,11 @@
 """What structured output costs inside the speculative loop: constrained against unconstrained decoding.
 
-SmolLM2-135M, 8 prompts of 2048 tokens of held-out prose (the plays read from the end of the list),
-prefilled once; each decoded four ways from copies of the same caches, alternately `--repeats` times
-(common.interleaved_decodes): plain decoding and MagicDec (StreamingDraft self-draft, gamma 2), each
-unconstrained and under a JSON schema (an object holding at least 8 strings of at least 40 characters, so no row
-can complete before 64 tokens and every row decodes the same number). Greedy, and temperature 0.8 with top-p 0.95.
-Reported per sampling: tokens/s of the four (summed seconds over the repeats), the goals' ratios
-
-  constrained MagicDec / unconstrained MagicDec tokens/s          (goal >= 0.95)
-  constrained speedup (MagicDec over plain, both constrained)     (goal >= the unconstrained speedup)
-
-acceptance, and (greedy) whether MagicDec's tokens equal plain decoding's, with and without the constraint, and whether
-the constrained outputs are a valid prefix of the schema's language (the automaton walked on the host).
+SmolLM2-135M, 8 held-out prompts of 2048 tokens, prefilled once; plain decoding and MagicDec (StreamingDraft
+self-draft, gamma 2), each unconstrained and under a JSON schema (at least 8 strings of at least 40 characters:
+no row completes before 64 tokens), decoded in turn `--repeats` times (common.interleaved_decodes), greedy and
+T 0.8 top-p 0.95. Per sampling: tokens/s of the four (summed over the repeats), constrained over unconstrained
+MagicDec (goal >= 0.95), both speedups (goal: constrained >= unconstrained), acceptance, whether MagicDec's
+greedy tokens equal plain decoding's, and whether the constrained outputs keep the schema's automaton alive.
 
   python -m benchmarks.constraints.decode --new 64
   python -m benchmarks.constraints.decode --smoke      # the random tiny model, tiny shapes: seconds
@@ -53,13 +47,7 @@ def summed(results) -> dict:
 
 def main(argv=None):
   ap = common.parser(__doc__)
-  ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--context", type=int, default=2048)
-  ap.add_argument("--new", type=int, default=64)
-  ap.add_argument("--gamma", type=int, default=2)
-  ap.add_argument("--sink", type=int, default=4)
-  ap.add_argument("--window", type=int, default=256)
-  ap.add_argument("--repeats", type=int, default=2)
+  common.flags(ap, batch=8, context=2048, new=64, gamma=2, sink=4, window=256, repeats=2)
   args = common.parse(ap, argv, batch=2, context=64, new=8, window=16, repeats=1)
   env = common.env_info()
   model, source = common.model(args.smoke)
@@ -85,10 +73,9 @@ def main(argv=None):
     row["valid_prefixes"] = all(walks(schema_automaton, t) for k in ("plain_constrained", "magicdec_constrained")
                                 for r in runs[k] for t in r.tokens)
     if samp["temperature"] == 0:
-      for kind, (a_name, b_name) in (("constrained", ("plain_constrained", "magicdec_constrained")),
-                                     ("unconstrained", ("plain", "magicdec"))):
-        row[f"identical_{kind}"] = all(a.tokens == b.tokens for a, b in
-                                       zip(runs[a_name], runs[b_name]))
+      for kind, suffix in (("constrained", "_constrained"), ("unconstrained", "")):
+        row[f"identical_{kind}"] = all(a.tokens == b.tokens for a, b in zip(runs["plain" + suffix],
+                                                                            runs["magicdec" + suffix]))
     doc["samplings"][name] = row
     print(f"{name}: plain {row['plain']['tokens_per_s']:.1f}, MagicDec {row['magicdec']['tokens_per_s']:.1f}, "
           f"plain constrained {row['plain_constrained']['tokens_per_s']:.1f}, MagicDec constrained "

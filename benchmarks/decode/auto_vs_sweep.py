@@ -1,15 +1,12 @@
 """Does `gamma="auto"` / `tree="auto"` pick what a sweep finds fastest? SmolLM2-135M, greedy, StreamingDraft, CPU.
 
-For each batch x context shape (Shakespeare prompts) the prompts are prefilled **once** (prefilled.py) and
-decoded autoregressively, then with a sweep of gamma 1..6 and of every shipped tree, all from copies of the same
-caches in the same process (compile seconds are subtracted from decode seconds). `gamma="auto"` / `tree="auto"` are resolved with the same call generate makes
-(`autotune.choose` with a fitted hardware profile and a measured acceptance vector); a pick that is in the sweep
-is measured by that sweep run (same configuration, same executable), any other pick is run as well. Records tokens/s, auto / best-of-sweep ratios, whether greedy outputs equal autoregressive ones,
-the profile's held-out (leave-one-out) step-time error, the load average, device, jax version and date.
-Beside every measured speedup: the cost model's **predicted** speedup of that configuration (the profile's step
-times, the acceptance vector auto uses) and its prediction at the acceptance measured in that run (the profile's
-step times x the measured tokens per round), so the step-time model and the acceptance model are judged apart. The JSON
-is rewritten after every configuration, so an interrupted run keeps what it measured.
+Per batch x context shape (Shakespeare prompts, prefilled once: prefilled.py): autoregressive decoding, a sweep
+of gammas and of every shipped tree, all from copies of the same caches (compile seconds excluded), and the
+picks `autotune.choose` makes as generate does (a fitted hardware profile, a measured acceptance vector); a
+pick in the sweep is measured by that run, any other is run too. Records tokens/s, auto / best-of-sweep
+ratios, whether outputs equal autoregressive ones, the profile's leave-one-out step-time error, and beside
+each speedup the cost model's predicted one (at auto's acceptance vector and at the measured acceptance).
+The JSON is rewritten after every configuration.
 
   nice -n 0 python -m benchmarks.decode.auto_vs_sweep \
       --profile benchmarks/results/cpu_profile_smollm2_streaming4+128_2026-11-23.json
@@ -21,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 from benchmarks import common
@@ -35,9 +31,7 @@ DEFAULT_VECTOR = os.path.join(common.RESULTS_DIR, "acceptance_vector_smollm2_str
 def main(argv=None):
   ap = common.parser(__doc__, smoke="random tiny model, tiny shapes: checks the script (CPU, s)")
   ap.add_argument("--shapes", type=common.shape_list, default=[(4, 1024), (8, 1024), (8, 2048)])
-  ap.add_argument("--max-new", type=int, default=48)
-  ap.add_argument("--sink", type=int, default=4)
-  ap.add_argument("--window", type=int, default=128)
+  common.flags(ap, max_new=48, sink=4, window=128)
   ap.add_argument("--gammas", type=common.int_list, default=[1, 2, 3, 4, 5, 6])
   ap.add_argument("--trees", default=",".join(n for n in trees.DEFAULT_TREE_NAMES if not n.startswith("chain")),
                   help="shipped trees to sweep (the shipped chains are in the gamma sweep)")
@@ -53,22 +47,18 @@ def main(argv=None):
   out_path = common.output_path(args.output, "auto_vs_sweep")
   model, source = common.model(args.smoke)
   draft = StreamingDraft(sink=args.sink, window=args.window)
-  with open(args.acceptance) as f:
-    vec = json.load(f)["acceptance_vector"]
+  vec = common.read_json(args.acceptance)["acceptance_vector"]
   doc = {"benchmark": "auto_vs_sweep", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
          "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window}, "greedy": True,
          "max_new_tokens": args.max_new, "acceptance_file": args.acceptance, "acceptance_vector": vec,
          "goal": "auto >= 95% of the best swept tokens/s; fitted step-time error <= 10% held out",
-         "args": {k: v for k, v in vars(args).items()}, "command": common.command(), "shapes": []}
+         "args": dict(vars(args)), "command": common.command(), "shapes": []}
   if args.profile is None:
-    print("[auto_vs_sweep] calibrating (no --profile) ...", file=sys.stderr, flush=True)
-    prof = calibrate.calibrate(model.params, model.config, model_name=source,
-                               drafts=[calibrate.DraftUnderTest("self", args.sink + args.window)],
-                               batches=(1, 4, 8) if not args.smoke else (1, 2),
-                               contexts=(512, 1024, 2048) if not args.smoke else (64, 128),
-                               tokens=(1, 4, 16, 32) if not args.smoke else (1, 4),
-                               repeats=2 if not args.smoke else 1, passes=2 if not args.smoke else 1,
-                               acceptance_vector=vec)
+    common.log("[auto_vs_sweep] calibrating (no --profile) ...")
+    grid = (dict(batches=(1, 2), contexts=(64, 128), tokens=(1, 4), repeats=1, passes=1) if args.smoke else
+            dict(batches=(1, 4, 8), contexts=(512, 1024, 2048), tokens=(1, 4, 16, 32), repeats=2, passes=2))
+    prof = calibrate.calibrate(model.params, model.config, model_name=source, acceptance_vector=vec,
+                               drafts=[calibrate.DraftUnderTest("self", args.sink + args.window)], **grid)
     args.profile = os.path.splitext(out_path)[0] + ".profile.json"
     profiles.save_profile(prof, args.profile)
   _, prof = profiles.load_profile(args.profile)
@@ -90,10 +80,8 @@ def main(argv=None):
       return None
     load = os.getloadavg()[0]
     res = prefilled.decode(model, pre, eos_token_id=[], **kw)
-    s = res.stats
-    return res, {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "compile_s": s.get("compile_s"),
-                 "mean_accepted_length": s.get("mean_accepted_length"), "tree_nodes": s.get("tree_nodes"),
-                 "acceptance_rate": s.get("acceptance_rate"), "loadavg_1min_before": load}
+    return res, dict({k: res.stats.get(k) for k in ("tokens_per_s", "decode_s", "compile_s", "mean_accepted_length",
+                                                    "tree_nodes", "acceptance_rate")}, loadavg_1min_before=load)
 
   def predictions(tree, b: int, context: int, measured_tokens_per_round: float) -> dict:
     """The cost model's speedup for `tree` (labelled predictions): with auto's acceptance vector, and with the
@@ -115,9 +103,7 @@ def main(argv=None):
     # what auto picks (the same call generate(gamma="auto"/tree="auto") makes); a pick that is also in the
     # sweep is the same configuration and executable: its sweep run is its measurement, not run twice
     context = max(len(p) for p in prompts) + args.max_new // 2
-    picks = auto_picks(model.config, draft, len(prompts), context, args.profile, vec, args.max_new)
-    rec["auto_picks"] = {k: dict(info, nodes=t.num_nodes, depth=t.max_depth, chain=t.is_chain)
-                         for k, (t, info) in picks.items()}
+    picks = auto_picks(model.config, draft, len(prompts), context, args.profile, vec, args.max_new, rec)
     configs = [(f"gamma{g}", trees.Tree.chain(g)) for g in args.gammas]
     configs += [(n, trees.default_tree(n)) for n in args.trees.split(",") if n]
     for name, (tree, _) in picks.items():
@@ -139,10 +125,10 @@ def main(argv=None):
       m["speedup"] = m["tokens_per_s"] / rec["runs"]["autoregressive"]["tokens_per_s"]
       m.update(predictions(tree, b, context, m["mean_accepted_length"]))
       rec["runs"][name] = m
-      print(f"[auto_vs_sweep] b{b} x {ctx} {name}: {m['tokens_per_s']:.1f} tok/s "
-            f"(AR {rec['runs']['autoregressive']['tokens_per_s']:.1f}; {m['speedup']:.2f}x, predicted "
-            f"{m['predicted_speedup']:.2f}x / {m['predicted_speedup_at_measured_acceptance']:.2f}x at the "
-            f"measured acceptance)", file=sys.stderr, flush=True)
+      common.log(f"[auto_vs_sweep] b{b} x {ctx} {name}: {m['tokens_per_s']:.1f} tok/s "
+                 f"(AR {rec['runs']['autoregressive']['tokens_per_s']:.1f}; {m['speedup']:.2f}x, predicted "
+                 f"{m['predicted_speedup']:.2f}x / {m['predicted_speedup_at_measured_acceptance']:.2f}x at the "
+                 f"measured acceptance)")
       for pick, (t, _) in picks.items():
         if t == tree:
           rec["auto_picks"][pick]["measured_by"] = name
@@ -153,14 +139,17 @@ def main(argv=None):
   common.finish(doc, out_path, os.path.basename(out_path))
 
 
-def auto_picks(cfg, draft, batch: int, context: int, profile, vec, new_tokens: int) -> dict:
-  """What generate(gamma="auto") / generate(tree="auto") resolve to (before the fallback): name -> (tree, info).
-  As in generate, a chain is priced with the fixed batch's tail over new_tokens (trees without it)."""
+def auto_picks(cfg, draft, batch: int, context: int, profile, vec, new_tokens: int, rec: dict) -> dict:
+  """What generate(gamma="auto") / generate(tree="auto") resolve to (before the fallback): name -> (tree, info),
+  recorded in rec["auto_picks"]. As in generate, a chain is priced with the fixed batch's tail over
+  new_tokens (trees without it)."""
   picks = {}
   for name, want_tree in (("auto_gamma", False), ("auto_tree", True)):
     tree, info = autotune.choose(cfg, draft, batch, context, want_tree=want_tree, hardware=profile,
                                  acceptance_vector=vec, new_tokens=new_tokens)
     picks[name] = (tree, {k: v for k, v in info.items() if isinstance(v, (int, float, str))})
+  rec["auto_picks"] = {k: dict(info, nodes=t.num_nodes, depth=t.max_depth, chain=t.is_chain)
+                       for k, (t, info) in picks.items()}
   return picks
 
 
@@ -168,8 +157,7 @@ def rescore(path: str, output: str | None, smoke: bool = False) -> dict:
   """Measure nothing: resolve auto again with the current autotune rules (same profile, same acceptance
   vector) for every recorded shape and score its picks with the runs recorded there (a configuration's
   measurement does not depend on who picked it; a pick that was not measured is left unscored)."""
-  with open(path) as f:
-    doc = json.load(f)
+  doc = common.read_json(path)
   model = common.model(smoke)[0]
   draft = StreamingDraft(sink=doc["draft"]["sink"], window=doc["draft"]["window"])
   args = argparse.Namespace(**doc["args"])
@@ -178,9 +166,7 @@ def rescore(path: str, output: str | None, smoke: bool = False) -> dict:
                 for n in rec["runs"] if n.startswith("gamma") or n in args.trees.split(",")}
     context = rec["context"] + doc["max_new_tokens"] // 2
     picks = auto_picks(model.config, draft, rec["batch"], context, args.profile, doc["acceptance_vector"],
-                       doc["max_new_tokens"])
-    rec["auto_picks"] = {k: dict(info, nodes=t.num_nodes, depth=t.max_depth, chain=t.is_chain)
-                         for k, (t, info) in picks.items()}
+                       doc["max_new_tokens"], rec)
     for k, (t, _) in picks.items():
       name = next((n for n, mt in measured.items() if mt == t), None)
       if name is not None:

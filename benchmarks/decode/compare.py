@@ -1,12 +1,10 @@
 """Decoding settings compared from one prefill: tokens/s, acceptance, exactness. SmolLM2-135M, CPU or GPU.
 
-A study (the first argument) names a set of settings. The prompts (held-out Shakespeare, or the demo's: one
-shared document, a different passage per row) are prefilled once per shape (prefilled.py), and every setting
-decodes copies of the same caches, the settings taken in turn `--repeats` times (after one untimed call each
-where the study says `warm`: common.interleaved_decodes). Per setting: median decode seconds (compilation
-excluded), tokens/s, ms per loop round, acceptance, mean accepted length, and against its group's reference
-setting the speedup and the rows whose tokens are identical. The self-draft is the demo's, StreamingDraft
-sink 4 + window 256 (`--window`) on a bfloat16 copy of the float32 weights.
+A study (the first argument) names a set of settings, which decode copies of one prefill per shape (held-out
+Shakespeare or the demo's document prompts) in turn `--repeats` times (common.interleaved_decodes). Per
+setting: median decode seconds, tokens/s, ms per loop round, acceptance, and against its group's reference
+the speedup and the rows with identical tokens. The self-draft is the demo's: StreamingDraft sink 4 + window
+256 (`--window`) on a bfloat16 copy of the float32 weights.
 
   quantized  the self-draft on bfloat16 / int8 / int4 copies (`--weights`) against plain decoding, greedy and
              T 0.8 top-p 0.95 (sampled acceptance over `--seeds` seeds), the draft's step timed alone first
@@ -33,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -138,21 +135,14 @@ def prompts_of(a, model, b: int, p: int) -> list:
 
 def measure(model, pre, settings: dict, a, ref: str) -> dict:
   """name -> figures of each setting, with speedup and identical rows against its group's `ref` setting."""
-  if a.warm:
-    runs = common.interleaved_decodes(model, pre, settings, a.repeats)
-  else:
-    runs = {k: [] for k in settings}
-    for _ in range(a.repeats):
-      for k, kw in settings.items():
-        runs[k].append(prefilled.decode(model, pre, **kw))
+  runs = common.interleaved_decodes(model, pre, settings, a.repeats, warm=a.warm)
   rows = {}
   for name, rs in runs.items():
     sec = statistics.median(r.stats["decode_s"] for r in rs)
     s = rs[0].stats
     rows[name] = dict({k: s.get(k) for k in KEYS}, decode_s=sec, decode_s_all=[r.stats["decode_s"] for r in rs],
                       tokens_per_s=s["new_tokens"] / sec, ms_per_round=1e3 * sec / max(s["loop_rounds"], 1))
-    print(f"[compare] {name}: {rows[name]['tokens_per_s']:.1f} tok/s, acceptance {s.get('acceptance_rate')}",
-          file=sys.stderr, flush=True)
+    common.log(f"[compare] {name}: {rows[name]['tokens_per_s']:.1f} tok/s, acceptance {s.get('acceptance_rate')}")
   for name, row in rows.items():
     base = name.rsplit("/", 1)[0] + "/" + ref
     if base in rows:
@@ -225,8 +215,7 @@ def main(argv=None) -> str:
   ap.add_argument("--samplings", type=lambda t: t.split(","), default=["greedy", "t0.8-topp0.95"])
   ap.add_argument("--seeds", type=int, default=1, help="quantized: sampled acceptance over seeds 0 .. n-1")
   ap.add_argument("--steps-only", action="store_true")
-  ap.add_argument("--step-repeats", type=int, default=20)
-  ap.add_argument("--step-rounds", type=int, default=3)
+  common.flags(ap, step_repeats=20, step_rounds=3, filter_rows=24)
   ap.add_argument("--int4-group", type=int, default=None, help="QuantForm.group (0: one scale per channel)")
   ap.add_argument("--int4-keep-int8", default=None, help="QuantForm.keep_int8, comma-separated ('none': all int4)")
   ap.add_argument("--int4-symmetric", action="store_true", help="QuantForm.offsets = False")
@@ -238,7 +227,6 @@ def main(argv=None) -> str:
   ap.add_argument("--gammas", type=common.int_list, default=[2, 4, 6])
   ap.add_argument("--ngram", type=int, default=drafts.lookup.DEFAULT_MAX_NGRAM)
   ap.add_argument("--trees", default="sequoia16,sequoia32,sequoia64")
-  ap.add_argument("--filter-rows", type=int, default=24)
   ap.add_argument("--vocabs", type=common.int_list, default=[152064])
   ap.add_argument("--label", default="", help="a tag for the output's name (e.g. 'before')")
   a = common.parse(ap, argv, **SMOKE)

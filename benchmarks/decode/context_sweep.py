@@ -28,9 +28,7 @@ def main(argv=None):
   ap.add_argument("--batches", type=common.int_list, default=list(PRESET["batches"]))
   ap.add_argument("--contexts", type=common.int_list, default=list(PRESET["contexts"]))
   ap.add_argument("--gammas", type=common.int_list, default=list(PRESET["gammas"]))
-  ap.add_argument("--max-new", type=int, default=PRESET["max_new_tokens"])
-  ap.add_argument("--sink", type=int, default=4)
-  ap.add_argument("--window", type=int, default=PRESET["window"])
+  common.flags(ap, max_new=PRESET["max_new_tokens"], sink=4, window=PRESET["window"])
   ap.add_argument("--max-batch-tokens", type=int, default=PRESET["max_batch_tokens"],
                   help="skip points with batch x context above this (prefill time)")
   ap.add_argument("--draft-weights", default="none", choices=["none", "bfloat16"],
@@ -77,8 +75,7 @@ def combine(paths: list[str], png: str) -> dict:
   runs = []
   for spec in paths:
     path, _, only = spec.partition(":")
-    with open(path) as f:
-      runs.append((json.load(f), set(common.int_list(only)) if only else None))
+    runs.append((common.read_json(path), set(common.int_list(only)) if only else None))
   table: dict = {}
   for doc, only in runs:
     for p in doc["points"]:
@@ -95,8 +92,7 @@ def combine(paths: list[str], png: str) -> dict:
             label=f"batch {b} ({f'mean of {n} runs' if n > 1 else 'one run'})")
   ax.axhline(1.0, color="gray", lw=0.8)
   ax.set_xscale("log", base=2)
-  ax.set_xlabel("context (prompt tokens)")
-  ax.set_ylabel("decode speedup over AR (best gamma)")
+  ax.set(xlabel="context (prompt tokens)", ylabel="decode speedup over AR (best gamma)")
   env = runs[0][0]["env"]
   where = env["device"] + (f" ({env['cpu_model']})" if env.get("cpu_model") else "")
   ax.set_title(f"MagicDec StreamingDraft vs AR, {runs[0][0]['model']}, {where}", fontsize=9)
@@ -112,8 +108,7 @@ def repredict(path: str, profile: str | None, smoke: bool = False) -> dict:
   """Predictions of a recorded sweep recomputed with another hardware profile, stored beside the first ones
   as crossover[batch]["predicted_with_profile"] (the measured figures are not touched); priced with the
   fixed batch's tail over the sweep's max_new_tokens, as it was measured."""
-  with open(path) as f:
-    doc = json.load(f)
+  doc = common.read_json(path)
   model = common.model(smoke)[0]
   hw = autotune.detect_hardware(profile)
   draft = StreamingDraft(doc["draft"]["sink"], doc["draft"]["window"], weights=doc["draft"].get("weights"))
@@ -123,8 +118,7 @@ def repredict(path: str, profile: str | None, smoke: bool = False) -> dict:
         sweep.predicted_crossover(model, hw, autotune.cost_draft(draft), int(b), pts, doc["gammas"],
                                   doc.get("max_new_tokens")),
         profile=profile)
-  with open(path, "w") as f:
-    json.dump(doc, f, indent=1)
+  common.write_json(doc, path, stamp=False)
   print(json.dumps({b: e["predicted_with_profile"] for b, e in doc["crossover"].items()}, indent=1))
   return doc
 

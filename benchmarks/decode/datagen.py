@@ -1,18 +1,12 @@
 """Offline generation throughput: static vs continuous batching, SmolLM2-135M chat prompts, natural EOS.
 
-Workload: `--prompts` chat requests (an instruction template x a topic, rendered with SmolLM2's ChatML) x
-`--samples` samples each, temperature 0.8 (`--top-p` for a nucleus cut), up to `--max-new` tokens; rows
-end at the model's own EOS, so lengths spread. Both ways run `generate_stream` on `--batch` slots: static batching is `refill_at = batch`
-(every slot waits for the batch's longest row, then all are refilled: what datagen did before), continuous
-is `refill_at = --refill-at`. Each sample's stream depends only on its (seed, stream id), so both ways
-produce the very same samples (checked: `same_outputs`), and the comparison is of time alone.
-
-Per configuration: useful tokens/s (new tokens / (wall - compile)), slot utilization (active row-rounds /
-all row-rounds), prefill (+ insert) share of the wall time, decode calls; per decoding mode the bound
-(static row-rounds / useful row-rounds: what perfect refilling at equal round cost would gain) and the
-measured speedup. One configuration per invocation (each can take minutes on 2 CPU cores) writes a part
-under results/datagen_throughput_parts/; `--merge` joins the parts into one JSON + PNG (`--output`: the
-merged JSON's path, its folder then takes the parts too). `--smoke` runs every configuration and merges.
+`--prompts` chat requests x `--samples` samples, T 0.8, up to `--max-new` tokens (or the model's EOS), on
+`--batch` slots of `generate_stream`: static batching refills at `batch`, continuous at `--refill-at`; both
+produce the same samples (checked: `same_outputs`), so only time is compared. Per configuration: useful
+tokens/s (new tokens / (wall - compile)), slot utilization, prefill (+ insert) share; per mode the bound
+(static row-rounds / useful row-rounds) and the speedup. A call runs one configuration into a part under
+results/datagen_throughput_parts/; `--merge` joins the parts into one JSON + PNG (`--output`: the merged
+JSON, its folder takes the parts too). `--smoke` runs every configuration and merges.
 
   python -m benchmarks.decode.datagen --run ar-static        # ar-continuous, streaming-static, ...
   python -m benchmarks.decode.datagen --merge
@@ -88,8 +82,7 @@ def merge(part_dir, out_dir, name: str = NAME) -> dict:
   for c in CONFIGS:
     path = os.path.join(part_dir, f"{c}.json")
     if os.path.exists(path):
-      with open(path) as f:
-        parts[c] = json.load(f)
+      parts[c] = common.read_json(path)
   modes = {}
   for mode in ("ar", "streaming"):
     s, c = parts.get(f"{mode}-static"), parts.get(f"{mode}-continuous")
@@ -120,15 +113,13 @@ def _plot(parts, modes, path):
                   fontsize=9)
   ax[1].bar(names, [parts[c]["slot_utilization"] for c in names], color=colors)
   ax[1].axhline(0.9, ls="--", c="k", lw=0.8)
-  ax[1].set_ylabel("slot utilization (active / all row-rounds)")
-  ax[1].set_ylim(0, 1.05)
+  ax[1].set(ylabel="slot utilization (active / all row-rounds)", ylim=(0, 1.05))
   for a in ax[:2]:
     a.tick_params(axis="x", labelrotation=20, labelsize=8)
   first = parts[names[0]] if names else None
   if first:
     ax[2].hist(first["lengths"], bins=32, color="#2ca02c")
-    ax[2].set_xlabel("new tokens per sample")
-    ax[2].set_ylabel("samples")
+    ax[2].set(xlabel="new tokens per sample", ylabel="samples")
     ax[2].set_title(f"lengths ({first['samples']} samples, eos {first['eos_fraction']:.0%})", fontsize=9)
   fig.suptitle("datagen: static vs continuous batching (batch %s, SmolLM2-135M, CPU)" %
                (first["settings"]["batch_size"] if first else "?"), fontsize=10)
@@ -140,18 +131,9 @@ def main(argv=None):
   ap.add_argument("--run", choices=CONFIGS, action="append", default=[])
   ap.add_argument("--merge", action="store_true")
   ap.add_argument("--out-dir", default=None, help="parts and merged files go here (default results/)")
-  ap.add_argument("--prompts", type=int, default=64)
-  ap.add_argument("--samples", type=int, default=2)
-  ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--refill-at", type=int, default=1)
-  ap.add_argument("--max-new", type=int, default=256)
-  ap.add_argument("--temperature", type=float, default=0.8)
-  ap.add_argument("--top-p", type=float, default=1.0)
   ap.add_argument("--name", default=NAME, help="merged file name (without .json / .png)")
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--gamma", type=int, default=2)
-  ap.add_argument("--sink", type=int, default=4)
-  ap.add_argument("--window", type=int, default=64)
+  common.flags(ap, prompts=64, samples=2, batch=8, refill_at=1, max_new=256, temperature=0.8, top_p=1.0, seed=0,
+               gamma=2, sink=4, window=64)
   args = ap.parse_args(argv)
   if args.smoke:
     args.prompts, args.max_new, args.batch, args.window = min(args.prompts, 6), min(args.max_new, 8), 2, 8

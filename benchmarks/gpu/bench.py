@@ -1,14 +1,10 @@
 """The GPU harness's runner: one configuration end to end through the engine's own compiled loop.
 
-`Bench.run` decodes a context-long zero cache of random weights through `Engine.decode` (the executable the
-Engine compiles: its plan's XLA options, attention choice and numerics) with acceptance simulated
-(simulate.py), and records tokens/s over the whole loop at N2 new tokens a row and the marginal rate between
-N1 and N2 (fixed costs cancel), the loop's rounds (until its slowest row ends) and the mean row's, and on a
-GPU a kernel-time breakdown per loop round from a jax.profiler trace. Every record is written to the JSON
-(and a line to the log) as soon as it exists, so a run cut by its deadline or killed keeps what it measured.
-Deadlines: `--deadline-s` for the whole run and a budget per part (`begin`); a configuration that would
-start later than either is recorded as skipped. The floor of a step is the bytes it must read over the read
-and copy rates measured in the same process.
+`Bench.run` decodes a zero cache of the context through `Engine.decode` with simulated acceptance (simulate.py)
+and records tokens/s at N2 new tokens a row, the marginal rate between N1 and N2 (fixed costs cancel), the
+loop's and the mean row's rounds, and on a GPU a kernel-time breakdown per round (a jax.profiler trace).
+Every record goes to the JSON and the log as soon as it exists; a configuration past the part's budget or
+`--deadline-s` is recorded as skipped. A step's floor: the bytes it must read over the rates measured here.
 """
 from __future__ import annotations
 
@@ -48,17 +44,13 @@ def forward_allreduce_s(cfg, batch: int, tokens: int, devices: int) -> float:
   return 2 * cfg.num_layers * allreduce_seconds(batch * tokens * cfg.hidden_size * 2, devices)
 
 
+KERNEL_KINDS = (("concatenate", ("concatenate",)), ("pallas_attention", ("attention",)),
+                ("gemm", ("nvjet", "gemm", "cublas", "splitk")), ("copy", ("memcpy", "dynamic_slice", "copy")))
+
+
 def kernel_kind(name: str) -> str:
-  n = name.lower()
-  if "concatenate" in n:
-    return "concatenate"
-  if "attention" in n:
-    return "pallas_attention"
-  if any(k in n for k in ("nvjet", "gemm", "cublas", "splitk")):
-    return "gemm"
-  if any(k in n for k in ("memcpy", "dynamic_slice", "copy")):
-    return "copy"
-  return "other"
+  """The first kind whose words the kernel's name holds, else "other"."""
+  return next((kind for kind, words in KERNEL_KINDS if any(w in name.lower() for w in words)), "other")
 
 
 def kernel_profile(call, tag: str) -> dict:
@@ -141,9 +133,12 @@ class Bench:
     self.say("bandwidth", {k: f"{v / 1e12:.2f} TB/s" for k, v in out.items()})
     return out
 
-  def floor(self, cfg, batch: int, context: int) -> dict:
-    """Bytes one AR step must read (every weight once, the embedding only for the batch's rows, the cache)
-    and the time that takes at the measured rates."""
+  def floor(self, cfg, batch: int, context: int, run: dict, prefix: str = "ar_", shares: bool = True) -> dict | None:
+    """Bytes one AR step must read (every weight once, the embedding only for the batch's rows, the cache),
+    the time that takes at the measured rates, and the measured `run`'s marginal step (PREFIXstep_ms_marginal)
+    with (shares) its share of each floor; None where the run has no marginal rate."""
+    if "tok_per_s_marginal" not in run:
+      return None
     w = costmodel.param_bytes(cfg, cfg.dtype)
     if not cfg.tie_embeddings:
       w -= cfg.vocab_size * cfg.hidden_size * jnp.dtype(cfg.jnp_dtype).itemsize
@@ -151,6 +146,9 @@ class Bench:
     out = {"weight_bytes": w, "kv_bytes": kv}
     for k, bw in self.res.get("bandwidth", {}).items():
       out[k.replace("_bytes_per_s", "_floor_ms")] = (w + kv) / bw * 1e3
+    step = out[prefix + "step_ms_marginal"] = 1e3 / run["tok_per_s_marginal"] * batch
+    if shares:
+      out.update({f"{prefix}share_of_{k[:-9]}": v / step for k, v in list(out.items()) if k.endswith("_floor_ms")})
     return out
 
   def fits(self, model, draft, tree, batch: int, context: int) -> dict:
@@ -163,21 +161,19 @@ class Bench:
     ok = None if limit is None else mem.total < limit * (1 - self.args.memory_margin)
     return {"fits": ok, "planned_bytes": mem.total, "limit_bytes": limit, "plan": mem.describe()}
 
-  def run(self, label, model, draft, tree, alpha, batch, context, *, numerics="fast", options=None,
-          profile=False, vector=None, fixed=None, **extra) -> dict:
+  def run(self, label, model, draft, tree, alpha, batch, context, *, numerics="fast", profile=False, vector=None,
+          fixed=None, **extra) -> dict:
     """One configuration end to end (draft None: plain decoding); acceptance simulated at `alpha` per
     chain position (or `vector`, a tree's); its record is appended to res["runs"] and returned (a label
     measured before is not run again: its record is returned). fixed: invariant numerics' FixedShapes
     (None: the backend's)."""
-    prev = next((r for r in self.res["runs"] if r["label"] == label and "tok_per_s" in r), None)
-    if prev is not None:                       # the same configuration measured by an earlier part
-      return prev
+    if prev := next((r for r in self.res["runs"] if r["label"] == label and "tok_per_s" in r), None):
+      return prev                              # the same configuration measured by an earlier part
     rec = {"part": self.part, "label": label, "batch": batch, "context": context, "numerics": numerics,
            "alpha": alpha, "gamma": tree.max_depth, "tree_nodes": tree.num_nodes, **extra}
     if self.late(self.args.config_s):
       return self._done(dict(rec, skipped="deadline"))
-    mem = self.fits(model, draft, tree, batch, context)
-    rec["memory"] = mem
+    mem = rec["memory"] = self.fits(model, draft, tree, batch, context)
     if mem["fits"] is False:
       return self._done(dict(rec, skipped="does not fit (memory planner)"))
     cfg = dataclasses.replace(model.config, numerics=numerics, fixed=fixed if numerics == "invariant" else None)
@@ -210,7 +206,7 @@ class Bench:
     try:
       eng = common.loop_engine(model, draft, tree, batch=batch, context=context, max_new=n2,
                                simulated_acceptance=None if draft is None else (vector or (alpha,)),
-                               numerics=numerics, options=options, fixed_shapes=cfg.fixed)
+                               numerics=numerics, fixed_shapes=cfg.fixed)
       rec["plan_xla_options"] = eng.plan.xla_options
       t0 = time.perf_counter()
       once(n1)
@@ -227,7 +223,7 @@ class Bench:
         rec["profile"] = dict(prof, by_kind_ms_per_round={k: v / rounds for k, v in prof["by_kind_ms"].items()})
     except Exception as e:                                        # noqa: BLE001 (recorded, the run goes on)
       rec["error"] = repr(e)[:600]
-    del eng
+    eng = None
     jax.clear_caches()
     compiling.clear()
     draft_weights.drop_copies()

@@ -1,31 +1,18 @@
 """The GPU harness: named parts through the engine's own loop, random bf16 weights at real shapes, one JSON + log.
 
-Every configuration runs `Engine.decode` from a zero cache of the context (bench.py), acceptance simulated as
-Bernoulli(alpha) per draft token (simulate.py). The paper parts take alpha per draft kind from the CPU
-measurement `--acceptance` (benchmarks/drafts/acceptance.py: SmolLM2-135M, held-out Shakespeare, greedy, the
-same budgets; `--alpha KIND=VALUE` overrides one, recorded as such); the others keep the earlier assumption
-(alpha 0.8 self-drafts, 0.7 the 1B draft). Parts run in the order given, each within its own budget
-(`--budget PART=SECONDS`, defaults below) and the run's `--deadline-s`; a configuration that would start
-later is recorded as skipped, and the JSON is rewritten after every configuration.
+Every configuration runs `Engine.decode` from a zero cache (bench.py), acceptance simulated as Bernoulli(alpha)
+per draft token (simulate.py): the paper part's alpha per draft kind measured on CPU (`--acceptance`, from
+benchmarks/drafts/acceptance.py; `--alpha KIND=VALUE` overrides one), the others' 0.8 (self) and 0.7 (1B).
+Parts run in the order given, each within its `--budget PART=SECONDS` and the run's `--deadline-s` (what would
+start later is recorded as skipped). Each part in full: docs/gpu.md#harness.
 
-  paper      one GPU's shard of MagicDec's TP-8 setting (LLaMA-3.1-8B with heads, KV heads and MLP / 8, the
-             embedding and LM head whole) at 32K, by value: batch 64, 128 (where the memory planner says it
-             fits), 41 at 100K, 32, the int8 / int4 self-draft copies at 64, gamma="auto"'s pick where it
-             differs from the paper's gamma, then batch 16; drafts: StreamingLLM self-draft (16 + 512),
-             SnapKV (512 + 64), a LLaMA-3.2-1B-shape draft (its own TP-8 shard, 16 + 512 ring), each at the
-             paper's gamma; speedups with and without the predicted all-reduces (two per layer per forward,
-             bench.allreduce_seconds: assumed constants, nothing measured across GPUs) beside the paper's
-  stream     steady-state tokens/s of `generate_stream` (continuous batching, refill at 1, real prefills of
-             random prompts) at 8 x 32K, LLaMA-3.1-8B, self-draft, against the single-call loop
-  tree       a Sequoia tree (16 nodes from the simulated acceptance vector) against the best of chains 2 / 3
-             at 8 x 32K, self-draft
-  headline   the README's 8 x 32K table: AR, self-draft chains on bf16 / int8 / int4 copies, the 1B draft
-             in bf16 and int8, one GPU's TP-8 shard at batch 64 (alpha 0.8 / 0.7), kernel breakdowns
+  paper      one GPU's shard of MagicDec's TP-8 LLaMA-3.1-8B setting at 32K and 100K: three drafts at the
+             paper's gammas and at gamma="auto"'s, speedups with predicted all-reduces beside the paper's
+  stream     steady-state tokens/s of `generate_stream` at 8 x 32K against the single-call loop
+  tree       a Sequoia tree against the best of chains 2 / 3 at 8 x 32K
+  headline   the README's 8 x 32K table: AR, self-draft on bf16 / int8 / int4 copies, the 1B draft, the shard
   batch1     the 1 x 4K AR step against its floor
-  identity   fixed-shape numerics on the Pallas kernel (backend.FixedShapes.attention) against fast, random
-             8-layer LLaMA-3.2-1B shape: greedy speculative tokens against plain decoding's through
-             `generation.generate` (real acceptance, logits unsharpened: near ties counted), then the AR step,
-             a self-draft chain-3 round and the first call at 8 x 32K under each numerics
+  identity   fixed-shape numerics on the Pallas kernel against fast: greedy tokens, then cost at 8 x 32K
   invariant  the headline's AR and self chain 3 with fixed-shape numerics
 
   PYTHONPATH=. python3 -m benchmarks.gpu.harness --parts paper,stream,tree --deadline-s 480 --output $OUT/gpu.json
@@ -35,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import os
 import time
 import traceback
@@ -48,9 +34,8 @@ from benchmarks.gpu.bench import Bench, forward_allreduce_s  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from magicdec_jax import backend  # noqa: E402
 from magicdec_jax import compile as compiling  # noqa: E402
-from magicdec_jax import drafts, generation, schedule, trees  # noqa: E402
+from magicdec_jax import backend, drafts, generation, schedule, trees  # noqa: E402
 from magicdec_jax.config import ModelConfig  # noqa: E402
 from magicdec_jax.model import Model, init_params  # noqa: E402
 from magicdec_jax.stream import generate_stream  # noqa: E402
@@ -92,8 +77,7 @@ def random_model(cfg: ModelConfig, seed: int, name: str) -> Model:
 def load_alphas(path, overrides: dict) -> dict:
   """Draft name -> {"alpha", "source"}: the greedy chain alpha measured per draft kind in `path`, else an
   override."""
-  with open(path) as f:
-    doc = json.load(f)
+  doc = common.read_json(path)
   kinds = doc["drafts"]["kinds"]
   where = f"{os.path.basename(str(path))} ({doc['model']}, {doc['drafts']['batch']} x {doc['drafts']['prompt_tokens']})"
   out = {name: {"alpha": kinds[k]["greedy"]["alpha"], "source": f"{where}: {k}, greedy"}
@@ -125,8 +109,8 @@ def part_paper(b: Bench, m: dict):
     key = f"b{batch}x{context}"
     if key not in ar_of:
       ar = ar_of[key] = b.run(f"{key} AR", shard, None, trees.AR_TREE, None, batch, context)
-      if "tok_per_s_marginal" in ar:                   # the AR step against the bytes it must read
-        floors[key] = dict(b.floor(scfg, batch, context), ar_step_ms_marginal=1e3 * batch / ar["tok_per_s_marginal"])
+      if fl := b.floor(scfg, batch, context, ar, shares=False):   # the AR step against the bytes it must read
+        floors[key] = fl
         b.put("floors", floors)
     base, d = ar_of[key], dr[name]
     r = b.run(f"{key} {name} γ{gamma}", shard, d, Tree.chain(gamma), al[name]["alpha"], batch, context,
@@ -172,9 +156,8 @@ def part_paper(b: Bench, m: dict):
 def part_stream(b: Bench, m: dict):
   """generate_stream against the single-call loop at 8 x C, self-draft chain `--stream-gamma`."""
   a, target, batch, ctx = b.args, m["target"], 8, m["C"]
-  sink, window = m["ring"]
   alpha, g = m["alphas"]["self"], a.stream_gamma
-  draft = drafts.StreamingDraft(sink, window)
+  draft = drafts.StreamingDraft(*m["ring"])
   single = b.run(f"8x{ctx} self γ{g}", target, draft, Tree.chain(g), alpha["alpha"], batch, ctx,
                  alpha_source=alpha["source"])
   if b.late(a.config_s * 2):                        # its compiles and the first prefills
@@ -210,9 +193,8 @@ def part_stream(b: Bench, m: dict):
 
 def part_tree(b: Bench, m: dict):
   a, target, ctx = b.args, m["target"], m["C"]
-  sink, window = m["ring"]
   alpha = m["alphas"]["self"]
-  draft = drafts.StreamingDraft(sink, window)
+  draft = drafts.StreamingDraft(*m["ring"])
   ar = b.run(f"8x{ctx} AR", target, None, trees.AR_TREE, None, 8, ctx)
   chains = [b.run(f"8x{ctx} self γ2", target, draft, Tree.chain(2), alpha["alpha"], 8, ctx)]   # (stream's)
   vec = simulate.default_vector(alpha["alpha"])
@@ -220,8 +202,7 @@ def part_tree(b: Bench, m: dict):
   t = b.run(f"8x{ctx} self sequoia{a.tree_nodes}", target, draft, tree, alpha["alpha"], 8, ctx, vector=vec,
             tree_parents=list(tree.parents), expected_tokens=tree.expected_tokens(vec))
   chains.append(b.run(f"8x{ctx} self γ3", target, draft, Tree.chain(3), alpha["alpha"], 8, ctx))
-  rows = [r for r in chains + [t] if "tok_per_s" in r]
-  b.put("speedups", b.ratios(ar, rows))
+  b.put("speedups", b.ratios(ar, chains + [t]))
   best = max((r for r in chains if "tok_per_s" in r), key=lambda r: r["tok_per_s"], default=None)
   if best and "tok_per_s" in t:
     b.put("tree_over_best_chain", {"best_chain": best["label"], "ratio": t["tok_per_s"] / best["tok_per_s"]})
@@ -232,11 +213,8 @@ def part_headline(b: Bench, m: dict):
   sink, window = m["ring"]
   sd = lambda w: drafts.StreamingDraft(sink, window, weights=w)
   ar = b.run("AR", target, None, trees.AR_TREE, None, 8, ctx, profile=True)
-  if "tok_per_s_marginal" in ar:
-    step = 1e3 / ar["tok_per_s_marginal"] * 8
-    fl = b.floor(target.config, 8, ctx)
-    b.put("floor", dict(fl, ar_step_ms_marginal=step, **{f"ar_share_of_{k[:-9]}": v / step
-                                                        for k, v in fl.items() if k.endswith("_floor_ms")}))
+  if fl := b.floor(target.config, 8, ctx, ar):
+    b.put("floor", fl)
   rows = [b.run(f"self γ{g} {w or 'bf16'}", target, sd(w), Tree.chain(g), ASSUMED["self"], 8, ctx, profile=True)
           for g, w in ((2, None), (2, "int8"), (3, "int4"))]
   all4 = common.QuantFormDraft(sink, window, weights="int4", form=common.int4_form(keep_int8=()))
@@ -244,22 +222,17 @@ def part_headline(b: Bench, m: dict):
   rows += [b.run(f"1B γ3 {w or 'bf16'}", target, drafts.ModelDraft(small, sink, window, weights=w), Tree.chain(3),
                  ASSUMED["1B"], 8, ctx, profile=True) for w in (None, "int8")]
   b.put("speedups", b.ratios(ar, rows))
-  tp = 2 if b.args.smoke else 8
+  tp, bs = (2, 8) if b.args.smoke else (8, 64)
   shard = random_model(tp_shard(target.config, tp), 5, "shard")
-  bs = 8 if b.args.smoke else 64
   sar = b.run(f"shard b{bs} AR", shard, None, trees.AR_TREE, None, bs, ctx)
   srow = b.run(f"shard b{bs} self γ2", shard, sd(None), Tree.chain(2), ASSUMED["self"], bs, ctx)
   b.put("shard_speedups", b.ratios(sar, [srow]))
 
 
 def part_batch1(b: Bench, m: dict):
-  ctx = m["C1"]
-  r = b.run("AR 1x4K", m["target"], None, trees.AR_TREE, None, 1, ctx, profile=True)
-  fl = b.floor(m["target"].config, 1, ctx)
-  if "tok_per_s_marginal" in r:
-    step = 1e3 / r["tok_per_s_marginal"]
-    b.put("batch1", dict(fl, step_ms_marginal=step, **{f"share_of_{k[:-9]}": v / step
-                                                      for k, v in fl.items() if k.endswith("_floor_ms")}))
+  r = b.run("AR 1x4K", m["target"], None, trees.AR_TREE, None, 1, m["C1"], profile=True)
+  if fl := b.floor(m["target"].config, 1, m["C1"], r, prefix=""):
+    b.put("batch1", fl)
 
 
 def part_invariant(b: Bench, m: dict):
@@ -280,13 +253,12 @@ def identity_fixed_shapes():
 
 
 def part_identity(b: Bench, m: dict):
-  """Fixed-shape numerics on the kernel against fast numerics, random 8-layer LLaMA-3.2-1B shape, bf16.
-  First identity: greedy speculative tokens (StreamingLLM self-draft, gamma 3, real acceptance) against plain
-  decoding's, with logits left as initialised (no sharpening) so near ties (top-2 within TIE nats) occur;
-  rows identical per numerics and the near ties they passed. Then cost at 8 x C: the AR step, a self-draft
-  chain-3 round and the first call (compile + run) under each numerics."""
+  """Fixed-shape numerics on the kernel against fast numerics, random 8-layer LLaMA-3.2-1B shape, bf16: greedy
+  speculative tokens (self-draft, gamma 3, real acceptance) against plain decoding's, logits unsharpened so
+  near ties (top-2 within TIE nats) occur; then the cost at 8 x C of the AR step, a chain-3 round and the
+  first call (compile + run) under each numerics."""
   cfg = m["target_cfg"] if b.args.smoke else shapes.model_shape("llama32_1b").replace(num_layers=8)
-  model = Model(cfg, init_params(cfg, jax.random.key(7)), name="identity")
+  model = random_model(cfg, 7, "identity")
   fixed = identity_fixed_shapes()
   b.put("fixed_shapes", {k: v for k, v in dataclasses.asdict(fixed).items() if k != "xla_options"} |
         {"xla_options": [list(o) for o in fixed.xla_options]})
@@ -344,13 +316,9 @@ def main(argv=None):
   ap.add_argument("--acceptance", default=str(ACCEPTANCE), help="benchmarks/drafts/acceptance.py's JSON")
   ap.add_argument("--alpha", default="", help="KIND=ALPHA,...: override a draft's simulated acceptance "
                   "(kinds: %s)" % ", ".join(KIND_OF))
-  ap.add_argument("--n1", type=int, default=16)
-  ap.add_argument("--n2", type=int, default=64)
-  ap.add_argument("--bw-bytes", type=int, default=4 << 30)
+  common.flags(ap, n1=16, n2=64, bw_bytes=4 << 30, stream_gamma=2, tree_nodes=16)
   ap.add_argument("--memory-margin", type=float, default=0.03, help="share of device memory left unplanned")
-  ap.add_argument("--stream-gamma", type=int, default=2)
   ap.add_argument("--stream-refills", type=int, default=8, help="requests beyond the batch (fed while time allows)")
-  ap.add_argument("--tree-nodes", type=int, default=16)
   a = common.parse(ap, argv, bw_bytes=1 << 24, config_s=0.0, stream_refills=4, tree_nodes=6)
   parts = list(PARTS) if a.parts == "all" else [p for p in a.parts.split(",") if p]
   budgets = dict(BUDGETS, **{k: float(v) for k, v in (x.split("=") for x in a.budget.split(",") if x)})

@@ -1,11 +1,9 @@
 """Simulated acceptance for runs with random weights: the acceptance vectors they use and a check of the walk.
 
-Random weights accept almost nothing, so a benchmark that wants a draft's real costs at a realistic acceptance
-sets the plan field `simulated_acceptance` (DecodeSettings; the loop's `verify.simulated_walk`): a chain's
-draft token is accepted with probability alpha once the ones before it were, a tree's child of rank k with
-probability v[k] of an acceptance vector. The real `verify.accept` still runs (same cost, same output
-shapes); only its path is replaced, so drafting, the verify pass, commits and rollbacks run as in real
-generation.
+Random weights accept almost nothing, so a benchmark after a draft's real costs at a realistic acceptance sets
+the plan field `simulated_acceptance` (the loop's `verify.simulated_walk`): a chain's draft token is accepted
+with probability alpha once the ones before it were, a tree's child of rank k with probability v[k]. The real
+`verify.accept` still runs; only its outcome is replaced (drafts, verify, commits, rollbacks run as in use).
 """
 from __future__ import annotations
 

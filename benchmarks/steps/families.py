@@ -1,15 +1,10 @@
 """Speed per byte of each family's AR step: the same dimensions with each family's features switched on.
 
-A decode step reads the weights and the KV cache; a family's extra pieces (Qwen3's q/k norms, Qwen2's
-biases, Gemma's (1 + w) norms, post-norms, GeGLU, window masks and local RoPE) add work but almost no bytes.
-This times one autoregressive target step (`calibrate.time_step`: the real forward over a prefix + the new
-token) of random weights at one shape per family, the families alternated round by round, and reports
-seconds per step and bytes per second: the bytes the step must read (every parameter leaf, the KV cache up
-to the context; a windowed layer's up to its window) over its fastest time. By default a Qwen3-shaped
-model against the LLaMA of the same size (SmolLM2-135M's dimensions, float32). JSON to benchmarks/results/.
-A windowed family's target keeps its windowed layers as rings (as the engine does); `--full_cache` also
-times it over a full cache in every layer (run "FAMILY+full"), e.g. Gemma 3 at a context well past its
-window: what the rings save.
+One autoregressive step (`calibrate.time_step`) of random weights at SmolLM2-135M's dimensions per family
+(default: Qwen3 against LLaMA), the families alternated round by round: seconds per step and bytes per second
+(every parameter leaf and the KV cache up to the context, a windowed layer's up to its window, over the
+fastest time). A windowed family keeps its windowed layers as rings, as the engine does; `--full_cache` also
+times it over a full cache in every layer (run "FAMILY+full"): what the rings save.
 
   python -m benchmarks.steps.families                                  # batch 8 x 2048 context, llama vs qwen3
   python -m benchmarks.steps.families --families llama,qwen3,qwen2,gemma3
@@ -17,8 +12,6 @@ window: what the rings save.
   python -m benchmarks.steps.families --smoke                          # tiny shapes, seconds
 """
 from __future__ import annotations
-
-import sys
 
 import jax
 
@@ -49,8 +42,7 @@ def step_bytes(params, cfg, batch: int, context: int, rings: bool = True) -> int
 def main(argv=None):
   ap = common.parser(__doc__)
   ap.add_argument("--families", default="llama,qwen3", help="comma-separated: " + ",".join(FEATURES))
-  ap.add_argument("--batch", type=int, default=8)
-  ap.add_argument("--context", type=int, default=2048)
+  common.flags(ap, batch=8, context=2048)
   ap.add_argument("--rounds", type=int, default=3, help="families alternated this many times")
   ap.add_argument("--repeats", type=int, default=5, help="timed steps per round (the fastest counts)")
   ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -58,8 +50,7 @@ def main(argv=None):
                   help="also time each windowed family over a full cache (run 'FAMILY+full')")
   args = common.parse(ap, argv, batch=2, context=64, rounds=2, repeats=2)
   families = args.families.split(",")
-  unknown = [f for f in families if f not in FEATURES]
-  if unknown:
+  if unknown := [f for f in families if f not in FEATURES]:
     ap.error(f"unknown families {unknown}; known: {sorted(FEATURES)}")
   base = shapes.smollm2_135m(args.dtype)
   if args.smoke:
@@ -75,8 +66,7 @@ def main(argv=None):
     for f, rings in names:
       t = calibrate.time_step(params[f], cfgs[f], args.batch, args.context, 1, repeats=args.repeats, rings=rings)
       times[label(f, rings)] += t["times"]
-      print(f"[families_step] round {r} {label(f, rings)}: {t['seconds'] * 1e3:.2f} ms", file=sys.stderr,
-            flush=True)
+      common.log(f"[families_step] round {r} {label(f, rings)}: {t['seconds'] * 1e3:.2f} ms")
   runs = {}
   for f, rings in names:
     nbytes = step_bytes(params[f], cfgs[f], args.batch, args.context, rings)

@@ -1,11 +1,9 @@
 """Prefill at the compute floor? SmolLM2-135M chunked prefill: tokens/s and FLOP rate vs a large matmul.
 
-In one run: (1) a large float32 matmul's FLOP rate (the floor's yardstick, same process, same moment);
-(2) the engine's prefill (`loop.prefill`: causal triangle only, block by block); (3) unless --skip-old, the
-previous prefill rule reproduced here (every chunk attends over every cache slot under a mask, the
-decode-time PrefixTree rule) on the same prompts. Useful FLOPs count the matmuls (2 x matmul params x
-tokens; no LM head: prefill computes no logits) and causal attention (4 x heads x head_dim x P(P+1)/2 per row
-and layer); masked-out work is not useful. Medians of --repeats runs after one compiling run; JSON.
+In one run: a large float32 matmul's FLOP rate (the yardstick), the engine's prefill (`loop.prefill`, causal
+triangle only) and, unless --skip-old, the previous rule (every chunk over every cache slot under a mask).
+Useful FLOPs: the matmuls (no LM head) and causal attention, not masked-out work. Medians of --repeats runs
+after one compiling run.
 
   python -m benchmarks.steps.prefill --shape 8x4096
   python -m benchmarks.steps.prefill --smoke
@@ -78,19 +76,17 @@ def by_numerics(model, tokens, lengths, num_slots: int, chunk: int, names: list[
       t0 = time.perf_counter()
       jax.block_until_ready(fn())
       times[n].append(time.perf_counter() - t0)
-  out = {}
-  for n, ts in times.items():
-    med = statistics.median(ts)
-    out[n] = {"median_s": med, "times": ts, "tokens_per_s": tokens.size / med, "flop_rate": flops / med}
-  return out
+  return {n: figures(statistics.median(ts), ts, tokens.size, flops) for n, ts in times.items()}
+
+
+def figures(med: float, times: list, tokens: int, flops: float) -> dict:
+  return {"median_s": med, "times": times, "tokens_per_s": tokens / med, "flop_rate": flops / med}
 
 
 def main(argv=None):
   ap = common.parser(__doc__)
   ap.add_argument("--shape", type=common.shape_list, default=[(8, 4096)])
-  ap.add_argument("--chunk", type=int, default=256)
-  ap.add_argument("--repeats", type=int, default=1)
-  ap.add_argument("--matmul-n", type=int, default=2048)
+  common.flags(ap, chunk=256, repeats=1, matmul_n=2048)
   ap.add_argument("--skip-old", action="store_true", help="do not time the previous rule")
   ap.add_argument("--numerics", default="", help="also time the engine's prefill with these numerics "
                   "(comma-separated, e.g. fast,invariant; each compiled with its plan's XLA options), interleaved")
@@ -109,8 +105,7 @@ def main(argv=None):
   new = lambda: loop.prefill(params, None, tokens, lengths, cfg=cfg, spec=None, tree=Tree((-1,)),
                              num_slots=num_slots, chunk=args.chunk)[0].k[-1]
   med, times = common.median_time(new, args.repeats)
-  doc["engine"] = {"numerics": cfg.numerics, "median_s": med, "times": times, "tokens_per_s": b * p / med,
-                   "flop_rate": flops / med}
+  doc["engine"] = {"numerics": cfg.numerics, **figures(med, times, b * p, flops)}
   if args.numerics:
     doc["by_numerics"] = by_numerics(model, tokens, lengths, num_slots, args.chunk, args.numerics.split(","),
                                      args.repeats, flops)
@@ -119,15 +114,13 @@ def main(argv=None):
   if not args.skip_old:
     old = lambda: old_prefill(params, tokens, cfg=cfg, num_slots=num_slots, chunk=args.chunk).k[-1]
     med_old, times_old = common.median_time(old, args.repeats)
-    doc["previous_rule"] = {"median_s": med_old, "times": times_old, "tokens_per_s": b * p / med_old,
-                            "flop_rate": flops / med_old}
+    doc["previous_rule"] = figures(med_old, times_old, b * p, flops)
     doc["speedup_over_previous"] = med_old / med
     print(f"previous rule: {med_old:.1f}s, {b * p / med_old:.0f} tokens/s -> engine {med_old / med:.2f}x", flush=True)
   rate_after = matmul_rate(args.matmul_n, 5)
   rate = max(rate_before, rate_after)      # the yardstick: the faster of the two (the conservative share)
   doc["matmul"] = {"n": args.matmul_n, "flop_rate": rate, "before": rate_before, "after": rate_after}
-  doc["engine"]["share_of_matmul_rate"] = doc["engine"]["flop_rate"] / rate
-  for row in doc.get("by_numerics", {}).values():
+  for row in [doc["engine"], *doc.get("by_numerics", {}).values()]:
     row["share_of_matmul_rate"] = row["flop_rate"] / rate
   print(f"large matmul {rate / 1e9:.1f} GFLOP/s: engine prefill at {doc['engine']['share_of_matmul_rate']:.2f} of it")
   common.write_json(doc, out)

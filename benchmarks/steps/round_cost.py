@@ -1,12 +1,10 @@
 """Does a round of the compiled loop cost the sum of its steps? SmolLM2-135M, StreamingDraft, CPU or GPU.
 
-For each batch x context: the in-loop time of an autoregressive step and of a gamma round (loop.decode over a
-zero-filled cache of that context, `rounds` rounds: decode seconds / rounds run), next to the same steps timed
-alone with the calibrate harness (`calibrate.time_step`: the target's forward of 1 and gamma+1 tokens over the
-cache, the draft's forward of 1 token over its sink + window ring). ratio = in-loop / (gamma * draft + verify);
-a ratio well above 1 means the loop body does work no step explains (the HLO test
-tests/model/test_hlo_no_copies.py asserts no op in the body copies or re-reads a cache layer besides the
-attention dots, the in-place writes and the commit's gather). Medians of `--repeats` runs; JSON.
+For each batch x context: the in-loop time of an AR step and of a gamma round (loop.decode over a zero-filled
+cache, `--rounds` rounds) next to the same steps timed alone (`calibrate.time_step`: the target's forward of 1
+and gamma+1 tokens, the draft's of 1 token over its sink + window ring). ratio = in-loop / (gamma * draft +
+verify); well above 1, the loop body does work no step explains (tests/model/test_hlo_no_copies.py checks its
+HLO for copies). Medians of `--repeats` runs.
 
   python -m benchmarks.steps.round_cost --shapes 8x4096,4x8000 --gammas 3
   python -m benchmarks.steps.round_cost --smoke       # random tiny model, seconds
@@ -47,7 +45,7 @@ def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: i
     s = loop.initial_state(jnp.ones((batch, context), jnp.int32), lengths, jnp.full((batch,), rounds, jnp.int32),
                            jnp.array([-1], jnp.int32), jax.random.split(jax.random.key(0), batch), target, ring,
                            rounds + tree.num_nodes, tree)
-    return jax.block_until_ready(s)
+    return jax.block_until_ready(jax.tree.map(jnp.copy, s))   # XLA:CPU may share equal leaves: donated once each
 
   t0 = time.perf_counter()
   comp = loop.decode.lower(params, draft_params, state(), cfg=cfg, spec=spec, tree=tree, sampling=Sampling()).compile()
@@ -66,12 +64,10 @@ def main(argv=None):
   ap = common.parser(__doc__)
   ap.add_argument("--shapes", type=common.shape_list, default=[(8, 4096), (4, 8000)])
   ap.add_argument("--gammas", type=common.int_list, default=[3])
-  ap.add_argument("--sink", type=int, default=4)
-  ap.add_argument("--window", type=int, default=256)
+  common.flags(ap, sink=4, window=256, repeats=3)
   ap.add_argument("--draft_weights", choices=["none", "bfloat16"], default="none",
                   help="the self-draft's weights: the target's own, or a bfloat16 copy (the demo's draft)")
   ap.add_argument("--rounds", type=int, default=24, help="rounds per in-loop run")
-  ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--numerics", choices=["fast", "invariant"], default="fast",
                   help="the target's numerics (layers/invariant.py); drafts always compute fast")
   args = common.parse(ap, argv, shapes=[(2, 64)], gammas=[2], window=16, rounds=4, repeats=1)
@@ -87,16 +83,14 @@ def main(argv=None):
   cfg, params = model.config, model.params
   draft_params = narrow_weights(params, weights) if weights else None
   for b, n in args.shapes:
-    iso = lambda t, kind="linear", ctx=n, p=params: calibrate.time_step(p, cfg, b, ctx, t, kind,
-                                                                       repeats=args.repeats + 2)
+    iso = lambda t: calibrate.time_step(params, cfg, b, n, t, "linear", repeats=args.repeats + 2)
     ar_alone = iso(1)
     ar_loop = in_loop_round_s(model, b, n, None, Tree((-1,)), args.rounds, args.repeats)
-    row = {"batch": b, "context": n, "ar_alone_s": ar_alone["median_s"], "ar_alone_min_s": ar_alone["seconds"],
-           "ar_in_loop_s": ar_loop["median_s"], "ar_ratio": ar_loop["median_s"] / ar_alone["median_s"],
-           "draft_alone_s": None, "gammas": []}
     draft = calibrate.time_step(draft_params or params, loop.draft_config(cfg), b, args.sink + args.window, 1,
                                 "ring", repeats=args.repeats + 2)
-    row["draft_alone_s"] = draft["median_s"]
+    row = {"batch": b, "context": n, "ar_alone_s": ar_alone["median_s"], "ar_alone_min_s": ar_alone["seconds"],
+           "ar_in_loop_s": ar_loop["median_s"], "ar_ratio": ar_loop["median_s"] / ar_alone["median_s"],
+           "draft_alone_s": draft["median_s"], "gammas": []}
     for g in args.gammas:
       verify = iso(g + 1)
       rnd = in_loop_round_s(model, b, n, spec, Tree.chain(g), args.rounds, args.repeats, draft_params)

@@ -1,12 +1,9 @@
 """Prefill and decode tokens/s of SmolLM2-135M on CPU: ours (`generate`, autoregressive) vs HF transformers.
 
-Both sides load the same GGUF (dequantized to float32) and get the same Shakespeare token ids. Ours: one
-warm-up `generate` per shape (compiles prefill and the decode loop), then the median over `--repeats` calls
-of `stats["prefill_s"]` and `stats["decode_s"]`. HF: torch float32 with `--threads` threads; prefill = one
-forward over the prompt with use_cache, decode = a manual loop of single-token greedy steps with
-past_key_values; one warm-up pass, then the median of `--repeats`. Decode tokens/s = batch * steps / seconds
-on both sides (ours: `max_new` rounds of one token; HF: `max_new` single-token steps). The greedy tokens of
-both sides are compared as a sanity check (`greedy_prefix_match`: leading tokens equal, averaged per row).
+Both sides load the same GGUF (dequantized to float32) and get the same Shakespeare token ids; each is
+warmed up once, then the median of `--repeats` runs: ours `generate`'s prefill_s / decode_s, HF (torch,
+`--threads` threads, in a child process) one forward over the prompt and `max_new` single-token greedy steps
+with past_key_values. The greedy tokens are compared as a sanity check (`greedy_prefix_match`).
 
   python -m benchmarks.steps.vs_hf                          # B {1, 8} x context {512, 2048}
   python -m benchmarks.steps.vs_hf --shapes 1x512 --repeats 3 --no-hf
@@ -15,7 +12,6 @@ both sides are compared as a sanity check (`greedy_prefix_match`: leading tokens
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -30,9 +26,10 @@ from benchmarks import common
 from magicdec_jax import loop
 from magicdec_jax.tuning import hlo
 from magicdec_jax.cache import aligned_slots
-from magicdec_jax.engine import AR_TREE, bucket
 from magicdec_jax.generation import generate
+from magicdec_jax.plan import bucket
 from magicdec_jax.sampling import Sampling
+from magicdec_jax.trees import AR_TREE
 
 
 def ours(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
@@ -40,17 +37,18 @@ def ours(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
   t0 = time.perf_counter()
   generate(model, prompts, max_new_tokens=max_new, eos_token_id=[])
   warm_s = time.perf_counter() - t0
-  pre, dec, toks = [], [], None
-  for _ in range(repeats):
-    r = generate(model, prompts, max_new_tokens=max_new, eos_token_id=[])
-    pre.append(r.stats["prefill_s"])
-    dec.append(r.stats["decode_s"])
-    toks = r.tokens
-  b, p = len(prompts), len(prompts[0])
+  runs = [generate(model, prompts, max_new_tokens=max_new, eos_token_id=[]) for _ in range(repeats)]
+  times = [(r.stats["prefill_s"], r.stats["decode_s"]) for r in runs]
+  return {"warmup_call_s": warm_s, **figures(times, len(prompts), len(prompts[0]), max_new), "tokens": runs[-1].tokens}
+
+
+def figures(runs: list, b: int, p: int, max_new: int) -> dict:
+  """Medians and rates of (prefill seconds, decode seconds) runs of b rows of p prompt tokens."""
+  pre, dec = [r[0] for r in runs], [r[1] for r in runs]
   pre_s, dec_s = statistics.median(pre), statistics.median(dec)
-  return {"warmup_call_s": warm_s, "prefill_s": pre_s, "decode_s": dec_s, "prefill_runs_s": pre,
-          "decode_runs_s": dec, "prefill_tok_s": b * p / pre_s, "decode_tok_s": b * max_new / dec_s,
-          "decode_ms_per_step": 1e3 * dec_s / max_new, "tokens": toks}
+  return {"prefill_s": pre_s, "decode_s": dec_s, "prefill_runs_s": pre, "decode_runs_s": dec,
+          "prefill_tok_s": b * p / pre_s, "decode_tok_s": b * max_new / dec_s,
+          "decode_ms_per_step": 1e3 * dec_s / max_new}
 
 
 def hf_load(threads: int):
@@ -58,9 +56,8 @@ def hf_load(threads: int):
   from transformers import AutoModelForCausalLM
   torch.set_num_threads(threads)
   path = common.smollm_gguf_path()
-  m = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                           torch_dtype=torch.float32)
-  return m.eval()
+  return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              torch_dtype=torch.float32).eval()
 
 
 def hf(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
@@ -84,22 +81,13 @@ def hf(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
 
   run()                                                       # warm-up (allocator, oneDNN kernels)
   runs = [run() for _ in range(repeats)]
-  pre_s, dec_s = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
-  return {"prefill_s": pre_s, "decode_s": dec_s, "prefill_runs_s": [r[0] for r in runs],
-          "decode_runs_s": [r[1] for r in runs], "prefill_tok_s": b * p / pre_s,
-          "decode_tok_s": b * max_new / dec_s, "decode_ms_per_step": 1e3 * dec_s / max_new,
-          "tokens": runs[-1][2]}
+  return {**figures(runs, b, p, max_new), "tokens": runs[-1][2]}
 
 
 def prefix_match(a: list[list[int]], b: list[list[int]]) -> float:
   """Mean over rows of the fraction of leading tokens that agree."""
-  fr = []
-  for x, y in zip(a, b):
-    n = 0
-    while n < min(len(x), len(y)) and x[n] == y[n]:
-      n += 1
-    fr.append(n / max(len(x), 1))
-  return float(np.mean(fr))
+  lead = lambda x, y: next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+  return float(np.mean([lead(x, y) / max(len(x), 1) for x, y in zip(a, b)]))
 
 
 def hlo_cache_ops(model, batch: int, context: int, max_new: int = 32) -> dict:
@@ -135,15 +123,12 @@ def hf_child(args, shapes) -> None:
          "torch_threads": torch.get_num_threads()}
   res = []
   for b, ctx in shapes:
-    with open(_PROMPTS_FILE.format(pid=args.parent_pid, b=b, ctx=ctx)) as f:
-      prompts = json.load(f)
-    h = hf(model, prompts, args.max_new, args.repeats)
+    h = hf(model, common.read_json(_PROMPTS_FILE.format(pid=args.parent_pid, b=b, ctx=ctx)), args.max_new,
+           args.repeats)
     h["loadavg_after"] = list(os.getloadavg())
     res.append(h)
-    print(f"[{b}x{ctx}] hf decode {h['decode_tok_s']:.2f} tok/s prefill {h['prefill_tok_s']:.1f} tok/s",
-          file=sys.stderr, flush=True)
-  with open(args.output, "w") as f:
-    json.dump({"env": env, "results": res}, f)
+    common.log(f"[{b}x{ctx}] hf decode {h['decode_tok_s']:.2f} tok/s prefill {h['prefill_tok_s']:.1f} tok/s")
+  common.write_json({"env": env, "results": res}, args.output, stamp=False)
 
 
 def main(argv=None):
@@ -162,7 +147,7 @@ def main(argv=None):
 
   if args.hf_only:
     return hf_child(args, shapes)
-  model, source = common.load_smollm("float32")
+  model, source = common.model(False)
   doc = {"benchmark": "cpu_decode_vs_hf", "env": common.env_info(), "model": model.name,
          "weights": source, "dtype": "float32", "max_new_tokens": args.max_new, "repeats": args.repeats,
          "hf_threads": args.threads, "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -177,18 +162,15 @@ def main(argv=None):
     row["loadavg_after"] = list(os.getloadavg())
     rows.append(row)
     ours_tokens.append(o["tokens"])
-    print(f"[{b}x{ctx}] ours decode {o['decode_tok_s']:.2f} tok/s prefill {o['prefill_tok_s']:.1f} tok/s",
-          file=sys.stderr, flush=True)
-    with open(_PROMPTS_FILE.format(pid=os.getpid(), b=b, ctx=ctx), "w") as f:
-      json.dump(prompts, f)
+    common.log(f"[{b}x{ctx}] ours decode {o['decode_tok_s']:.2f} tok/s prefill {o['prefill_tok_s']:.1f} tok/s")
+    common.write_json(prompts, _PROMPTS_FILE.format(pid=os.getpid(), b=b, ctx=ctx), stamp=False)
   if not args.no_hf:
     out = _PROMPTS_FILE.format(pid=os.getpid(), b="hf", ctx="out")
     cmd = [sys.executable, "-m", "benchmarks.steps.vs_hf", "--hf-only", "--shapes", args.shapes,
            "--max-new", str(args.max_new), "--repeats", str(args.repeats), "--threads", str(args.threads),
            "--output", out, "--parent-pid", str(os.getpid())]
     subprocess.run(cmd, check=True, cwd=common.REPO_ROOT)
-    with open(out) as f:
-      hf_doc = json.load(f)
+    hf_doc = common.read_json(out)
     doc["env"].update(hf_doc["env"])
     for row, toks, h in zip(rows, ours_tokens, hf_doc["results"]):
       row["hf"] = {k: v for k, v in h.items() if k != "tokens"}
