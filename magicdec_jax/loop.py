@@ -132,7 +132,7 @@ def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec
   positions = base[:, None] + jnp.asarray(tree.depths)[None, :]
   slots = base[:, None] + jnp.arange(n_nodes)[None, :]      # virtual: a ring layer keeps them at slot % R
   logits, target, *feats = forward(target_params, cfg, node_tokens, positions, state.target, slots,
-                                   PrefixTree(base, jnp.asarray(tree.ancestor_mask)), impl=impl,
+                                   PrefixTree(base, np.asarray(tree.ancestor_mask, bool)), impl=impl,
                                    feature_layers=() if spec is None else spec.feature_layers)
   scores = scores_at(logits, Nodes(tree, node_tokens, jnp.arange(n_nodes, dtype=jnp.int32)))
   if sampling.greedy:

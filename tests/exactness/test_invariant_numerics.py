@@ -34,7 +34,7 @@ from magicdec_jax.drafts import (FeatureDraft, ModelDraft, PromptLookupDraft, Sn
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import Model, forward
 from magicdec_jax.textdata import shakespeare_text
-from magicdec_jax.trees import Tree
+from magicdec_jax.trees import default_tree
 
 from conftest import random_prompts, tiny_model
 
@@ -58,10 +58,21 @@ def invariant_cfg(model: Model):
   return dataclasses.replace(model.config, numerics="invariant")
 
 
-def compiled(fn, cfg, *args):
-  """fn(*args) compiled as the engine compiles an invariant plan's executables (with the fixed shapes'
-  compiler options)."""
-  return jax.jit(fn).lower(*args).compile(compiler_options=cfg.fixed.compiler_options())(*args)
+_EXECUTABLES = {}
+
+
+def forward_pass(model, cfg, cache, tokens, positions, slots, base, anc):
+  """forward(...) under PrefixTree(base, anc) -> (logits, cache), compiled as the engine compiles an invariant
+  plan's executables (with the fixed shapes' compiler options; tokens, positions, slots and base are
+  arguments, as in the engine's loop, so one executable per shape serves every step of a test)."""
+  anc = np.asarray(anc, bool)
+  args = (model.params, cache, tokens, jnp.asarray(positions), jnp.asarray(slots), jnp.asarray(base))
+  key = (cfg, anc.shape, anc.tobytes(), jax.tree.structure(args),
+         tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args)))
+  if key not in _EXECUTABLES:
+    fn = lambda p, c, x, pos, sl, b: forward(p, cfg, x, pos, c, sl, PrefixTree(b, anc))
+    _EXECUTABLES[key] = jax.jit(fn).lower(*args).compile(compiler_options=cfg.fixed.compiler_options())
+  return _EXECUTABLES[key](*args)
 
 
 @pytest.mark.parametrize("name", ["tiny", "smollm2"])
@@ -82,9 +93,8 @@ def test_verify_pass_logits_are_the_one_token_steps_bit_for_bit(name):
 
   def run(cache, start, t):
     pos = bases[:, None] + start + jnp.arange(t)[None]
-    spec = PrefixTree(bases + start, jnp.tril(jnp.ones((t, t), bool)))
-    return compiled(lambda p, c, x: forward(p, cfg, x, pos, c, pos, spec), cfg, model.params, cache,
-                    tokens[:, start:start + t])
+    return forward_pass(model, cfg, cache, tokens[:, start:start + t], pos, pos, bases + start,
+                        np.tri(t, dtype=bool))
 
   steps, c = [], cache
   for j in range(11):
@@ -115,8 +125,7 @@ def random_cache(cfg, batch: int, slots: int, seed: int = 0) -> KVCache:
 
 
 def pass_logits(model, cfg, cache, tokens, positions, slots, base, anc):
-  spec = PrefixTree(base, anc)
-  lg, _ = compiled(lambda p, c, x: forward(p, cfg, x, positions, c, slots, spec), cfg, model.params, cache, tokens)
+  lg, _ = forward_pass(model, cfg, cache, tokens, positions, slots, base, anc)
   return np.asarray(lg, np.float32)
 
 
@@ -137,8 +146,7 @@ def test_a_row_is_the_same_bits_alone_in_any_batch_and_at_any_slot_count(batch):
   steps, c = [], big
   for j in range(12):
     pos = base[:, None] + j
-    spec = PrefixTree(base + j, jnp.ones((1, 1), bool))
-    lg, c = compiled(lambda p, c, x: forward(p, cfg, x, pos, c, pos, spec), cfg, model.params, c, tokens[:, j:j + 1])
+    lg, c = forward_pass(model, cfg, c, tokens[:, j:j + 1], pos, pos, base + j, np.ones((1, 1), bool))
     steps.append(np.asarray(lg[:, 0], np.float32))
   steps = np.stack(steps, 1)
   for t in (4, 9, 12):          # batch 8: 32 token rows in one call; 72 = a loop of 2 tiles + 8; 96 = 3 tiles
@@ -187,7 +195,8 @@ DRAFTS = {
     "chain1": lambda: dict(draft=StreamingDraft(sink=2, window=4), gamma=1),
     "chain3": lambda: dict(draft=StreamingDraft(sink=2, window=4), gamma=3),
     "chain6": lambda: dict(draft=StreamingDraft(sink=2, window=4), gamma=6),
-    "tree": lambda: dict(draft=StreamingDraft(sink=2, window=4), tree=Tree.from_children_counts([3, 2, 1, 1])),
+    # 32 nodes, more than the canonical tail's 16 slots hold (only the depth must fit in them)
+    "tree": lambda: dict(draft=StreamingDraft(sink=2, window=4), tree=default_tree("sequoia32")),
     "snapkv": lambda: dict(draft=SnapKVDraft(budget=6, window=2, observation_window=8, pool_kernel=5), gamma=3),
     "lookup": lambda: dict(draft=PromptLookupDraft(2), gamma=3),
     "model": lambda: dict(draft=ModelDraft(truncate_layers(target(), 1), sink=1, window=8), gamma=3),
