@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import feature_head
+from magicdec_jax import compile as compiling, feature_head
 from magicdec_jax.cache import KVCache
 from magicdec_jax.drafts import (FeatureDraft, ModelDraft, PromptLookupDraft, SnapKVDraft, StreamingDraft,
                                  truncate_layers)
@@ -58,21 +58,18 @@ def invariant_cfg(model: Model):
   return dataclasses.replace(model.config, numerics="invariant")
 
 
-_EXECUTABLES = {}
+def _forward(params, cache, tokens, positions, slots, base, *, cfg, anc):
+  return forward(params, cfg, tokens, positions, cache, slots, PrefixTree(base, np.asarray(anc, bool)))
 
 
 def forward_pass(model, cfg, cache, tokens, positions, slots, base, anc):
   """forward(...) under PrefixTree(base, anc) -> (logits, cache), compiled as the engine compiles an invariant
-  plan's executables (with the fixed shapes' compiler options; tokens, positions, slots and base are
-  arguments, as in the engine's loop, so one executable per shape serves every step of a test)."""
-  anc = np.asarray(anc, bool)
+  plan's executables (compile.jit_executable with the fixed shapes' compiler options; tokens, positions,
+  slots and base are arguments, as in the engine's loop, so one executable per shape serves every step)."""
   args = (model.params, cache, tokens, jnp.asarray(positions), jnp.asarray(slots), jnp.asarray(base))
-  key = (cfg, anc.shape, anc.tobytes(), jax.tree.structure(args),
-         tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args)))
-  if key not in _EXECUTABLES:
-    fn = lambda p, c, x, pos, sl, b: forward(p, cfg, x, pos, c, sl, PrefixTree(b, anc))
-    _EXECUTABLES[key] = jax.jit(fn).lower(*args).compile(compiler_options=cfg.fixed.compiler_options())
-  return _EXECUTABLES[key](*args)
+  static = dict(cfg=cfg, anc=tuple(map(tuple, np.asarray(anc, bool).tolist())))
+  return compiling.jit_executable("test_forward", _forward, args, static,
+                                  options=cfg.fixed.compiler_options())(*args)
 
 
 @pytest.mark.parametrize("name", ["tiny", "smollm2"])
