@@ -41,7 +41,8 @@ def clean_markdown(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _play(i: int) -> str:
+def play_text(i: int) -> str:
+  """Play i of play_paths() as plain text (cleaned of its markdown; read once)."""
   return clean_markdown(play_paths()[i].read_text(encoding="utf-8"))
 
 
@@ -52,7 +53,7 @@ def shakespeare_text(min_chars: int, *, held_out: bool = False, offset_chars: in
   parts, total = [], 0
   for round_ in range(1 + (min_chars + offset_chars) // 100_000):   # wrap around if ever needed
     for i in order:
-      parts.append(_play(i))
+      parts.append(play_text(i))
       total += len(parts[-1])
       if total >= min_chars + offset_chars:
         return "".join(parts)[offset_chars:]

@@ -40,14 +40,13 @@ def training_text(tok, a) -> tuple[np.ndarray, np.ndarray, list]:
 def heldout(tok, a, train: np.ndarray, held: list, metric: str) -> dict:
   """The held-out windows' record: which plays the training text and they come from (asserted apart)."""
   plays = textdata.play_paths()
-  chars = lambda i: len(textdata.clean_markdown(plays[i].read_text(encoding="utf-8")))
   train_chars, held_chars = len(tok.decode(train.tolist())), sum(len(tok.decode(w)) for w in held)
   cum, n_train = 0, 0
   while cum < train_chars:
-    cum, n_train = cum + chars(n_train), n_train + 1
+    cum, n_train = cum + len(textdata.play_text(n_train)), n_train + 1
   cum, n_held = 0, 0
   while cum < held_chars:
-    cum, n_held = cum + chars(len(plays) - 1 - n_held), n_held + 1
+    cum, n_held = cum + len(textdata.play_text(len(plays) - 1 - n_held)), n_held + 1
   assert n_train + n_held <= len(plays), "training text overlaps the held-out plays"
   return {"windows": a.eval_windows, "tokens_each": a.eval_tokens, "sink": 4, "window": 256, "source":
           f"textdata held_out=True: the last {n_held} play(s) of {len(plays)} ({plays[-1].name}); training text: "
