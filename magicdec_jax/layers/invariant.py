@@ -1,15 +1,18 @@
 """Fixed-shape numerics: a (row, position)'s numbers never depend on what else is computed with it.
 
 Contract: with `ModelConfig.numerics == "invariant"` a position's logits are the same bits in a plain step,
-in a chain's or a tree's verify pass, in a prefill chunk, in any batch and at any cache slot count, so
-speculative decoding emits plain decoding's tokens. Why it needs care: a backend picks its algorithms from
+in a chain's or a tree's verify pass, in any batch and at any cache slot count that is a multiple of
+`FixedShapes.cache_multiple`, whatever the chunks its prompt was prefilled in, so speculative decoding emits
+plain decoding's tokens. Why it needs care: a backend picks its algorithms from
 the operands' shapes, and two algorithms round differently (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding).
 The shapes (`backend.FixedShapes`, in `cfg.fixed`) are the backend's measured algorithm classes:
 
   * token-wise stages run through `tile_map`: calls whose row counts lie in one class;
   * attention (`tiled_attention`) reads, for each query position p, a prefix of whole key blocks as one dot
     over every slot (masked slots add exact zeros: slot count invariant), then a tail of `tail_blocks`
-    blocks in canonical slot order, a tree node's ancestors gathered where plain decoding has them.
+    blocks in canonical slot order, a tree node's ancestors gathered where plain decoding has them;
+  * a prefill chunk's attention (`chunk_attention`) goes in tiles of fixed query and key counts aligned to
+    positions, so a prompt's K/V do not depend on the chunk it was prefilled in.
 
 The guarantee is between runs of one build on one machine: another build may pick other algorithms.
 """
