@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,9 @@ class FixedShapes:
   `tail_blocks` blocks of `key_block` slots (layers/invariant.tiled_attention). `attention` picks who computes
   a linear cache's prefix + tree attention at these shapes: "xla" (layers/invariant.py), "pallas_triton" or
   "pallas_interpret" (the Pallas kernel pallas/fixed_attention.py, which reads the cache in splits of
-  `split_slots` slots; the interpreter for CPU tests): a decision made here, once, never by a layer."""
+  `split_slots` slots; the interpreter for CPU tests): a decision made here, once, never by a layer. A prefill
+  chunk's attention (layers/invariant.chunk_attention) goes in tiles of `prefill_tile` = (query tokens, key
+  positions), aligned to positions, so a prompt's K/V are the same whatever the chunk."""
   decode_rows: tuple[int, int]     # (lo, hi) tokens per token-wise call of a decode round
   prefill_rows: tuple[int, int]    # (lo, hi) tokens per token-wise call of a prefill chunk
   query_tokens: int = 4            # query tokens per attention tile
@@ -42,6 +45,8 @@ class FixedShapes:
   xla_options: tuple[tuple[str, object], ...] = ()   # compiler options the shapes are measured under
   attention: str = "xla"           # "xla" | "pallas_triton" | "pallas_interpret": the fixed-shape attention
   split_slots: int = 2048          # slots per KV split of the Pallas kernel (a size: a multiple of key_block)
+  prefill_tile: tuple[int, int] = (64, 256)   # a prefill chunk's attention: (query tokens, key positions) per tile
+  slot_multiple: int = 1           # a linear cache's slot count is a multiple of this (and of key_block)
 
   def __post_init__(self):
     for name in ("decode_rows", "prefill_rows"):
@@ -53,8 +58,16 @@ class FixedShapes:
                        f"got {self.query_tokens}, {self.key_block}, {self.tail_blocks}")
     if self.attention not in ATTENTIONS:
       raise ValueError(f"FixedShapes.attention must be one of {ATTENTIONS}, got {self.attention!r}")
+    if min(self.prefill_tile) < 1:
+      raise ValueError(f"FixedShapes.prefill_tile must be two sizes >= 1, got {self.prefill_tile}")
     if self.split_slots < self.key_block or self.split_slots % self.key_block:
       raise ValueError(f"FixedShapes.split_slots={self.split_slots} must be a multiple of key_block={self.key_block}")
+
+  @property
+  def cache_multiple(self) -> int:
+    """What a linear cache's slot count is rounded to: whole key blocks, and the slot counts at which the
+    prefix's one dot over every slot (a contraction over the slots) sums a row the same."""
+    return math.lcm(self.key_block, self.slot_multiple)
 
   def compiler_options(self) -> dict[str, str]:
     return dict(self.xla_options)
@@ -73,11 +86,13 @@ class FixedShapes:
 # the same rows computed in another program could round differently; with YNNPACK kept to standalone dots
 # (`CPU_FUSION`) a dot computes a row the same for any 2..32 rows and for any 33..4096 (one row is a third
 # algorithm), row-wise reductions are the same for any row count, and attention's dots the same for any
-# batch, 2..64 query rows and any slot count (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding).
+# batch, 2..64 query rows and any slot count, except that a dot contracting over the slots (the prefix's
+# values) sums a row the same only over slot counts that are multiples of 64 (float32: 48 or 80 slots round
+# otherwise than 64 or 320) (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding).
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False))
 CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,
-                  key_block=16, reduction_floor=4608, xla_options=CPU_FUSION)
+                  key_block=16, reduction_floor=4608, xla_options=CPU_FUSION, slot_multiple=64)
 # Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction); attention
 # in the Triton kernel; GEMMs with one algorithm per shape whatever the program or the process (autotuning
 # off: it picks by timing; no atomics; bf16 intermediates rounded where the program says, whatever fuses).

@@ -137,7 +137,9 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
     if isinstance(cache, KVCache) and cache.is_ring(i):
       size = ck.shape[2]
       if size not in rings:
-        rings[size] = (None if ws is None else cache.layer_slots(i, ws), ring_rule(spec, positions, size))
+        rule = CausalChunk(spec.start, ring=size) if cfg.invariant and isinstance(spec, CausalChunk) else \
+            ring_rule(spec, positions, size)      # fixed-shape numerics read a prefill's ring by position
+        rings[size] = (None if ws is None else cache.layer_slots(i, ws), rule)
       ws, sp = rings[size]
     if cfg.invariant:
       x, ck, cv, sc = invariant_block(lp, cfg, impl, i, x, positions, ck, cv, ws, sp, return_scores)

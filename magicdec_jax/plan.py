@@ -35,12 +35,12 @@ def bucket(n: int, minimum: int = 16) -> int:
   return max(minimum, 1 << max(0, int(n - 1).bit_length()))
 
 
-def cache_slots(prompt_bucket: int, max_new_tokens: int, tree_nodes: int, key_block: int = 1) -> int:
+def cache_slots(prompt_bucket: int, max_new_tokens: int, tree_nodes: int, multiple: int = 1) -> int:
   """Target-cache slots for prompts of `prompt_bucket` tokens: the prompt, the new tokens' bucket, a
-  round's tree and the pending token (rounded for the attention tile, and to whole blocks of `key_block`
-  slots, which fixed-shape attention sums one by one: layers/invariant.py)."""
+  round's tree and the pending token (rounded for the attention tile, and to a multiple of `multiple`:
+  with fixed-shape numerics FixedShapes.cache_multiple, whole key blocks in one slot-count class)."""
   n = aligned_slots(prompt_bucket + bucket(max_new_tokens) + tree_nodes + 1)
-  return -(-n // key_block) * key_block
+  return -(-n // multiple) * multiple
 
 
 def attention_reads_live_range(impl: str) -> bool:
@@ -133,14 +133,14 @@ class DecodePlan:
 
   # ---- shapes ------------------------------------------------------------------------------------------
   def prompt_bucket(self, longest: int) -> int:
-    """The padded prompt length for prompts of up to `longest` tokens. With fixed-shape numerics at least
-    MAX_CHUNK, so every prefill runs in chunks of MAX_CHUNK whatever the batch's prompts (a row's prompt
-    is then encoded with the same dots alone or beside a longer one)."""
-    return bucket(longest, MAX_CHUNK if self.cfg.invariant else 16)
+    """The padded prompt length for prompts of up to `longest` tokens (a power of two, at least 16). Either
+    numerics: with fixed-shape numerics a prompt's K/V are the same bits whatever the chunk the bucket
+    gives (layers/invariant.chunk_attention), so a row is encoded the same alone or beside a longer one."""
+    return bucket(longest, 16)
 
   def num_slots(self, prompt_bucket: int) -> int:
     return cache_slots(prompt_bucket, self.max_new_tokens, self.tree.num_nodes,
-                       self.cfg.fixed.key_block if self.cfg.invariant else 1)
+                       self.cfg.fixed.cache_multiple if self.cfg.invariant else 1)
 
   def out_len(self) -> int:
     return bucket(self.max_new_tokens) + self.tree.num_nodes

@@ -90,7 +90,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   n = len(ids)
   b = bucket(n, 1)
   p = -(-longest // chunk) * chunk
-  num_slots = cache_slots(p, max_new_tokens, max_tree_nodes, fixed_shapes().key_block)   # either numerics
+  num_slots = cache_slots(p, max_new_tokens, max_tree_nodes, fixed_shapes().cache_multiple)   # either numerics
   tokens, lengths = pad_prompts(ids, b, p)
   shared = shared_chunks(ids, chunk) if share_prefix else 0
   compiling.ensure_persistent_cache()

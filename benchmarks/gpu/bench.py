@@ -182,7 +182,7 @@ class Bench:
     spec = None if draft is None else draft.spec
     compiling.clear()
     n1, n2 = self.args.n1, self.args.n2
-    slots = plan.cache_slots(context, n2, tree.num_nodes, cfg.fixed.key_block if cfg.invariant else 1)
+    slots = plan.cache_slots(context, n2, tree.num_nodes, cfg.fixed.cache_multiple if cfg.invariant else 1)
 
     def fresh(n):
       gc.collect()

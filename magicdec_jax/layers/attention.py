@@ -5,8 +5,8 @@ to the cache under a visibility rule. Three rules cover every caller:
   * `PrefixTree(base, anc)` — a linear cache: slots [0, base) are the row's prefix, the T new tokens sit at
     slots base + j and see each other through the ancestor mask `anc` (causal chunk, chain, or tree);
   * `DenseMask(mask)` — any explicit [B, T, S] mask (the draft's sink + window ring buffer);
-  * `CausalChunk(start)` — a prefill chunk (layers/prefill_attention.py): only the causal triangle is
-    computed, block by block.
+  * `CausalChunk(start)` — a prefill chunk (layers/prefill_attention.py; with fixed-shape numerics
+    layers/invariant.chunk_attention): only the causal triangle is computed, block by block.
 A layer with a sliding window w (static, from the config and the layer index) also hides every key whose
 position is not in (q - w, q] for a query at position q, under every rule: the query positions are the
 forward pass's, the key positions the slots' (slot == position in a linear cache, the tree's own positions
@@ -25,7 +25,7 @@ from magicdec_jax import pallas
 from magicdec_jax.backend import FixedShapes
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.dense import dense, weight_param
-from magicdec_jax.layers.invariant import tiled_attention
+from magicdec_jax.layers.invariant import chunk_attention, tiled_attention
 from magicdec_jax.layers.norm import RMSNorm
 from magicdec_jax.layers.prefill_attention import CausalChunk, causal_chunk_attention, softcapped
 from magicdec_jax.layers.rope import apply_rope, rope_frequencies
@@ -224,6 +224,10 @@ class Attention(nn.Module):
       cache_v = write_rows(cache_v, write_slots, v)
     window = cfg.layer_window(self.layer)
     scale = None if cfg.query_pre_attn_scalar is None else cfg.attn_scale
+    if isinstance(spec, CausalChunk) and cfg.invariant:
+      return chunk_attention(q, cache_k, cache_v, spec.start, scale=q.shape[-1] ** -0.5 if scale is None else scale,
+                             softcap=cfg.attn_softcap, window=window, fixed=cfg.fixed,
+                             ring=spec.ring), cache_k, cache_v, None
     if isinstance(spec, CausalChunk):
       return causal_chunk_attention(q, k, v, cache_k, cache_v, spec.start, scale=scale,
                                     softcap=cfg.attn_softcap, window=window), cache_k, cache_v, None

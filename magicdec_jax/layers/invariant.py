@@ -1,19 +1,24 @@
 """Fixed-shape numerics: a (row, position)'s numbers never depend on what else is computed with it.
 
 Contract: with `ModelConfig.numerics == "invariant"` a position's logits are the same bits in a plain step,
-in a chain's or a tree's verify pass, in a prefill chunk, in any batch and at any cache slot count, so
-speculative decoding emits plain decoding's tokens. Why it needs care: a backend picks its algorithms from
+in a chain's or a tree's verify pass, in any batch and at any cache slot count that is a multiple of
+`FixedShapes.cache_multiple`, whatever the chunks its prompt was prefilled in, so speculative decoding emits
+plain decoding's tokens. Why it needs care: a backend picks its algorithms from
 the operands' shapes, and two algorithms round differently (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding).
 The shapes (`backend.FixedShapes`, in `cfg.fixed`) are the backend's measured algorithm classes:
 
   * token-wise stages run through `tile_map`: calls whose row counts lie in one class;
   * attention (`tiled_attention`) reads, for each query position p, a prefix of whole key blocks as one dot
     over every slot (masked slots add exact zeros: slot count invariant), then a tail of `tail_blocks`
-    blocks in canonical slot order, a tree node's ancestors gathered where plain decoding has them.
+    blocks in canonical slot order, a tree node's ancestors gathered where plain decoding has them;
+  * a prefill chunk's attention (`chunk_attention`) goes in tiles of fixed query and key counts aligned to
+    positions, so a prompt's K/V do not depend on the chunk it was prefilled in.
 
 The guarantee is between runs of one build on one machine: another build may pick other algorithms.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +26,7 @@ import numpy as np
 
 from magicdec_jax.backend import FixedShapes
 from magicdec_jax.layers.prefill_attention import NEG_BIG, softcapped
+from magicdec_jax.pallas.xla_attention import dot_operands, fold_queries, unfold_queries
 
 
 def unknown_one(x: jax.Array) -> jax.Array:
@@ -214,3 +220,92 @@ def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
       ((qs, ms, *(x.reshape(tiles, tt, *x.shape[1:]) for x in (anc, src, depth))), tree_tile)
   out = tile(tuple(x[0] for x in args))[None] if tiles == 1 else jax.lax.map(tile, args)
   return jnp.moveaxis(out, 0, 2).reshape(b, kh, tiles * q0, d)[:, :, :tg]
+
+
+def chunk_attention(q: jax.Array, cache_k: jax.Array, cache_v: jax.Array, start: jax.Array, *, scale: float,
+                    softcap: float | None, window: int | None, fixed: FixedShapes, ring: int = 0) -> jax.Array:
+  """A prefill chunk's attention with fixed-shape numerics: q [B, T, H, D] at positions start .. start+T-1
+  (start a multiple of T, the same for every row), one layer's cache [B, K, S, D] already holding the chunk's
+  K/V and every position below it -> out [B, T, H, D] (float32 math, output in q.dtype).
+
+  A query's output depends on its position and the cache alone, not on T or the batch: queries go in tiles of
+  tq tokens x the G heads of a KV group (fixed.prefill_tile = (tq, C); tile j holds positions [j tq, j tq +
+  tq), a chunk not covering whole tiles padded inside them), and a tile reads keys in blocks of C positions
+  [i C, i C + C), from block 0 (with a window w: the block of its first query's first visible position) to
+  the block of its last query, merged by online softmax in that order. A block a query cannot see (past its
+  causal limit, or before its window) leaves its accumulators exactly as they were (m unchanged, p = 0,
+  a = 1; before any visible block: o = l = 0), so the tile's range does not change a query's bits. Blocks
+  are gathered by position: slot p of a linear layer (positions past S clipped: never visible), slot p % ring
+  of a ring layer of `ring` slots (it holds every position a query sees: cache.ring_margin). Rows go one at a
+  time on one device (`lax.map`), vectorised under a mesh (a dot's batch dimension does not change a row)."""
+  b, t, h, d = q.shape
+  kh, s = cache_k.shape[1], cache_k.shape[2]
+  g = h // kh
+  tq, blk = fixed.prefill_tile
+  q0 = tq * g
+  out_dtype = q.dtype
+  q, = dot_operands(q)
+  precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+  # the tiles covering the chunk: its first position sits at offset start % tq of the first one
+  spare = 0 if t % tq == 0 else tq - math.gcd(t, tq)
+  tiles = -(-(t + spare) // tq)
+  offset = jnp.int32(0) if spare == 0 else jnp.asarray(start, jnp.int32) % tq
+  qf = jax.lax.dynamic_update_slice(jnp.zeros((b, kh, tiles * q0, d), q.dtype), fold_queries(q, kh),
+                                    (0, 0, offset * g, 0))
+  first_pos = jnp.asarray(start, jnp.int32) - offset
+  one = unknown_one(qf)
+  q_tok = jnp.repeat(jnp.arange(tq, dtype=jnp.int32), g)                        # each tile row's token
+  k_off = jnp.arange(blk, dtype=jnp.int32)
+
+  def value_dot(p, vals):
+    return jnp.einsum("BKQS,BKSD->BKQD", p.astype(vals.dtype), vals, preferred_element_type=jnp.float32,
+                      precision=precision)
+
+  def attend_rows(qr, row):
+    """Rows row .. row + R - 1 of the cache, their folded queries qr [R, K, tiles * q0, D]."""
+    r = qr.shape[0]
+
+    def read(buf, i):                                # block i's positions, gathered from their slots
+      pos = i * blk + k_off
+      slots = pos % ring if ring else jnp.minimum(pos, s - 1)
+      rows = jax.lax.dynamic_slice_in_dim(buf, row, r, axis=0)
+      return dot_operands(jnp.take(rows, slots, axis=2))[0]                     # [R, K, C, D]
+
+    def tile(j, out):
+      p0 = first_pos + j * tq
+      qt = jax.lax.dynamic_slice_in_dim(qr, j * q0, q0, axis=2)                 # [R, K, q0, D]
+      q_pos = p0 + q_tok                                                        # [q0]
+
+      def block(i, carry):
+        o, m, l = carry
+        k_pos = i * blk + k_off
+        seen = k_pos[None, :] <= q_pos[:, None]
+        if window is not None:
+          seen = seen & (k_pos[None, :] > q_pos[:, None] - window)
+        logits = softcapped(rounded(jnp.einsum("BKQD,BKSD->BKQS", qt, read(cache_k, i).astype(qt.dtype),
+                                               preferred_element_type=jnp.float32, precision=precision) * scale,
+                                    one), softcap)
+        logits = jnp.where(seen, logits, NEG_BIG)
+        m_new = jnp.maximum(m, logits.max(-1, keepdims=True))
+        p = jnp.where(seen, jnp.exp(logits - m_new), 0.0)
+        a = jnp.exp(m - m_new)
+        return (rounded(o * a, one) + value_dot(p, read(cache_v, i)), m_new,
+                rounded(l * a, one) + p.sum(-1, keepdims=True))
+
+      lo = 0 if window is None else jnp.maximum(p0 - window + 1, 0) // blk
+      init = (jnp.zeros((r, kh, q0, d), jnp.float32), jnp.full((r, kh, q0, 1), NEG_BIG, jnp.float32),
+              jnp.zeros((r, kh, q0, 1), jnp.float32))
+      o, _, l = jax.lax.fori_loop(lo, (p0 + tq - 1) // blk + 1, block, init)
+      return jax.lax.dynamic_update_slice_in_dim(out, o / l, j * q0, axis=2)
+
+    # the tile count passes through `start` (>= 0, unknown to the compiler), so even one tile is a loop
+    # whose body compiles alone: the same code whatever the chunk
+    count = jnp.where(jnp.asarray(start) >= 0, tiles, tiles + 1)
+    return jax.lax.fori_loop(0, count, tile, jnp.zeros((r, kh, tiles * q0, d), jnp.float32))
+
+  if b > 1 and jax.sharding.get_abstract_mesh().size <= 1:     # one device (no mesh, or 1 x 1): row by row
+    o = jax.lax.map(lambda xs: attend_rows(xs[1][None], xs[0])[0], (jnp.arange(b, dtype=jnp.int32), qf))
+  else:
+    o = attend_rows(qf, jnp.int32(0))
+  o = jax.lax.dynamic_slice_in_dim(o, offset * g, t * g, axis=2)
+  return unfold_queries(o, t).astype(out_dtype)

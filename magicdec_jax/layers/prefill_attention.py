@@ -34,8 +34,11 @@ NEG_BIG = -1e30
 @flax.struct.dataclass
 class CausalChunk:
   """Visibility rule of a prefill chunk: the T new tokens sit at slots start..start+T-1 of every row
-  (start a multiple of T, the same for all rows), see each other causally and see every slot < start."""
+  (start a multiple of T, the same for all rows), see each other causally and see every slot < start.
+  `ring`: the slots of the ring layer it is read through (fixed-shape numerics, which read a ring by
+  position: layers/invariant.chunk_attention); 0: a linear layer."""
   start: jax.Array  # [] int32
+  ring: int = flax.struct.field(pytree_node=False, default=0)
 
 
 def softcapped(logits: jax.Array, softcap: float | None) -> jax.Array:
