@@ -24,6 +24,7 @@ from magicdec_jax.cache import KVCache
 from magicdec_jax.drafts import StreamingDraft
 from magicdec_jax.layers.invariant import chunk_attention
 from magicdec_jax.model import Model
+from magicdec_jax.prompts import pad_prompts
 from magicdec_jax.trees import AR_TREE
 
 from conftest import random_prompts
@@ -45,10 +46,8 @@ def model(dtype: str, windowed: bool) -> Model:
 
 def prefilled(m: Model, prompts, bucket: int, chunk: int, num_slots: int) -> KVCache:
   """loop.prefill of the prompts right-padded to `bucket`, compiled as the engine compiles it."""
-  ids = np.zeros((len(prompts), bucket), np.int32)
-  for i, p in enumerate(prompts):
-    ids[i, :len(p)] = p
-  args = (m.params, None, jnp.asarray(ids), jnp.asarray([len(p) - 1 for p in prompts], jnp.int32))
+  ids, lengths = pad_prompts(prompts, len(prompts), bucket)
+  args = (m.params, None, jnp.asarray(ids), jnp.asarray(lengths - 1))    # the last token: the first step's
   static = dict(cfg=m.config, spec=None, tree=AR_TREE, num_slots=num_slots, chunk=chunk)
   return compiling.jit_executable("test_prefill", loop.prefill, args, static,
                                   options=m.config.fixed.compiler_options())(*args)[0]
