@@ -109,10 +109,10 @@ def fresh_rows(tokens: jax.Array, lengths: jax.Array, max_new: jax.Array, keys: 
   ar = jnp.arange(n)
   m = out_len if logprobs >= 0 else 0
   k = max(logprobs, 0)
-  zeros = jnp.zeros((n,), jnp.int32)
-  return Rows(out=jnp.full((n, out_len), -1, jnp.int32), n_out=zeros, lengths=lengths,
+  zeros = lambda: jnp.zeros((n,), jnp.int32)     # one buffer per field: the loop donates each leaf
+  return Rows(out=jnp.full((n, out_len), -1, jnp.int32), n_out=zeros(), lengths=lengths,
               last=tokens[ar, lengths - 1], prev=tokens[ar, jnp.maximum(lengths - 2, 0)], done=max_new <= 0,
-              max_new=max_new, keys=keys, rounds=zeros, accepted=zeros, drafted=zeros,
+              max_new=max_new, keys=keys, rounds=zeros(), accepted=zeros(), drafted=zeros(),
               accepted_at=jnp.zeros((n, depth), jnp.int32), out_logprob=jnp.zeros((n, m), jnp.float32),
               out_top_ids=jnp.zeros((n, m if k else 0, k), jnp.int32),
               out_top_logprob=jnp.zeros((n, m if k else 0, k), jnp.float32), features=dict(features or {}))

@@ -75,7 +75,7 @@ def tile_map(fn, rows: tuple[int, int], *xs):
     tiles = -(-m // hi)
     out = jax.lax.map(body, tuple(None if x is None else pad(x, tiles * hi).reshape(tiles, hi, *x.shape[1:])
                                   for x in flat))
-    return jax.tree.map(lambda y: y.reshape(tiles * hi, *y.shape[2:])[:m].reshape(b, t, *y.shape[2:]), out)
+    return jax.tree.map(lambda y: y.reshape(tiles * hi, *y.shape[3:])[:m].reshape(b, t, *y.shape[3:]), out)
   full = m // hi * hi
   parts, prev = [], ()
   if full > hi:         # full tiles: one loop body however many (compile time does not grow with the batch)

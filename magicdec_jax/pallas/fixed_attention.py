@@ -117,23 +117,24 @@ def _kernel(cut_ref, live_ref, q_ref, k_ref, v_ref, tk_ref, tv_ref, o_ref, m_ref
 
   @pl.when(part == 0)
   def _tail():
-    token = lax.broadcasted_iota(jnp.int32, (rows,), 0) // group
+    token = lax.div(lax.broadcasted_iota(jnp.int32, (rows,), 0), jnp.int32(group))
 
-    def body(i, state):
-      j, blk = i // tail_blocks, i % tail_blocks
-      at = j * width + blk * key_block
-      kb, vb = tk_ref[pl.ds(at, key_block), :], tv_ref[pl.ds(at, key_block), :]
-      vis = (token == j)[:, None] & (live_ref[:, pl.ds(blk * key_block, key_block)] != 0)
-      return step(state, kb=kb, vb=vb, vis=vis)
+    def body(j, state):                 # token j's tail blocks in slot order
+      for blk in range(tail_blocks):
+        at = j * width + blk * key_block
+        kb, vb = tk_ref[pl.ds(at, key_block), :], tv_ref[pl.ds(at, key_block), :]
+        vis = (token == j)[:, None] & (live_ref[:, pl.ds(blk * key_block, key_block)] != 0)
+        state = step(state, kb=kb, vb=vb, vis=vis)
+      return state
 
-    store(lax.fori_loop(0, tokens * tail_blocks, body, init))
+    store(lax.fori_loop(0, tokens, body, init))
 
   @pl.when(part > 0)
   def _prefix():
     cut = cut_ref[...]                                                  # [R]
     start = (part - 1) * (split_blocks * key_block)
     top = jnp.max(cut)
-    blocks = jnp.clip((top - start + key_block - 1) // key_block, 0, split_blocks)
+    blocks = jnp.clip(lax.div(top - start + key_block - 1, jnp.int32(key_block)), 0, split_blocks)   # (truncated)
     lane = lax.broadcasted_iota(jnp.int32, (key_block,), 0)
 
     def body(i, state):

@@ -183,3 +183,37 @@ def test_speculative_decoding_through_the_kernel_gives_plain_decodings_tokens():
   draft = StreamingDraft(sink=2, window=4)
   assert md.generate(model, prompts, draft=draft, gamma=3, **kw).tokens == ref
   assert md.generate(model, prompts, draft=draft, tree=Tree.from_children_counts([2, 2, 1]), **kw).tokens == ref
+
+
+def test_the_accelerators_fixed_shapes_give_plain_decodings_tokens():
+  """The accelerator's FixedShapes (token-wise tiles of one row count, 64-slot key blocks, 2048-slot splits)
+  with the kernel interpreted: greedy chains give plain decoding's tokens, for rows whose prompts fill
+  several prefill tiles."""
+  model = random_tiny_model(1, max_pos=1024)
+  cfg = dataclasses.replace(model.config, dtype="bfloat16")
+  model = md.Model(cfg, jax.tree.map(lambda a: a.astype(jnp.bfloat16), model.params), name="tiny-bf16")
+  fixed = dataclasses.replace(backend.ACCELERATOR, attention="pallas_interpret", xla_options=())
+  prompts = random_prompts((300, 9), 250, seed=6)
+  kw = dict(max_new_tokens=8, numerics="invariant", fixed_shapes=fixed, progress=False)
+  ref = md.generate(model, prompts, **kw).tokens
+  assert md.generate(model, prompts, draft=StreamingDraft(sink=2, window=64), gamma=3, **kw).tokens == ref
+
+
+@pytest.mark.parametrize("t", [1, 4, 16])
+def test_the_kernel_lowers_to_triton_for_a_gpu(t):
+  """The kernel as the accelerator profile calls it (Triton), lowered for CUDA on this CPU through
+  jax.export at LLaMA-3.1-8B's attention shapes for a plain step, a chain of 4 and a 16-node round: Pallas
+  Triton's lowering rules hold (Triton's own compile to GPU code is not checked here)."""
+  if pallas._triton_params(None, None) is None:
+    pytest.skip("this jax has no Pallas Triton backend")
+  fixed = backend.ACCELERATOR
+  b, h, kh, d, s = 2, 32, 8, 128, 32768 + 128
+  anc = np.tril(np.ones((t, t), bool))
+  args = (jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16), jax.ShapeDtypeStruct((b, kh, s, d), jnp.bfloat16),
+          jax.ShapeDtypeStruct((b, kh, s, d), jnp.bfloat16), jax.ShapeDtypeStruct((b,), jnp.int32))
+  triton_call = "__gpu$xla.gpu.triton"
+  exported = jax.export.export(jax.jit(lambda q, k, v, base: pallas.fixed_attention(q, k, v, base, anc, fixed=fixed)),
+                               platforms=["cuda"],
+                               disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton_call)])(*args)
+  assert triton_call in exported.mlir_module()
+  assert exported.out_avals[0].shape == (b, t, h, d)

@@ -147,3 +147,16 @@ def test_the_engines_own_executable_copies_nothing():
   assert not bad, "\n".join(f"{i.op} {i.shape}: {i.line[:200]}" for i in bad)
   cache_shapes = {tuple(k.shape) for c in (state.target, state.ring) for k in c.k}
   assert not hlo.loop_body_cache_passes(text, cache_shapes)
+
+
+def test_a_fresh_states_leaves_are_distinct_buffers():
+  """loop.initial_state built outside jit (as benchmarks and prefilled inputs do) gives every leaf its own
+  buffer: the decode loop donates each leaf, and a GPU refuses one buffer donated twice (XLA:CPU does not)."""
+  from magicdec_jax import loop
+  from magicdec_jax.cache import KVCache
+  tree = Tree.chain(3)
+  st = loop.initial_state(jnp.zeros((B, P), jnp.int32), jnp.full((B,), P, jnp.int32), jnp.full((B,), NEW, jnp.int32),
+                          jnp.array([-1], jnp.int32), jax.random.split(jax.random.key(0), B),
+                          KVCache.zeros(CFG, B, 64), None, NEW + tree.num_nodes, tree)
+  pointers = [x.unsafe_buffer_pointer() for x in jax.tree.leaves(st) if x.size]
+  assert len(set(pointers)) == len(pointers)
