@@ -381,20 +381,21 @@ def sample_without_replacement(key: jax.Array, probs: jax.Array, n: int) -> jax.
   lead, v = probs.shape[:-1], probs.shape[-1]
   p = probs.reshape(-1, v).astype(jnp.float32)
   r = p.shape[0]
-  nb = -(-v // SAMPLE_BLOCK)
-  blocks = jnp.pad(p, ((0, 0), (0, nb * SAMPLE_BLOCK - v))).reshape(r, nb, SAMPLE_BLOCK)
+  block = min(SAMPLE_BLOCK, v)           # a vocabulary of one block is not padded to SAMPLE_BLOCK
+  nb = -(-v // block)
+  blocks = jnp.pad(p, ((0, 0), (0, nb * block - v))).reshape(r, nb, block)
   block_mass = blocks.sum(-1)                                                     # [R, nb]
   u = jax.vmap(lambda k: jax.random.uniform(k, (n, 2)))(key.reshape(-1))          # [R, n, 2]
   rows = jnp.arange(r)
-  in_block = jnp.arange(SAMPLE_BLOCK, dtype=jnp.int32)
+  in_block = jnp.arange(block, dtype=jnp.int32)
   drawn = []
   for j in range(n):
     b = _pick(block_mass, u[:, j, 0])
     inner = jnp.take_along_axis(blocks, b[:, None, None], axis=1)[:, 0]          # [R, BLOCK]
     for t in drawn:                                                               # earlier draws removed
-      inner = jnp.where(b[:, None] * SAMPLE_BLOCK + in_block == t[:, None], 0.0, inner)
+      inner = jnp.where(b[:, None] * block + in_block == t[:, None], 0.0, inner)
     i = _pick(inner, u[:, j, 1])
-    drawn.append(b * SAMPLE_BLOCK + i)
+    drawn.append(b * block + i)
     if j + 1 < n:
       block_mass = block_mass.at[rows, b].set(jnp.where(in_block == i[:, None], 0.0, inner).sum(-1))
   return jnp.stack(drawn, -1).reshape(lead + (n,))
