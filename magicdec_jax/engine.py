@@ -273,21 +273,33 @@ class Engine:
     return self._run("decode", loop.decode, (target_params, draft_params, state), static,
                      (*self.param_sh, st), st, donate=("state",))
 
+  def _step_call(self, kind: str, *args):
+    """(fun, args, static, in_sh, out_sh, donate) of "prefill" (tokens, lengths, num_slots) or "decode"
+    (a LoopState)."""
+    if kind == "prefill":
+      call, static, in_sh = self._prefill_call(*args)
+      return loop.prefill, call, static, in_sh, self._state_sh, ()
+    if kind == "decode":
+      st = self._state_sh(args[0])
+      return (loop.decode, (self.target_params, self.draft_params, args[0]), self._decode_static(),
+              (*self.param_sh, st), st, ("state",))
+    raise ValueError(f"kind must be 'prefill' or 'decode', got {kind!r}")
+
   def compiled_text(self, kind: str, *args) -> str:
     """The optimized HLO of "prefill" (tokens, lengths, num_slots) or "decode" (a LoopState) as this
     engine compiles it (cached: a later call with the same shapes runs this very executable)."""
-    if kind == "prefill":
-      call, static, in_sh = self._prefill_call(*args)
-      fun, out_sh, donate = loop.prefill, self._state_sh, ()
-    elif kind == "decode":
-      st = self._state_sh(args[0])
-      call, static, in_sh = (self.target_params, self.draft_params, args[0]), self._decode_static(), \
-          (*self.param_sh, st)
-      fun, out_sh, donate = loop.decode, st, ("state",)
-    else:
-      raise ValueError(f"kind must be 'prefill' or 'decode', got {kind!r}")
+    fun, call, static, in_sh, out_sh, donate = self._step_call(kind, *args)
     with jax.set_mesh(self.mesh):
       return self._executable(kind, fun, call, static, in_sh, out_sh, donate)[0].as_text()
+
+  def exported(self, kind: str, *args, platform: str = "cuda") -> jax.export.Exported:
+    """`compiled_text`'s step lowered for `platform` through jax.export, without its shardings: a GPU's
+    lowering (Pallas Triton kernels included) checked on a machine without one. Triton's own compile to
+    GPU code is not part of it."""
+    fun, call, static, _, _, _ = self._step_call(kind, *args)
+    triton = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
+    return jax.export.export(jax.jit(functools.partial(fun, **static)), platforms=[platform],
+                             disabled_checks=[triton])(*call)
 
   def with_schedule(self, state: loop.LoopState) -> loop.LoopState:
     """The state with the plan's thresholds (the latest re-plan's where the call learns; fixed settings:

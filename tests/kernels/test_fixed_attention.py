@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import backend, pallas
+from magicdec_jax import backend, engine, pallas, plan
 from magicdec_jax.drafts import StreamingDraft
 from magicdec_jax.layers.attention import PrefixTree, attend
+from magicdec_jax.prompts import pad_prompts
 from magicdec_jax.testing import random_tiny_model
 from magicdec_jax.trees import Tree
 
@@ -217,3 +218,31 @@ def test_the_kernel_lowers_to_triton_for_a_gpu(t):
                                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(triton_call)])(*args)
   assert triton_call in exported.mlir_module()
   assert exported.out_avals[0].shape == (b, t, h, d)
+
+
+@pytest.mark.parametrize("shape", [dict(gamma=3), dict(tree=Tree.from_children_counts([2, 2, 1]))])
+def test_the_accelerators_invariant_prefill_and_decode_lower_for_a_gpu(shape):
+  """The engine's prefill and decode loop with invariant numerics at the accelerator's FixedShapes (the
+  Triton kernel), a self-draft chain or tree, lowered for CUDA on this CPU (Engine.exported): every
+  lowering rule on the GPU's path holds, the kernel in the verify pass included."""
+  if pallas._triton_params(None, None) is None:
+    pytest.skip("this jax has no Pallas Triton backend")
+  model = random_tiny_model(2, max_pos=512)
+  model = md.Model(dataclasses.replace(model.config, dtype="bfloat16"),
+                   jax.tree.map(lambda a: a.astype(jnp.bfloat16), model.params), name="tiny-bf16")
+  b, p = 2, 40
+
+  def engine_for(attention):
+    fixed = dataclasses.replace(backend.ACCELERATOR, attention=attention, xla_options=())
+    st = md.DecodeSettings(max_new_tokens=8, draft=StreamingDraft(sink=2, window=8), numerics="invariant",
+                           fixed_shapes=fixed, **shape)
+    return engine.Engine(model, plan.make_plan(model, st, batch=b, shortest=p, longest=p))
+
+  gpu, cpu = engine_for("pallas_triton"), engine_for("pallas_interpret")
+  tokens, lengths = pad_prompts([[1] * p] * b, b, gpu.plan.prompt_bucket(p))
+  slots = gpu.plan.num_slots(gpu.plan.prompt_bucket(p))
+  gpu.exported("prefill", tokens, lengths, slots)             # the fixed-shape prefill (XLA's tiles) lowers
+  target, ring = cpu.prefill(tokens, lengths, slots)            # a state of the decode's shapes
+  state = cpu.initial_state(tokens, lengths, jnp.full((b,), 8, jnp.int32), jax.random.split(jax.random.key(0), b),
+                            target, ring)
+  assert "xla.gpu.triton" in gpu.exported("decode", state).mlir_module()
