@@ -195,6 +195,16 @@ def jit_executable(name: str, fun: Callable, args: tuple, static: Mapping[str, A
   return executable(key, lower, options)
 
 
+TRITON_CALL = "__gpu$xla.gpu.triton"       # the custom call a Pallas Triton kernel lowers to
+
+
+def export_for(platform: str, fun: Callable, *args) -> "jax.export.Exported":
+  """fun(*args) lowered for `platform` through jax.export: another platform's lowering, Pallas Triton kernels
+  included, checked on this machine (Triton's own compile to GPU code is not part of it)."""
+  triton = jax.export.DisabledSafetyCheck.custom_call(TRITON_CALL)
+  return jax.export.export(jax.jit(fun), platforms=[platform], disabled_checks=[triton])(*args)
+
+
 def timed(fn: Callable, *args, **kwargs) -> tuple[Any, float, float]:
   """fn(*args, **kwargs) waited for -> (its result, seconds without compilation, seconds compiling)."""
   c0, t0 = compile_seconds(), time.perf_counter()

@@ -297,9 +297,7 @@ class Engine:
     lowering (Pallas Triton kernels included) checked on a machine without one. Triton's own compile to
     GPU code is not part of it."""
     fun, call, static, _, _, _ = self._step_call(kind, *args)
-    triton = jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")
-    return jax.export.export(jax.jit(functools.partial(fun, **static)), platforms=[platform],
-                             disabled_checks=[triton])(*call)
+    return compiling.export_for(platform, functools.partial(fun, **static), *call)
 
   def with_schedule(self, state: loop.LoopState) -> loop.LoopState:
     """The state with the plan's thresholds (the latest re-plan's where the call learns; fixed settings:

@@ -134,7 +134,8 @@ def _kernel(cut_ref, live_ref, q_ref, k_ref, v_ref, tk_ref, tv_ref, o_ref, m_ref
     cut = cut_ref[...]                                                  # [R]
     start = (part - 1) * (split_blocks * key_block)
     top = jnp.max(cut)
-    blocks = jnp.clip(lax.div(top - start + key_block - 1, jnp.int32(key_block)), 0, split_blocks)   # (truncated)
+    # lax.div truncates where // floors: they differ only below zero, which the clip takes to 0 either way
+    blocks = jnp.clip(lax.div(top - start + key_block - 1, jnp.int32(key_block)), 0, split_blocks)
     lane = lax.broadcasted_iota(jnp.int32, (key_block,), 0)
 
     def body(i, state):

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import drafts, engine, plan
+from magicdec_jax import drafts, engine, loop, plan
+from magicdec_jax.cache import KVCache
 from magicdec_jax.prompts import pad_prompts
 from magicdec_jax.tuning import hlo
 from magicdec_jax.config import ModelConfig
@@ -152,8 +153,6 @@ def test_the_engines_own_executable_copies_nothing():
 def test_a_fresh_states_leaves_are_distinct_buffers():
   """loop.initial_state built outside jit (as benchmarks and prefilled inputs do) gives every leaf its own
   buffer: the decode loop donates each leaf, and a GPU refuses one buffer donated twice (XLA:CPU does not)."""
-  from magicdec_jax import loop
-  from magicdec_jax.cache import KVCache
   tree = Tree.chain(3)
   st = loop.initial_state(jnp.zeros((B, P), jnp.int32), jnp.full((B,), P, jnp.int32), jnp.full((B,), NEW, jnp.int32),
                           jnp.array([-1], jnp.int32), jax.random.split(jax.random.key(0), B),
