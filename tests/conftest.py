@@ -16,10 +16,16 @@ import tempfile
 # Compile time, not run time, is what the suite spends (a tiny model's decode loop compiles for seconds and
 # runs for milliseconds), so the tests (and the subprocesses they start) build code at LLVM -O0 and with
 # XLA:CPU's elemental loop emitters instead of its MLIR fusion emitters: each roughly halves the backend
-# compile (docs/testing.md#compile-time); float semantics are the same (no fast-math either way).
-FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# compile; and as one LLVM module, not split for a thread pool the busy workers leave no core to
+# (docs/testing.md#compile-time). Float semantics are the same (no fast-math either way).
+FAST_COMPILE_FLAG = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
+                     "--xla_cpu_parallel_codegen_split_count=1")
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG}".strip()
+
+# A real model's tests (SmolLM2: 30 layers and real work at -O0) are faster compiled as users compile
+# them, LLVM -O2 with the fusion emitters: these options, passed per call (docs/testing.md#compile-time).
+REAL_MODEL_XLA = {"xla_backend_optimization_level": 2, "xla_cpu_use_fusion_emitters": True}
 
 # One persistent compilation cache per test session, shared by the xdist workers and every subprocess (the
 # controlling process makes it before the workers start; they inherit the variable), removed at the end:

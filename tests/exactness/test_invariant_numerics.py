@@ -36,7 +36,7 @@ from magicdec_jax.model import Model, forward
 from magicdec_jax.textdata import shakespeare_text
 from magicdec_jax.trees import default_tree
 
-from conftest import random_prompts, tiny_model
+from conftest import REAL_MODEL_XLA, random_prompts, tiny_model
 
 NEW = 24
 LENGTHS = (9, 16, 12, 14, 10)
@@ -261,9 +261,10 @@ def test_smollm2_bfloat16_streaming_chain_gives_plain_decodings_tokens():
   differences at tokens 30, 22, 14): 4 held-out prompts of 512 tokens, greedy, StreamingDraft(sink 4,
   window 64), gamma 3 (gamma 1 on SmolLM2 with the slow matrix below; on the tiny model by default)."""
   prompts = held_out_prompts(4, 512)
-  ref = md.generate(smol(), prompts, max_new_tokens=48)
+  ref = md.generate(smol(), prompts, max_new_tokens=48, xla_options=REAL_MODEL_XLA)
   for gamma in (3,):
-    res = md.generate(smol(), prompts, max_new_tokens=48, draft=StreamingDraft(4, 64), gamma=gamma)
+    res = md.generate(smol(), prompts, max_new_tokens=48, draft=StreamingDraft(4, 64), gamma=gamma,
+                      xla_options=REAL_MODEL_XLA)
     assert res.tokens == ref.tokens, gamma
     assert 0.3 < res.stats["acceptance_rate"] < 1.0
 

@@ -21,7 +21,7 @@ from magicdec_jax.engine import stream_keys
 from magicdec_jax.sampling import position_noise
 from magicdec_jax.trees import Tree
 
-from conftest import random_prompts, tiny_model
+from conftest import REAL_MODEL_XLA, random_prompts, tiny_model
 
 KW = dict(max_new_tokens=16, temperature=0.9, top_p=0.95, top_k=40, seed=5, sampling="invariant")
 
@@ -177,7 +177,7 @@ def test_smollm2_self_draft_samples_plain_decodings_tokens():
     pytest.skip(str(e))
   prompts = [model.tokenizer.encode(t).ids for t in
              ("The quick brown fox jumps over the lazy dog. " * 6, "To be, or not to be, that is the question:")]
-  kw = dict(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=2, sampling="invariant")
+  kw = dict(max_new_tokens=24, temperature=0.8, top_p=0.95, seed=2, sampling="invariant", xla_options=REAL_MODEL_XLA)
   ref = md.generate(model, prompts, **kw)
   res = md.generate(model, prompts, draft=StreamingDraft(4, 32), gamma=3, **kw)
   assert res.tokens == ref.tokens

@@ -9,6 +9,7 @@ from magicdec_jax import Model, StreamingDraft, generate, logits
 from magicdec_jax.checkpoints import known_model_path, load_model
 from magicdec_jax.tokenizer import render_chat
 
+from conftest import REAL_MODEL_XLA
 from references import hf_model, ours_from_hf
 
 torch = pytest.importorskip("torch")
@@ -142,7 +143,7 @@ def test_smollm2_logits_and_greedy_match_hf(smol, hf_smol):
     out = hf_smol.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                            max_new_tokens=32, do_sample=False, pad_token_id=2)
   hf_new = out[0, len(ids):].tolist()
-  ours_new = generate(smol, [ids], max_new_tokens=32, temperature=0.0).tokens[0]
+  ours_new = generate(smol, [ids], max_new_tokens=32, temperature=0.0, xla_options=REAL_MODEL_XLA).tokens[0]
   print("greedy:", repr(smol.tokenizer.decode(ours_new)))
   assert ours_new == hf_new
 
