@@ -292,21 +292,28 @@ def choose_children(logits: jax.Array, r: Round, d, width: int, expanding: jax.A
 
 def draft_levels(tree: Tree, level: Callable, carry: Any, unrolled: int) -> Any:
   """Run `level(carry, d, expanding [E], children [E, W]) -> carry` over the levels of `tree` that have
-  children. A tree's levels differ in width, so they are unrolled; a chain's levels all have one node, so
-  past the first `unrolled` they run as one fori_loop whose body compiles once (an unrolled 30-layer
-  forward per level would compile gamma copies)."""
+  children. Levels of different widths are unrolled; the trailing levels that expand one node into one
+  child (a chain's levels, a Sequoia tree's tail), past the first `unrolled`, run as one fori_loop whose
+  body compiles once (an unrolled 30-layer forward per level would compile a copy per level)."""
   n_nodes = tree.num_nodes
   levels = tree.levels[:-1]
-  loop_from = min(unrolled, len(levels)) if tree.is_chain else len(levels)
-  for d, lvl in enumerate(levels[:loop_from]):
+  shapes = []
+  for lvl in levels:
     expanding = np.asarray([u for u in lvl if tree.num_children[u] > 0], np.int32)
     width = int(tree.num_children[expanding].max())
     children = np.full((len(expanding), width), n_nodes, np.int32)
     for j, u in enumerate(expanding):
       children[j, :len(tree.children[u])] = tree.children[u]
+    shapes.append((expanding, children))
+  loop_from = len(levels)
+  while loop_from > min(unrolled, len(levels)) and shapes[loop_from - 1][1].shape == (1, 1):
+    loop_from -= 1
+  for d, (expanding, children) in enumerate(shapes[:loop_from]):
     carry = level(carry, d, jnp.asarray(expanding), jnp.asarray(children))
-  if loop_from < len(levels):     # chain node d sits at depth d; its child is node d + 1
+  if loop_from < len(levels):     # level d expands node nodes[d] into kids[d]
+    nodes = jnp.asarray(np.concatenate([e for e, _ in shapes[loop_from:]]))
+    kids = jnp.asarray(np.concatenate([c[0] for _, c in shapes[loop_from:]]))
     carry = jax.lax.fori_loop(
         loop_from, len(levels),
-        lambda d, c: level(c, d, d[None].astype(jnp.int32), (d + 1)[None, None].astype(jnp.int32)), carry)
+        lambda d, c: level(c, d, nodes[d - loop_from][None], kids[d - loop_from][None, None]), carry)
   return carry
