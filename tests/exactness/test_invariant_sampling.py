@@ -156,7 +156,8 @@ def test_plain_invariant_sampler_against_hf_float64_at_1e5_draws():
   for call in range(13):
     ids = list(range(call * 8192, (call + 1) * 8192))
     res = md.generate(ours, [prompt] * 8192, max_new_tokens=1, temperature=t, top_p=top_p, seed=11,
-                      sampling="invariant", stream_ids=ids, eos_token_id=[], numerics="fast")
+                      sampling="invariant", stream_ids=ids, eos_token_id=[], numerics="fast",
+                      xla_options=REAL_MODEL_XLA)
     counts += np.bincount([r[0] for r in res.tokens], minlength=len(p))
   assert counts[want == 0].sum() == 0, "drew a token outside the top-p set"
   big = want * counts.sum() >= 5
