@@ -88,9 +88,12 @@ class FixedShapes:
 # algorithm), row-wise reductions are the same for any row count, and attention's dots the same for any
 # batch, 2..64 query rows and any slot count, except that a dot contracting over the slots (the prefix's
 # values) sums a row the same only over slot counts that are multiples of 64 (float32: 48 or 80 slots round
-# otherwise than 64 or 320) (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding).
+# otherwise than 64 or 320) (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding). XLA:CPU's
+# tree reduction rewriter is off: it turns a max over thousands of slots into a reduce-window that costs
+# more than the reduction (docs/measurements.md#ar-step-profile).
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
-              ("xla_allow_excess_precision", False))
+              ("xla_allow_excess_precision", False),
+              ("xla_disable_hlo_passes", "tree_reduction_rewriter"))
 CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,
                   key_block=16, reduction_floor=4608, xla_options=CPU_FUSION, slot_multiple=64)
 # Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction); attention
