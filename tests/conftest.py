@@ -23,8 +23,8 @@ FAST_COMPILE_FLAG = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_em
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG}".strip()
 
-# A real model's tests (SmolLM2: 30 layers and real work at -O0) are faster compiled as users compile
-# them, LLVM -O2 with the fusion emitters: these options, passed per call (docs/testing.md#compile-time).
+# A real model's tests (SmolLM2: 30 layers and real work at -O0) are faster compiled nearer to how users
+# compile them, LLVM -O2 with the fusion emitters: these options, passed per call (docs/testing.md#compile-time).
 REAL_MODEL_XLA = {"xla_backend_optimization_level": 2, "xla_cpu_use_fusion_emitters": True}
 
 # One persistent compilation cache per test session, shared by the xdist workers and every subprocess (the
