@@ -16,10 +16,11 @@ import tempfile
 # Compile time, not run time, is what the suite spends (a tiny model's decode loop compiles for seconds and
 # runs for milliseconds), so the tests (and the subprocesses they start) build code at LLVM -O0 and with
 # XLA:CPU's elemental loop emitters instead of its MLIR fusion emitters: each roughly halves the backend
-# compile; and as one LLVM module, not split for a thread pool the busy workers leave no core to
-# (docs/testing.md#compile-time). Float semantics are the same (no fast-math either way).
+# compile; as one LLVM module, not split for a thread pool the busy workers leave no core to; and with
+# XLA:CPU's fast-compile preset of HLO passes (docs/testing.md#compile-time). Float semantics are the
+# same (no fast-math either way).
 FAST_COMPILE_FLAG = ("--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false "
-                     "--xla_cpu_parallel_codegen_split_count=1")
+                     "--xla_cpu_parallel_codegen_split_count=1 --xla_cpu_opt_preset=CPU_OPT_PRESET_FAST_COMPILE")
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE_FLAG}".strip()
 

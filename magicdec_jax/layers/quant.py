@@ -22,6 +22,7 @@ own shape, so the layers' reshapes and Flax's shape check see what they always s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import flax.struct
@@ -214,8 +215,12 @@ def quantize_matrix(w: jax.Array, kind: str, axis: int = 0, group: int | None = 
   int4 along axis 0 comes packed (uint8 [K/2, N]) where the kernel takes its shape."""
   if kind not in QUANT_KINDS:
     raise ValueError(f"quantized weights must be one of {QUANT_KINDS}, got {kind!r}")
-  form = _form(form)
-  w = jnp.asarray(w, jnp.float32)
+  return _quantize_matrix(jnp.asarray(w, jnp.float32), kind, axis, group, _form(form))
+
+
+@functools.partial(jax.jit, static_argnames=("kind", "axis", "group", "form"))
+def _quantize_matrix(w, kind, axis, group, form: QuantForm):
+  """quantize_matrix as one executable per matrix shape (not one per op: a model's matrices share a few)."""
   if axis == 1:
     q, s, o = _quantize_k_major(w.T, kind, group, form)
     return q.T, s.T, (None if o is None else o.T)             # (.T of int8's [N] scales: themselves)

@@ -9,6 +9,7 @@ in one) also produce cache-shaped results but alias their input, so they are not
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 
@@ -63,8 +64,10 @@ def _parse_instr(line: str) -> Instr | None:
   return Instr(m.group(1), shape, op, line.strip(), operands)
 
 
+@functools.lru_cache(maxsize=4)
 def computations(text: str) -> dict[str, list[Instr]]:
-  """{computation name: its instructions} of an HLO module's text."""
+  """{computation name: its instructions} of an HLO module's text; shared between callers (read only):
+  the checks below each walk the same module, which is parsed once."""
   comps, cur = {}, None
   for line in text.splitlines():
     h = _HEADER.match(line.strip()) if not line.startswith(" ") else None

@@ -63,7 +63,7 @@ def test_decode_loop_copies_no_weight_or_cache(case, batch):
     spec = drafts.ModelDraft(Model(DRAFT_CFG, dparams), sink=2, window=8).spec
   text, target, ring = compiled_decode(params, dparams, CFG, spec, tree, B, P, NEW,
                                        ADAPTIVE if case in VARIANT else None, VARIANT.get(case, 0))
-  _, bodies = hlo.while_body_computations(text)
+  comps, bodies = hlo.while_body_computations(text)
   assert bodies, "no while loop found in the compiled decode"
   shapes = big_shapes(params, target, ring) | (big_shapes(dparams) if dparams is not None else set())
   bad = hlo.loop_body_copies(text, shapes)
@@ -74,7 +74,7 @@ def test_decode_loop_copies_no_weight_or_cache(case, batch):
   assert not passes, "\n".join(f"{i.op} {i.shape}: {i.line[:200]}" for i in passes)
   # the cache writes are really there, in place
   target_shapes = {tuple(k.shape) for k in target.k}
-  writes = sum(1 for c in bodies for i in hlo.computations(text)[c]
+  writes = sum(1 for c in bodies for i in comps[c]
                if i.shape in target_shapes and i.op in ("fusion", "scatter"))
   assert writes >= 2 * CFG.num_layers
 
