@@ -90,12 +90,15 @@ class FixedShapes:
 # values) sums a row the same only over slot counts that are multiples of 64 (float32: 48 or 80 slots round
 # otherwise than 64 or 320) (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding). XLA:CPU's
 # tree reduction rewriter is off: it turns a max over thousands of slots into a reduce-window that costs
-# more than the reduction (docs/measurements.md#ar-step-profile).
+# more than the reduction (docs/measurements.md#ar-step-profile). A prefill chunk's attention goes in tiles
+# of 64 queries x 512 key positions: as fast as the backend's own prefill at long prompts
+# (docs/measurements.md#prefill-tile).
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False),
               ("xla_disable_hlo_passes", "tree_reduction_rewriter"))
 CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,
-                  key_block=16, reduction_floor=4608, xla_options=CPU_FUSION, slot_multiple=64)
+                  key_block=16, reduction_floor=4608, xla_options=CPU_FUSION, slot_multiple=64,
+                  prefill_tile=(64, 512))
 # Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction); attention
 # in the Triton kernel; GEMMs with one algorithm per shape whatever the program or the process (autotuning
 # off: it picks by timing; no atomics; bf16 intermediates rounded where the program says, whatever fuses).

@@ -58,19 +58,29 @@ def matmul_rate(n: int, repeats: int) -> float:
   return 2.0 * n ** 3 / med
 
 
-def by_numerics(model, tokens, lengths, num_slots: int, chunk: int, names: list[str], repeats: int,
+def variants(config, names: list[str], tiles: list[tuple[int, int]]) -> dict:
+  """{label: the model's config under each numerics in `names`, then fixed-shape numerics with each
+  FixedShapes.prefill_tile in `tiles` ("invariant_tile64x256")}."""
+  out = {n: dataclasses.replace(config, numerics=n) for n in names}
+  for tq, blk in tiles:
+    inv = dataclasses.replace(config, numerics="invariant")
+    out[f"invariant_tile{tq}x{blk}"] = dataclasses.replace(
+        inv, fixed=dataclasses.replace(inv.fixed, prefill_tile=(tq, blk)))
+  return out
+
+
+def by_numerics(model, tokens, lengths, num_slots: int, chunk: int, configs: dict, repeats: int,
                 flops: float) -> dict:
-  """The engine's prefill under each numerics, compiled with the XLA options its plan would add, the
-  numerics timed in turn `repeats` times (after one untimed call each)."""
+  """The engine's prefill under each config of `configs` (variants()), compiled with the XLA options its
+  plan would add, the configs timed in turn `repeats` times (after one untimed call each)."""
   runs = {}
-  for n in names:
-    cfg = dataclasses.replace(model.config, numerics=n)
+  for n, cfg in configs.items():
     opts = cfg.fixed.compiler_options() if cfg.invariant else {}
     exe = loop.prefill.lower(model.params, None, tokens, lengths, cfg=cfg, spec=None, tree=Tree((-1,)),
                              num_slots=num_slots, chunk=chunk).compile(opts or None)
     runs[n] = lambda exe=exe: exe(model.params, None, tokens, lengths)[0].k[-1]
     jax.block_until_ready(runs[n]())
-  times = {n: [] for n in names}
+  times = {n: [] for n in configs}
   for _ in range(repeats):
     for n, fn in runs.items():
       t0 = time.perf_counter()
@@ -90,6 +100,9 @@ def main(argv=None):
   ap.add_argument("--skip-old", action="store_true", help="do not time the previous rule")
   ap.add_argument("--numerics", default="", help="also time the engine's prefill with these numerics "
                   "(comma-separated, e.g. fast,invariant; each compiled with its plan's XLA options), interleaved")
+  ap.add_argument("--prefill-tiles", type=common.shape_list, default=[],
+                  help="also time fixed-shape numerics with each prefill_tile (QxK tokens, comma-separated, "
+                  "e.g. 64x256,128x256), interleaved with --numerics")
   args = common.parse(ap, argv, shape=[(2, 64)], chunk=16, matmul_n=256)
   model, source = common.model(args.smoke)
   (b, p), = args.shape
@@ -106,9 +119,9 @@ def main(argv=None):
                              num_slots=num_slots, chunk=args.chunk)[0].k[-1]
   med, times = common.median_time(new, args.repeats)
   doc["engine"] = {"numerics": cfg.numerics, **figures(med, times, b * p, flops)}
-  if args.numerics:
-    doc["by_numerics"] = by_numerics(model, tokens, lengths, num_slots, args.chunk, args.numerics.split(","),
-                                     args.repeats, flops)
+  configs = variants(cfg, [n for n in args.numerics.split(",") if n], args.prefill_tiles)
+  if configs:
+    doc["by_numerics"] = by_numerics(model, tokens, lengths, num_slots, args.chunk, configs, args.repeats, flops)
   print(f"engine prefill {b}x{p}: {med:.1f}s, {b * p / med:.0f} tokens/s, {flops / med / 1e9:.1f} GFLOP/s useful",
         flush=True)
   if not args.skip_old:

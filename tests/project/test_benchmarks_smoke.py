@@ -149,10 +149,12 @@ def _round_cost(doc, out, mod, stdout):
   assert row["ar_in_loop_s"] > 0 and g["round_in_loop_s"] > 0 and g["sum_of_steps_s"] > 0
 
 
-@case("steps.prefill", slow=False)
+@case("steps.prefill", slow=False, extra=("--numerics", "fast", "--prefill-tiles", "8x16"))
 def _prefill_bench(doc, out, mod, stdout):
   assert doc["engine"]["tokens_per_s"] > 0 and doc["previous_rule"]["tokens_per_s"] > 0
   assert 0 < doc["engine"]["share_of_matmul_rate"]
+  assert set(doc["by_numerics"]) == {"fast", "invariant_tile8x16"}
+  assert all(r["tokens_per_s"] > 0 and len(r["times"]) == 1 for r in doc["by_numerics"].values())
 
 
 @case("steps.families", slow=False, extra=("--families", "llama,qwen3,gemma3", "--full_cache"))
