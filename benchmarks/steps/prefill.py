@@ -62,10 +62,10 @@ def variants(config, names: list[str], tiles: list[tuple[int, int]]) -> dict:
   """{label: the model's config under each numerics in `names`, then fixed-shape numerics with each
   FixedShapes.prefill_tile in `tiles` ("invariant_tile64x256")}."""
   out = {n: dataclasses.replace(config, numerics=n) for n in names}
+  inv = dataclasses.replace(config, numerics="invariant")
   for tq, blk in tiles:
-    inv = dataclasses.replace(config, numerics="invariant")
-    out[f"invariant_tile{tq}x{blk}"] = dataclasses.replace(
-        inv, fixed=dataclasses.replace(inv.fixed, prefill_tile=(tq, blk)))
+    fixed = dataclasses.replace(inv.fixed, prefill_tile=(tq, blk))
+    out[f"invariant_tile{tq}x{blk}"] = dataclasses.replace(inv, fixed=fixed)
   return out
 
 
