@@ -114,6 +114,12 @@ class ModelConfig:
     w = self.layer_windows[layer] if self.layer_windows else 0
     return int(w) or None
 
+  def layer_kind(self, layer: int) -> int:
+    """The first layer that computes as layer `layer` does (the same window, so the same RoPE): layers of
+    one kind share one trace (model.forward)."""
+    w = self.layer_window(layer)
+    return next(i for i in range(layer + 1) if self.layer_window(i) == w)
+
   def layer_rope(self, layer: int) -> tuple[float, RopeScaling | None]:
     """(RoPE base, scaling) of layer `layer`: the local ones on a windowed layer when the config has them."""
     if self.local_rope_theta is not None and self.layer_window(layer) is not None:

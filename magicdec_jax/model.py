@@ -6,7 +6,8 @@ final norm, LM head. One forward for every family: the config's features (config
 sliding window and RoPE; docs/families.md).
 
 Layout: `params["layers"]` is a tuple of L per-layer trees and a cache a tuple of L per-layer buffers, and
-the forward pass is a Python loop over layers. A `lax.scan` over stacked [L, ...] arrays would be shorter
+the forward pass is a Python loop over layers, each traced once per kind of layer and inlined where it is
+called (traced.py). A `lax.scan` over stacked [L, ...] arrays would be shorter
 to compile, but every iteration then slices its layer's weights and cache out of the stack, and XLA
 materializes those slices before the matmuls: on an H100 that copying took two thirds of a decode step
 (docs/measurements.md#notes-per-layer). Unrolled over separate buffers, every matmul reads its weights
@@ -31,6 +32,7 @@ from magicdec_jax.layers.dense import dense
 from magicdec_jax.layers.invariant import tile_map
 from magicdec_jax.layers.prefill_attention import CausalChunk, softcapped
 from magicdec_jax.layers.quant import QuantizedWeight
+from magicdec_jax.traced import traced_once
 
 
 @dataclasses.dataclass
@@ -96,17 +98,31 @@ def invariant_block(lp, cfg: ModelConfig, impl: str, layer: int, x, positions, c
   return x, cache_k, cache_v, scores
 
 
-def init_params(cfg: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
-  """Random params in the layout every loader produces (a tuple of per-layer trees)."""
-  k_embed, k_layers, k_head = jax.random.split(key, 3)
-  dt = cfg.jnp_dtype
-  b, t, s = 1, 1, 1
+def apply_layer(lp, cfg: ModelConfig, impl: str, layer: int, x, positions, cache_k, cache_v, write_slots, spec,
+                return_scores=False):
+  """Layer `layer` of the decoder, as the config's numerics compute it."""
+  if cfg.invariant:
+    return invariant_block(lp, cfg, impl, layer, x, positions, cache_k, cache_v, write_slots, spec, return_scores)
+  return Block(cfg, impl, layer).apply({"params": lp}, x, positions, cache_k, cache_v, write_slots, spec,
+                                       return_scores)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def init_layer(cfg: ModelConfig, key: jax.Array) -> dict:
+  """One layer's random params (one executable per config, whatever the seed)."""
+  dt, b, t, s = cfg.jnp_dtype, 1, 1, 1
   dummy = (jnp.zeros((b, t, cfg.hidden_size), dt), jnp.zeros((b, t), jnp.int32),
            jnp.zeros((b, cfg.num_kv_heads, s, cfg.head_dim), dt),
            jnp.zeros((b, cfg.num_kv_heads, s, cfg.head_dim), dt), jnp.zeros((b, t), jnp.int32),
            PrefixTree(jnp.zeros((b,), jnp.int32), jnp.ones((t, t), bool)))
-  init_one = jax.jit(lambda k: Block(cfg).init(k, *dummy)["params"])
-  layers = tuple(init_one(k) for k in jax.random.split(k_layers, cfg.num_layers))
+  return Block(cfg).init(key, *dummy)["params"]
+
+
+def init_params(cfg: ModelConfig, key: jax.Array, scale: float = 0.02) -> dict:
+  """Random params in the layout every loader produces (a tuple of per-layer trees)."""
+  k_embed, k_layers, k_head = jax.random.split(key, 3)
+  dt = cfg.jnp_dtype
+  layers = tuple(init_layer(cfg, k) for k in jax.random.split(k_layers, cfg.num_layers))
   params = {
       "embed": (jax.random.normal(k_embed, (cfg.vocab_size, cfg.hidden_size)) * scale).astype(dt),
       "layers": layers,
@@ -141,10 +157,8 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
             ring_rule(spec, positions, size)      # fixed-shape numerics read a prefill's ring by position
         rings[size] = (None if ws is None else cache.layer_slots(i, ws), rule)
       ws, sp = rings[size]
-    if cfg.invariant:
-      x, ck, cv, sc = invariant_block(lp, cfg, impl, i, x, positions, ck, cv, ws, sp, return_scores)
-    else:
-      x, ck, cv, sc = Block(cfg, impl, i).apply({"params": lp}, x, positions, ck, cv, ws, sp, return_scores)
+    x, ck, cv, sc = traced_once(apply_layer, lp, cfg, impl, cfg.layer_kind(i), x, positions, ck, cv, ws, sp,
+                                return_scores)
     ks.append(ck)
     vs.append(cv)
     scores.append(sc)

@@ -37,6 +37,12 @@ if _SESSION_CACHE_ENV not in os.environ:
   atexit.register(shutil.rmtree, os.environ[_SESSION_CACHE_ENV], True)
 os.environ["MAGICDEC_COMPILATION_CACHE"] = os.environ[_SESSION_CACHE_ENV]
 
+# The engine keeps 16 executables by default; a worker runs tests one after another that often compile the
+# same loop (the same tiny model, bucketed shapes and settings), and under the persistent cache's 1 s floor a
+# program that fell out of those 16 was traced, lowered and compiled again. Tiny models' executables are
+# small: keep more (a test of the bound sets its own).
+os.environ.setdefault("MAGICDEC_MAX_EXECUTABLES", "96")
+
 import jax
 import jax.numpy as jnp
 import numpy as np

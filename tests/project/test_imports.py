@@ -31,7 +31,7 @@ def test_no_function_level_project_imports():
 RUNGS = (
     ("plain values", ("backend", "config", "trees", "sampling", "tokenizer", "textdata", "compile", "tuning.batch_tail",
                       "tuning.hlo", "sharding.mesh", "sharding.distributed", "training.distill_data",
-                      "openai_batch", "options", "constraints", "hub", "stops", "datagen_files")),
+                      "openai_batch", "options", "constraints", "hub", "stops", "datagen_files", "traced")),
     ("kernels and layers", ("pallas", "layers")),
     ("the model and the cost model", ("cache", "model", "families", "checkpoints", "feature_head", "prompts",
                                       "testing", "sharding", "tuning")),
