@@ -1,8 +1,8 @@
 """The compiled core inside your own `jax.jit`: prefill + the speculative while_loop as one function.
 
 `generate` is a host-side convenience (validation, tokenization, buckets, stats). Pipelines that already
-hold token arrays on device can call the pure pieces directly: `loop.prefill`, `loop.initial_state` and
-`loop.decode` are functions of arrays and static settings, so they trace into an outer `jax.jit` (or a
+hold token arrays on device can call the pure pieces directly: `loop.prefill_with_draft`,
+`loop.initial_state` and `loop.decode` are functions of arrays and static settings, so they trace into an outer `jax.jit` (or a
 `shard_map`, or a larger step function) like any other JAX code.
 
   python examples/jitted_core.py [MODEL]        # default smollm2-135m; 'random-tiny' needs no weights
@@ -30,8 +30,8 @@ MAX_NEW = 32
 def speculative_decode(params, tokens, lengths, key, *, num_slots):
   """tokens [B, P] right-padded, lengths [B] -> new tokens [B, M] (-1 padded) and their counts [B]."""
   b = tokens.shape[0]
-  target, ring = loop.prefill(params, None, tokens, lengths, cfg=cfg, spec=spec, tree=tree,
-                              num_slots=num_slots, chunk=tokens.shape[1])
+  target, ring = loop.prefill_with_draft(params, None, tokens, lengths, cfg=cfg, spec=spec, tree=tree,
+                                         num_slots=num_slots, chunk=tokens.shape[1])
   state = loop.initial_state(tokens, lengths, max_new=jnp.full((b,), MAX_NEW, jnp.int32),
                              eos=jnp.asarray([-1], jnp.int32), keys=jax.random.split(key, b),
                              target=target, ring=ring, out_len=MAX_NEW + tree.num_nodes, tree=tree)

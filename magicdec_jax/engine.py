@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from magicdec_jax import compile as compiling
 from magicdec_jax import loop, row_features, schedule, shrink, slots
+from magicdec_jax.cache import ring_margin
 from magicdec_jax.loop_state import Rows
 from magicdec_jax.model import Model
 from magicdec_jax.plan import DecodePlan
@@ -182,19 +183,24 @@ class Engine:
   def prefill(self, tokens: jax.Array, lengths: jax.Array, num_slots: int) -> tuple[Any, Any]:
     """Right-padded prompts [B, P] -> (target cache with num_slots slots, the draft's ring or None)."""
     args, static, in_sh = self._prefill_call(tokens, lengths, num_slots)
-    return self._run("prefill", loop.prefill, args, static, in_sh, self._state_sh)
+    target = self._run("prefill", loop.prefill, args, static, in_sh, self._target_sh)
+    return target, self.prefill_draft(target, tokens, lengths, static["chunk"])
 
   def _prefill_call(self, tokens, lengths, num_slots):
-    static = self._static(num_slots=num_slots, chunk=self.plan.chunk(int(tokens.shape[1])), impl=self.plan.impl)
-    return ((self.target_params, self.draft_params, tokens, lengths), static,
-            (*self.param_sh, self._rows(tokens), self._rows(lengths)))
+    chunk = self.plan.chunk(int(tokens.shape[1]))
+    static = dict(cfg=self.cfg, num_slots=num_slots, margin=ring_margin(self.tree.num_nodes, chunk), chunk=chunk,
+                  impl=self.plan.impl)
+    return (self.target_params, tokens, lengths), static, (self.param_sh[0], self._rows(tokens), self._rows(lengths))
+
+  def _target_sh(self, target):
+    return self._state_sh((target,))[0]
 
   def prefill_draft(self, target, tokens: jax.Array, lengths: jax.Array, chunk: int):
     """The draft's ring for prompts whose target cache is already prefilled (prefilled.py)."""
     if self.spec is None:
       return None
     args = (self.target_params, self.draft_params, target, tokens, lengths)
-    in_sh = (*self.param_sh, self._state_sh((target,))[0], self._rows(tokens), self._rows(lengths))
+    in_sh = (*self.param_sh, self._target_sh(target), self._rows(tokens), self._rows(lengths))
     return self._run("prefill_draft", loop.prefill_draft, args, self._static(chunk=chunk), in_sh,
                      lambda ring: self._state_sh((None, ring))[1])
 
@@ -278,7 +284,7 @@ class Engine:
     (a LoopState)."""
     if kind == "prefill":
       call, static, in_sh = self._prefill_call(*args)
-      return loop.prefill, call, static, in_sh, self._state_sh, ()
+      return loop.prefill, call, static, in_sh, self._target_sh, ()
     if kind == "decode":
       st = self._state_sh(args[0])
       return (loop.decode, (self.target_params, self.draft_params, args[0]), self._decode_static(),

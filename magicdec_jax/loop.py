@@ -37,7 +37,7 @@ from magicdec_jax.trees import Tree
 from magicdec_jax.verify import accept, simulated_walk
 
 __all__ = ["LoopState", "Rows", "Shared", "decode", "draft_config", "initial_state", "path_logprobs", "prefill",
-           "prefill_chunk", "prefill_draft"]
+           "prefill_chunk", "prefill_draft", "prefill_with_draft"]
 
 
 def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, lengths: jax.Array | None = None,
@@ -54,21 +54,20 @@ def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, l
   return cache
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "num_slots", "chunk", "impl"))
-def prefill(target_params, draft_params, tokens: jax.Array, lengths: jax.Array, *, cfg: ModelConfig,
-            spec: DraftSpec | None, tree: Tree, num_slots: int, chunk: int, impl: str = "xla"):
-  """tokens [B, P] right-padded prompts (P a multiple of `chunk`), lengths [B] -> (target KVCache, the
-  draft's ring or None). Positions 0..L-2 of each row are encoded; the last prompt token stays pending.
-  Windowed layers are rings sized for `tree` and the chunk (cache.ring_sizes)."""
+@functools.partial(jax.jit, static_argnames=("cfg", "num_slots", "margin", "chunk", "impl"))
+def prefill(target_params, tokens: jax.Array, lengths: jax.Array, *, cfg: ModelConfig, num_slots: int,
+            margin: int, chunk: int, impl: str = "xla") -> KVCache:
+  """tokens [B, P] right-padded prompts (P a multiple of `chunk`), lengths [B] -> the target's KVCache of
+  `num_slots` slots. Positions 0..L-2 of each row are encoded; the last prompt token stays pending.
+  Windowed layers are rings of `margin` slots beyond their window (cache.ring_margin). The draft's ring is
+  `prefill_draft`'s: a plain run and a speculative one with the same shapes share this executable."""
   def body(cache, c):
     toks = jax.lax.dynamic_slice_in_dim(tokens, c * chunk, chunk, axis=1)
     return prefill_chunk(target_params, cache, toks, c * chunk, lengths, cfg=cfg, impl=impl), None
 
-  empty = KVCache.zeros(cfg, tokens.shape[0], num_slots, ring_margin(tree.num_nodes, chunk))
-  target, _ = jax.lax.scan(body, empty,
-                           jnp.arange(tokens.shape[1] // chunk, dtype=jnp.int32))
-  return target, prefill_draft.__wrapped__(target_params, draft_params, target, tokens, lengths, cfg=cfg,
-                                           spec=spec, tree=tree, chunk=chunk)
+  empty = KVCache.zeros(cfg, tokens.shape[0], num_slots, margin)
+  target, _ = jax.lax.scan(body, empty, jnp.arange(tokens.shape[1] // chunk, dtype=jnp.int32))
+  return target
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "tree", "chunk"))
@@ -80,6 +79,16 @@ def prefill_draft(target_params, draft_params, target: KVCache, tokens: jax.Arra
   cfg = draft_config(cfg)
   ring = spec.empty_ring(cfg, tokens.shape[0], tree, target.num_slots)
   return spec.prefill_ring(ring, Prefill(target_params, draft_params, cfg, target, tokens, lengths, tree, chunk))
+
+
+def prefill_with_draft(target_params, draft_params, tokens: jax.Array, lengths: jax.Array, *, cfg: ModelConfig,
+                       spec: DraftSpec | None, tree: Tree, num_slots: int, chunk: int, impl: str = "xla"):
+  """`prefill`, then `prefill_draft`: (the target's KVCache, the draft's ring or None), the windowed layers'
+  rings sized for `tree` (the engine runs the two as separate executables)."""
+  target = prefill(target_params, tokens, lengths, cfg=cfg, num_slots=num_slots,
+                   margin=ring_margin(tree.num_nodes, chunk), chunk=chunk, impl=impl)
+  return target, prefill_draft(target_params, draft_params, target, tokens, lengths, cfg=cfg, spec=spec, tree=tree,
+                               chunk=chunk)
 
 
 def draft_config(cfg: ModelConfig) -> ModelConfig:

@@ -84,8 +84,8 @@ def compiled_decode(params, dparams, cfg, spec, tree, batch: int, prompt: int, n
   and `new` tokens to come, as the engine lays them out (variants: an adaptive schedule's trees, the state
   sized for all of them; variant: the one this loop runs)."""
   tokens, lengths = jnp.ones((batch, prompt), jnp.int32), jnp.full((batch,), prompt, jnp.int32)
-  target, ring = loop.prefill(params, dparams, tokens, lengths, cfg=cfg, spec=spec, tree=tree,
-                              num_slots=aligned_slots(prompt + new + tree.num_nodes + 1), chunk=16)
+  target, ring = loop.prefill_with_draft(params, dparams, tokens, lengths, cfg=cfg, spec=spec, tree=tree,
+                                         num_slots=aligned_slots(prompt + new + tree.num_nodes + 1), chunk=16)
   state = loop.initial_state(tokens, lengths, jnp.full((batch,), new, jnp.int32), jnp.array([-1], jnp.int32),
                              jax.random.split(jax.random.key(0), batch), target, ring, new + tree.num_nodes, tree,
                              len(variants) if variants else 1)

@@ -16,6 +16,7 @@ import numpy as np
 
 import magicdec_jax as md
 from magicdec_jax import checkpoints, engine, loop, plan, sharding
+from magicdec_jax.cache import ring_margin
 from magicdec_jax import compile as compiling
 from magicdec_jax.drafts import weights as draft_weights
 from magicdec_jax.layers import quant
@@ -297,8 +298,8 @@ def main(which: str, tmpdir: str):
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 64, n).tolist() for n in (290, 7)]     # the first passes the ring's 272 slots
     out["ring_slots"] = [int(c.shape[2]) for c in loop.prefill(
-        model.params, None, jax.numpy.asarray([prompts[0] + [0] * 222]), jax.numpy.asarray([290]),
-        cfg=model.config, spec=None, tree=md.Tree((-1,)), num_slots=576, chunk=256)[0].k]
+        model.params, jax.numpy.asarray([prompts[0] + [0] * 222]), jax.numpy.asarray([290]),
+        cfg=model.config, num_slots=576, margin=ring_margin(1, 256), chunk=256).k]
     ar = md.generate(model, prompts, max_new_tokens=6).tokens                # single-device plain decoding
     cases = {"ar": dict(draft=None), "chain": dict(draft=md.StreamingDraft(sink=1, window=4), gamma=2)}
     out["greedy"] = mesh_tokens(model, prompts, cases, max_new_tokens=6, refs={"ar": ar, "chain": ar})

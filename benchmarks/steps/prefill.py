@@ -22,10 +22,9 @@ import jax.numpy as jnp
 from benchmarks import common
 from magicdec_jax import loop
 from magicdec_jax.tuning import costmodel
-from magicdec_jax.cache import KVCache, aligned_slots
+from magicdec_jax.cache import KVCache, aligned_slots, ring_margin
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import forward
-from magicdec_jax.trees import Tree
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_slots", "chunk"))
@@ -76,9 +75,9 @@ def by_numerics(model, tokens, lengths, num_slots: int, chunk: int, configs: dic
   runs = {}
   for n, cfg in configs.items():
     opts = cfg.fixed.compiler_options() if cfg.invariant else {}
-    exe = loop.prefill.lower(model.params, None, tokens, lengths, cfg=cfg, spec=None, tree=Tree((-1,)),
-                             num_slots=num_slots, chunk=chunk).compile(opts or None)
-    runs[n] = lambda exe=exe: exe(model.params, None, tokens, lengths)[0].k[-1]
+    exe = loop.prefill.lower(model.params, tokens, lengths, cfg=cfg, num_slots=num_slots,
+                             margin=ring_margin(1, chunk), chunk=chunk).compile(opts or None)
+    runs[n] = lambda exe=exe: exe(model.params, tokens, lengths).k[-1]
     jax.block_until_ready(runs[n]())
   times = {n: [] for n in configs}
   for _ in range(repeats):
@@ -115,8 +114,8 @@ def main(argv=None):
   doc = {"benchmark": "prefill_bench", "env": common.env_info(), "model": source, "dtype": cfg.dtype,
          "batch": b, "prompt_tokens": p, "chunk": args.chunk, "useful_flops": flops}
   rate_before = matmul_rate(args.matmul_n, 5)
-  new = lambda: loop.prefill(params, None, tokens, lengths, cfg=cfg, spec=None, tree=Tree((-1,)),
-                             num_slots=num_slots, chunk=args.chunk)[0].k[-1]
+  new = lambda: loop.prefill(params, tokens, lengths, cfg=cfg, num_slots=num_slots,
+                             margin=ring_margin(1, args.chunk), chunk=args.chunk).k[-1]
   med, times = common.median_time(new, args.repeats)
   doc["engine"] = {"numerics": cfg.numerics, **figures(med, times, b * p, flops)}
   configs = variants(cfg, [n for n in args.numerics.split(",") if n], args.prefill_tiles)

@@ -25,7 +25,7 @@ import numpy as np
 from benchmarks import common
 from magicdec_jax import loop
 from magicdec_jax.tuning import hlo
-from magicdec_jax.cache import aligned_slots
+from magicdec_jax.cache import aligned_slots, ring_margin
 from magicdec_jax.generation import generate
 from magicdec_jax.plan import bucket
 from magicdec_jax.sampling import Sampling
@@ -97,8 +97,9 @@ def hlo_cache_ops(model, batch: int, context: int, max_new: int = 32) -> dict:
   s = aligned_slots(bucket(context) + bucket(max_new) + AR_TREE.num_nodes + 1)
   tokens = jnp.zeros((batch, context), jnp.int32)
   lengths = jnp.full((batch,), context, jnp.int32)
-  target, _ = jax.eval_shape(lambda: loop.prefill(model.params, None, tokens, lengths, cfg=cfg, spec=None,
-                                                  tree=AR_TREE, num_slots=s, chunk=min(context, 256)))
+  chunk = min(context, 256)
+  target = jax.eval_shape(lambda: loop.prefill(model.params, tokens, lengths, cfg=cfg, num_slots=s,
+                                               margin=ring_margin(AR_TREE.num_nodes, chunk), chunk=chunk))
   target = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), target)
   st = loop.initial_state(tokens, lengths, jnp.full((batch,), max_new, jnp.int32), jnp.array([-1], jnp.int32),
                           jax.random.split(jax.random.key(0), batch), target, None, bucket(max_new) + 1,

@@ -51,8 +51,8 @@ def _check_rounds(target, draft, tree, prompts, rounds=4):
     tokens[i, :len(p)] = p
   lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
   num_slots = p_len + 64 + tree.num_nodes
-  tgt, ring = loop.prefill(target.params, draft_params, jnp.asarray(tokens), lengths, cfg=CFG, spec=spec,
-                           tree=tree, num_slots=num_slots, chunk=16)
+  tgt, ring = loop.prefill_with_draft(target.params, draft_params, jnp.asarray(tokens), lengths, cfg=CFG, spec=spec,
+                                      tree=tree, num_slots=num_slots, chunk=16)
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(b))
   state = loop.initial_state(jnp.asarray(tokens), lengths, jnp.full((b,), 40, jnp.int32),
                              jnp.asarray([-1], jnp.int32), keys, tgt, ring, 40 + tree.num_nodes, tree)
@@ -118,9 +118,9 @@ def test_cache_positions_differ_from_absolute_beyond_the_window():
   results = {}
   for positions in ("absolute", "cache"):
     d = drafts.StreamingDraft(2, 3, positions)
-    tgt, ring = loop.prefill(target.params, None, jnp.asarray([PROMPTS[0] + [0, 0, 0]]),
-                             jnp.asarray([len(PROMPTS[0])]), cfg=CFG, spec=d, tree=tree, num_slots=40,
-                             chunk=16)
+    tgt, ring = loop.prefill_with_draft(target.params, None, jnp.asarray([PROMPTS[0] + [0, 0, 0]]),
+                                        jnp.asarray([len(PROMPTS[0])]), cfg=CFG, spec=d, tree=tree, num_slots=40,
+                                        chunk=16)
     last, prev = jnp.asarray([PROMPTS[0][-1]]), jnp.asarray([PROMPTS[0][-2]])
     results[positions] = np.asarray(d.propose(ring, Round(tree, Sampling(), target.params, CFG, None, last, prev,
                                                           jnp.asarray([len(PROMPTS[0])]), jax.random.key(0)[None]))[1])

@@ -20,7 +20,7 @@ import pytest
 import magicdec_jax as md
 from magicdec_jax import compile as compiling, loop
 from magicdec_jax.backend import fixed_shapes
-from magicdec_jax.cache import KVCache
+from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.drafts import StreamingDraft
 from magicdec_jax.layers.invariant import chunk_attention
 from magicdec_jax.model import Model
@@ -47,10 +47,10 @@ def model(dtype: str, windowed: bool) -> Model:
 def prefilled(m: Model, prompts, bucket: int, chunk: int, num_slots: int) -> KVCache:
   """loop.prefill of the prompts right-padded to `bucket`, compiled as the engine compiles it."""
   ids, lengths = pad_prompts(prompts, len(prompts), bucket)
-  args = (m.params, None, jnp.asarray(ids), jnp.asarray(lengths - 1))    # the last token: the first step's
-  static = dict(cfg=m.config, spec=None, tree=AR_TREE, num_slots=num_slots, chunk=chunk)
+  args = (m.params, jnp.asarray(ids), jnp.asarray(lengths - 1))    # the last token: the first step's
+  static = dict(cfg=m.config, num_slots=num_slots, margin=ring_margin(AR_TREE.num_nodes, chunk), chunk=chunk)
   return compiling.jit_executable("test_prefill", loop.prefill, args, static,
-                                  options=m.config.fixed.compiler_options())(*args)[0]
+                                  options=m.config.fixed.compiler_options())(*args)
 
 
 def positions_kv(m: Model, cache: KVCache, row: int, n: int) -> list[np.ndarray]:

@@ -81,9 +81,8 @@ def test_teacher_forced_logits_through_rings_match_hf(name, root):
   want = hf_logits(hf, seq)[0]
   cfg, p = model.config, 320
   tokens = jnp.asarray([seq[0][:p]])
-  target, _ = jax.jit(loop.prefill, static_argnames=("cfg", "spec", "tree", "num_slots", "chunk"))(
-      model.params, None, tokens, jnp.asarray([p]), cfg=cfg, spec=None, tree=Tree.chain(3), num_slots=384,
-      chunk=64)
+  target = loop.prefill(model.params, tokens, jnp.asarray([p]), cfg=cfg, num_slots=384,
+                        margin=ring_margin(Tree.chain(3).num_nodes, 64), chunk=64)
   local = [i for i in range(cfg.num_layers) if cfg.layer_window(i)]
   assert local and all(target.k[i].shape[2] == RING for i in local)
   assert all(target.k[i].shape[2] == 384 for i in range(cfg.num_layers) if i not in local)
