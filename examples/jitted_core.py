@@ -2,8 +2,8 @@
 
 `generate` is a host-side convenience (validation, tokenization, buckets, stats). Pipelines that already
 hold token arrays on device can call the pure pieces directly: `loop.prefill_with_draft`,
-`loop.initial_state` and `loop.decode` are functions of arrays and static settings, so they trace into an outer `jax.jit` (or a
-`shard_map`, or a larger step function) like any other JAX code.
+`loop.initial_state` and `loop.decode` are functions of arrays and static settings, so they trace into an
+outer `jax.jit` (or a `shard_map`, or a larger step function) like any other JAX code.
 
   python examples/jitted_core.py [MODEL]        # default smollm2-135m; 'random-tiny' needs no weights
 """
