@@ -169,8 +169,9 @@ def _search(x: jax.Array, w: jax.Array | None, bound: jax.Array, lo: jax.Array, 
 def _smallest_below(x: jax.Array, w: jax.Array | None, bound: jax.Array, lo: jax.Array,
                     hi: jax.Array) -> jax.Array:
   """`_search`, one row at a time on a CPU (lax.map: each row's bracket ends when that row is resolved,
-  and its data stays in cache), all rows at once on an accelerator."""
-  if backend.name() != "cpu" or x.shape[0] == 1:
+  and its data stays in cache), all rows at once on an accelerator or when no row needs a search (at most
+  CANDIDATES logits: the bracket starts resolved)."""
+  if backend.name() != "cpu" or x.shape[0] == 1 or x.shape[-1] <= CANDIDATES:
     return _search(x, w, bound, lo, hi)
   if w is None:
     return jax.lax.map(lambda r: _search(r[0][None], None, *(a[None] for a in r[1:]))[0], (x, bound, lo, hi))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import os
 import shutil
 import tempfile
@@ -53,6 +54,13 @@ from magicdec_jax.cache import aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, init_params
 from magicdec_jax.sampling import Sampling
+
+# A worker holds many long-lived objects (jaxprs, executables, models); the collector's default thresholds
+# walk them all again every few thousand allocations. Freeze what is alive after the imports and collect
+# less often: cycles are still collected (docs/testing.md#compile-time).
+gc.collect()
+gc.freeze()
+gc.set_threshold(100_000, 50, 100)
 
 
 @functools.lru_cache(maxsize=None)
