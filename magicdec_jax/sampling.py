@@ -18,7 +18,8 @@ values while they can and the float32 bit patterns (`float_to_key`) after, so th
 input, heavy ties included. Top-p starts from a bracket of width ~log(V / (1 - top_p)): t* > max +
 log((1 - top_p) Z / V), since the V logits <= t* carry more than (1 - top_p) Z. Top-k with k <= CANDIDATES
 is one `lax.top_k`. On a CPU each row is searched on its own (`lax.map`: its bracket ends as soon as it is
-resolved, and one row's data stays in cache); accelerators search all rows at once.
+resolved, and one row's data stays in cache); accelerators search all rows at once, and so does a CPU
+when the vocabulary is at most CANDIDATES (no halving runs: a per-row loop would only add its overhead).
 
 Per-row settings: `Sampling` is static (the compiled loop specializes on it). A batch whose rows differ
 (greedy rows next to sampled ones) passes `RowSampling`, the same settings as data [B], to
