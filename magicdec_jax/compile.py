@@ -16,7 +16,9 @@ outlives it, so when the LRU evicts an entry and drops it, XLA frees the code.
     computations are untouched;
   * persistent cache: `enable_persistent_cache()` (run.py and the first `generate` call) points
     `jax_compilation_cache_dir` at `~/.cache/magicdec_jax/xla` ($XDG_CACHE_HOME respected) unless the user
-    configured a directory; `MAGICDEC_COMPILATION_CACHE=DIR` moves it, `=off` disables it.
+    configured a directory; `MAGICDEC_COMPILATION_CACHE=DIR` moves it, `=off` disables it. Which
+    executables are written is JAX's own setting (`jax_persistent_cache_min_compile_time_secs`, 1 s by
+    default), never overridden here.
 """
 from __future__ import annotations
 
@@ -36,7 +38,6 @@ from magicdec_jax import backend
 MAX_ENV = "MAGICDEC_MAX_EXECUTABLES"
 CACHE_ENV = "MAGICDEC_COMPILATION_CACHE"
 DEFAULT_MAX_EXECUTABLES = 16
-PERSISTENT_MIN_COMPILE_SECS = 1.0   # only executables that took this long are written to disk
 # XLA options the engine's own executables get on a GPU backend (a caller's xla_options override them):
 # XLA's Triton GEMMs for the skinny decode / verify matmuls (they beat cuBLAS once one-row matmuls are
 # padded), and no dot merger (merging q/k/v dots concatenates their weights on every forward of the decode
@@ -258,7 +259,6 @@ def enable_persistent_cache(path: str | None = None) -> str | None:
       warnings.warn(f"persistent compilation cache disabled: cannot create {path!r} ({e})", RuntimeWarning)
       return None
     jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", PERSISTENT_MIN_COMPILE_SECS)
     _jax_cc.reset_cache()     # jax decides once whether the cache is used; make it decide again
     _persistent["dir"] = path
     return path

@@ -84,8 +84,9 @@ def test_xla_options_reach_the_engines_executables_only():
 
 def test_persistent_cache_switch(tmp_path, monkeypatch):
   """Default dir under XDG_CACHE_HOME; MAGICDEC_COMPILATION_CACHE moves it or turns it off; a directory
-  the user configured is left alone."""
+  the user configured is left alone, and so is JAX's floor on which compiles are written."""
   old_dir = jax.config.jax_compilation_cache_dir
+  floor = jax.config.jax_persistent_cache_min_compile_time_secs
   old_state = dict(compiling._persistent)
   try:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -96,7 +97,7 @@ def test_persistent_cache_switch(tmp_path, monkeypatch):
     monkeypatch.setenv(compiling.CACHE_ENV, str(tmp_path / "cc"))
     assert compiling.enable_persistent_cache() == str(tmp_path / "cc")
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cc")
-    assert jax.config.jax_persistent_cache_min_compile_time_secs == compiling.PERSISTENT_MIN_COMPILE_SECS
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == floor       # JAX's setting, untouched
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "users"))      # the user's own choice
     assert compiling.enable_persistent_cache(str(tmp_path / "other")) == str(tmp_path / "users")
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "users")
