@@ -8,13 +8,14 @@ verify pass's logits at each position are bitwise the logits plain decoding comp
 Trees too: a node's ancestors are summed at the slots plain decoding holds them in (their depths), so a
 Sequoia tree's nodes are bitwise the one-token steps along their paths.
 
-The default run covers a tiny bfloat16 model (every draft) and SmolLM2-135M in bfloat16 (the issue's
-reproduction: 4 held-out prompts of 512 tokens, a StreamingLLM chain of gamma 1 and 3); the full matrix on
-SmolLM2 (8 x 512 + 256 new tokens, every chain draft, greedy and invariant sampling, rows alone, reversed and
-through continuous batching) is marked slow. Sensitivity: with numerics="fast" the SmolLM2 forward test
-fails (its logits differ in the last bits); the tiny model's tests pass either way (its shapes are too
-small for XLA:CPU to change algorithms), so they check that every draft's path runs through the invariant
-target, not the numerics themselves.
+The default run covers a tiny bfloat16 model (every draft) and SmolLM2-135M in bfloat16 (the bfloat16
+mismatch's first reproduction: 4 held-out prompts of 512 tokens, a StreamingLLM chain of gamma 3); the full
+matrix on SmolLM2 (8 x 512 + 256 new tokens, every chain draft, greedy and invariant sampling, rows alone,
+reversed and through continuous batching) is marked slow. Sensitivity: with numerics="fast" the SmolLM2
+forward test fails (its logits differ in the last bits), and 2 of the chain test's 4 rows leave plain
+decoding within its 48 tokens; the tiny model's tests pass either way (its shapes are too small for XLA:CPU
+to change algorithms), so they check that every draft's path runs through the invariant target, not the
+numerics themselves.
 """
 from __future__ import annotations
 
@@ -262,11 +263,10 @@ def test_smollm2_bfloat16_streaming_chain_gives_plain_decodings_tokens():
   window 64), gamma 3 (gamma 1 on SmolLM2 with the slow matrix below; on the tiny model by default)."""
   prompts = held_out_prompts(4, 512)
   ref = md.generate(smol(), prompts, max_new_tokens=48, xla_options=REAL_MODEL_XLA)
-  for gamma in (3,):
-    res = md.generate(smol(), prompts, max_new_tokens=48, draft=StreamingDraft(4, 64), gamma=gamma,
-                      xla_options=REAL_MODEL_XLA)
-    assert res.tokens == ref.tokens, gamma
-    assert 0.3 < res.stats["acceptance_rate"] < 1.0
+  res = md.generate(smol(), prompts, max_new_tokens=48, draft=StreamingDraft(4, 64), gamma=3,
+                    xla_options=REAL_MODEL_XLA)
+  assert res.tokens == ref.tokens
+  assert 0.3 < res.stats["acceptance_rate"] < 1.0
 
 
 SMOL_DRAFTS = {
