@@ -95,14 +95,16 @@ def test_persistent_cache_switch(tmp_path, monkeypatch):
     assert compiling.enable_persistent_cache() is None
     assert jax.config.jax_compilation_cache_dir == old_dir
     monkeypatch.setenv(compiling.CACHE_ENV, str(tmp_path / "cc"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 7.5)        # the user's floor
     assert compiling.enable_persistent_cache() == str(tmp_path / "cc")
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "cc")
-    assert jax.config.jax_persistent_cache_min_compile_time_secs == floor       # JAX's setting, untouched
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 7.5
     jax.config.update("jax_compilation_cache_dir", str(tmp_path / "users"))      # the user's own choice
     assert compiling.enable_persistent_cache(str(tmp_path / "other")) == str(tmp_path / "users")
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "users")
   finally:
     jax.config.update("jax_compilation_cache_dir", old_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", floor)
     compiling._persistent.update(old_state)
     from jax.experimental.compilation_cache import compilation_cache
     compilation_cache.reset_cache()
