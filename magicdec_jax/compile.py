@@ -56,7 +56,9 @@ _in_aot = threading.local()
 _persistent = {"checked": False, "dir": None}
 
 
-def _max_from_env() -> int:
+def max_executables_from_env() -> int:
+  """The executable bound MAGICDEC_MAX_EXECUTABLES asks for (unset or empty: the default); a ValueError
+  naming the variable for anything but an integer >= 1."""
   raw = os.environ.get(MAX_ENV)
   if raw is None or raw == "":
     return DEFAULT_MAX_EXECUTABLES
@@ -69,7 +71,7 @@ def _max_from_env() -> int:
   return n
 
 
-_max = [_max_from_env()]
+_max = [max_executables_from_env()]
 
 
 # ---- counters ------------------------------------------------------------------------------------------

@@ -36,8 +36,8 @@ from magicdec_jax.sampling import Sampling, Scores, position_noise
 from magicdec_jax.trees import Tree
 from magicdec_jax.verify import accept, simulated_walk
 
-__all__ = ["LoopState", "Rows", "Shared", "decode", "draft_config", "initial_state", "path_logprobs", "prefill",
-           "prefill_chunk", "prefill_draft", "prefill_with_draft"]
+__all__ = ["LoopState", "Rows", "Shared", "decode", "decode_round", "draft_config", "initial_state", "path_logprobs",
+           "prefill", "prefill_chunk", "prefill_draft", "prefill_with_draft"]
 
 
 def prefill_chunk(params, cache: KVCache, tokens: jax.Array, start: jax.Array, lengths: jax.Array | None = None,
@@ -113,8 +113,11 @@ def path_logprobs(scores: Scores, path: jax.Array, emitted: jax.Array, k: int):
   return chosen, top_ids.astype(jnp.int32), top_lp
 
 
-def _round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec, tree: Tree,
-           sampling: Sampling, impl: str) -> LoopState:
+def decode_round(state: LoopState, target_params, draft_params, cfg: ModelConfig, spec, tree: Tree,
+                 sampling: Sampling, impl: str) -> LoopState:
+  """One round of the loop for every row: propose `tree` with `spec` (none: a plain step), verify it in one
+  target pass, accept and commit, write the emitted tokens. The `while_loop` body of `decode`, public so that
+  a round can be stepped from the host (tests compare a round against a reference one at a time)."""
   rs, sh = state.rows, state.shared
   b = rs.lengths.shape[0]
   rows = jnp.arange(b)
@@ -223,7 +226,7 @@ def decode(target_params, draft_params, state: LoopState, *, cfg: ModelConfig, s
   def body(s):
     v = jnp.asarray(variant, jnp.int32)
     s = s.replace(sched=sched_lib.record(s.sched, v, sched_lib.context(s.lengths, s.done), s.step))
-    return _round(s, target_params, draft_params, cfg, spec, variants[variant], sampling, impl)
+    return decode_round(s, target_params, draft_params, cfg, spec, variants[variant], sampling, impl)
 
   return jax.lax.while_loop(cond, body, state)
 

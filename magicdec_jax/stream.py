@@ -7,7 +7,7 @@ static batching), the host copies the finished rows out, prefills the next promp
 batch (`prefill_batch` rows, prompt length bucketed) and writes them into the free slots with one donated
 `slots.insert`, then re-enters the loop. Speculation and the ragged per-row accept run unchanged inside.
 
-A row's random stream depends only on (seed, stream id) and its own round count (loop._round), so a
+A row's random stream depends only on (seed, stream id) and its own round count (loop.decode_round), so a
 sample's tokens are the same whatever slot, batch size, refill threshold or neighbours it gets, and the
 same as `generate(..., stream_ids=[id])`. n samples of one prompt are one prefill inserted into n slots.
 

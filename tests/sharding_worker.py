@@ -100,7 +100,7 @@ def int4_kernel_tokens(model, prompts, ar) -> dict:
   platform = jax.default_backend()
   old = quant.FORMS.get(platform)
   quant.FORMS[platform] = quant.backend_form().replace(kernel=True, group=32)
-  draft_weights._NARROW.clear()
+  draft_weights.drop_copies()
   try:
     packed = [x.packed for x in jax.tree.leaves(draft_weights.copy_of(model.params, "int4"),
                                                   is_leaf=lambda x: isinstance(x, quant.QuantizedWeight))
@@ -113,7 +113,7 @@ def int4_kernel_tokens(model, prompts, ar) -> dict:
       quant.FORMS.pop(platform, None)
     else:
       quant.FORMS[platform] = old
-    draft_weights._NARROW.clear()
+    draft_weights.drop_copies()
   out["packed_matrices"] = sum(packed)
   return out
 

@@ -6,7 +6,7 @@ The head keeps its own StreamingLLM ring (cache.RingCache, one layer): `sink` fi
 `window` committed positions, only ever holding K/V computed from the target's true features, so its
 step costs O(sink + window + tree) whatever the context length.
 
-Per round (loop.py `_round`, through the draft interface of drafts/base.py):
+Per round (`loop.decode_round`, through the draft interface of drafts/base.py):
   * propose: the root from the stored target features at L-2 (`FeatureRing.feat`) and the pending token;
     deeper nodes from their parent's head output h (EAGLE), level by level into the ring's scratch slots;
   * the target's verify pass returns its features at every tree node (`feature_layers`);

@@ -54,6 +54,11 @@ def _triton_params(num_warps: int | None, num_stages: int | None):
     return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
+def has_triton() -> bool:
+  """Whether this jax has Pallas's Triton backend (the GPU kernels' lowering)."""
+  return _triton_params(None, None) is not None
+
+
 def _kernel_kwargs(block_k, block_q, num_splits, num_warps, num_stages, impl):
   kw = dict(block_k=block_k, block_q=block_q, num_splits=num_splits)
   if impl == "pallas_interpret":
@@ -65,8 +70,10 @@ def _kernel_kwargs(block_k, block_q, num_splits, num_warps, num_stages, impl):
 
 
 @functools.lru_cache(maxsize=256)
-def _triton_compiles(signature, scale, kw_items) -> bool:
-  """Lower and compile the Triton kernel alone for these abstract shapes; False on any failure."""
+def triton_compiles(signature, scale, kw_items) -> bool:
+  """Lower and compile the Triton tree-attention kernel alone for `signature` ((shape, dtype) of q, k, v,
+  base, anc) and the kernel options `kw_items`; False on any failure, with one RuntimeWarning per kind of
+  failure. Memoised: "auto" probes each shape once."""
   kw = dict(kw_items)
   structs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in signature]
   fn = functools.partial(pallas_tree_attention, scale=scale,
@@ -86,12 +93,12 @@ def _triton_compiles(signature, scale, kw_items) -> bool:
 def resolve_impl(q, k, v, base, anc, *, scale=None, block_k=None, block_q=None, num_splits=None,
                  num_warps=None, num_stages=None) -> str:
   """The concrete impl "auto" would use for these (possibly abstract) arrays."""
-  if backend.name() != "gpu" or _triton_params(None, None) is None:
+  if backend.name() != "gpu" or not has_triton():
     return "xla"
   signature = tuple((tuple(x.shape), jax.numpy.dtype(x.dtype)) for x in (q, k, v, base, anc))
   kw = (("block_k", block_k), ("block_q", block_q), ("num_splits", num_splits),
         ("num_warps", num_warps), ("num_stages", num_stages))
-  return "pallas_triton" if _triton_compiles(signature, scale, kw) else "xla"
+  return "pallas_triton" if triton_compiles(signature, scale, kw) else "xla"
 
 
 def tree_attention(q: jax.Array, k: jax.Array, v: jax.Array, base: jax.Array, anc: jax.Array, *,
@@ -177,5 +184,6 @@ def int4_matmul(x: jax.Array, packed: jax.Array, scale: jax.Array, offset: jax.A
   return wrapper(kernel, fallback, x, packed, scale, offset)
 
 
-__all__ = ["IMPLS", "KERNELS", "tree_attention", "fixed_attention", "pallas_fixed_attention", "int4_matmul", "int4_kernel", "resolve_impl", "set_shard_wrapper", "pallas_tree_attention", "xla_tree_attention",
-           "visibility_mask"]
+__all__ = ["IMPLS", "KERNELS", "fixed_attention", "has_triton", "int4_kernel", "int4_matmul", "pallas_fixed_attention",
+           "pallas_tree_attention", "resolve_impl", "set_shard_wrapper", "tree_attention", "triton_compiles",
+           "visibility_mask", "xla_tree_attention"]

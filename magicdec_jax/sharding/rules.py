@@ -76,7 +76,9 @@ def layout_for(cfg: ModelConfig, model_size: int) -> ModelLayout:
   return ModelLayout(m, attention, cfg.intermediate_size % m == 0, embed)
 
 
-def _keys(path) -> list[str]:
+def path_keys(path) -> list[str]:
+  """A pytree key path as plain names (dict keys, attribute names, sequence indices as strings), the form
+  the rules and the weight declarations are looked up by."""
   out = []
   for p in path:
     for attr in ("key", "name", "idx"):
@@ -109,7 +111,7 @@ def param_spec(keys: list[str], ndim: int, lay: ModelLayout) -> P:
 def param_specs(params: Any, lay: ModelLayout) -> Any:
   """PartitionSpecs for a param pytree (arrays or ShapeDtypeStructs or shape tuples)."""
   ndim = lambda x: len(x) if is_shape(x) else x.ndim
-  return jax.tree_util.tree_map_with_path(lambda p, x: param_spec(_keys(p), ndim(x), lay), params,
+  return jax.tree_util.tree_map_with_path(lambda p, x: param_spec(path_keys(p), ndim(x), lay), params,
                                           is_leaf=is_shape)
 
 
@@ -141,7 +143,7 @@ def fit(spec: P, shape, mesh: Mesh) -> P:
 def shardings(tree: Any, mesh: Mesh, spec_fn) -> Any:
   """NamedShardings for a pytree of arrays / ShapeDtypeStructs: spec_fn(keys, ndim) -> PartitionSpec."""
   def one(path, x):
-    return NamedSharding(mesh, fit(spec_fn(_keys(path), x.ndim), x.shape, mesh))
+    return NamedSharding(mesh, fit(spec_fn(path_keys(path), x.ndim), x.shape, mesh))
   return jax.tree_util.tree_map_with_path(one, tree)
 
 
@@ -152,7 +154,7 @@ def param_shardings(params: Any, cfg: ModelConfig, mesh: Mesh) -> Any:
   quantized = lambda x: isinstance(x, QuantizedWeight)
 
   def one(path, x):
-    keys = _keys(path)
+    keys = path_keys(path)
     if quantized(x):
       q_spec, s_spec = quantized_specs(param_spec(keys, x.ndim, lay), x)
       scales = lambda a: None if a is None else NamedSharding(mesh, fit(s_spec, a.shape, mesh))

@@ -59,7 +59,7 @@ def _check_rounds(target, draft, tree, prompts, rounds=4):
   greedy = Sampling()
   propose = jax.jit(lambda ring, last, prev, lengths, keys: spec.propose(
       ring, Round(tree, greedy, target.params, CFG, draft_params, last, prev, lengths, keys)))
-  one_round = jax.jit(loop._round, static_argnums=(3, 4, 5, 6, 7))
+  one_round = jax.jit(loop.decode_round, static_argnums=(3, 4, 5, 6, 7))
   exact = spec.uses_target_weights
   worst, rejected = 0.0, 0
   for _ in range(rounds):

@@ -77,11 +77,12 @@ def test_the_draft_really_reads_the_narrow_copy():
   assert draft.params(model) is params          # cast once per model
   zeroed = narrow_weights(
       jax.tree.map(jnp.zeros_like, model.params), "bfloat16")
-  draft_weights._NARROW[(id(model.params), "bfloat16")] = (model.params, zeroed)
+  draft_weights.drop_copies()
+  assert draft_weights.cached_copy((model.params,), "bfloat16", lambda: zeroed) is zeroed
   try:
     res = md.generate(model, prompts, max_new_tokens=12, draft=draft, gamma=2)
   finally:
-    draft_weights._NARROW.clear()
+    draft_weights.drop_copies()
   assert res.tokens == md.generate(model, prompts, max_new_tokens=12).tokens
   good = md.generate(model, prompts, max_new_tokens=12, draft=draft, gamma=2)
   assert res.stats["acceptance_rate"] < good.stats["acceptance_rate"]

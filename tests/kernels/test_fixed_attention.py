@@ -206,7 +206,7 @@ def test_the_kernel_lowers_to_triton_for_a_gpu(t):
   """The kernel as the accelerator profile calls it (Triton), lowered for CUDA on this CPU through
   jax.export at LLaMA-3.1-8B's attention shapes for a plain step, a chain of 4 and a 16-node round: Pallas
   Triton's lowering rules hold (Triton's own compile to GPU code is not checked here)."""
-  if pallas._triton_params(None, None) is None:
+  if not pallas.has_triton():
     pytest.skip("this jax has no Pallas Triton backend")
   fixed = backend.ACCELERATOR
   b, h, kh, d, s = 2, 32, 8, 128, 32768 + 128
@@ -224,7 +224,7 @@ def test_the_accelerators_invariant_prefill_and_decode_lower_for_a_gpu(shape):
   """The engine's prefill and decode loop with invariant numerics at the accelerator's FixedShapes (the
   Triton kernel), a self-draft chain or tree, lowered for CUDA on this CPU (Engine.exported): every
   lowering rule on the GPU's path holds, the kernel in the verify pass included."""
-  if pallas._triton_params(None, None) is None:
+  if not pallas.has_triton():
     pytest.skip("this jax has no Pallas Triton backend")
   model = random_tiny_model(2, max_pos=512)
   model = md.Model(dataclasses.replace(model.config, dtype="bfloat16"),

@@ -116,7 +116,7 @@ def test_the_drafts_kernel_call_lowers_to_triton_for_a_gpu(m, k, n):
   """The call quantized_dense makes on a GPU (Triton, default_tiling), lowered for CUDA on this CPU through
   jax.export: Pallas Triton's lowering rules hold at LLaMA-3.1-8B's and SmolLM2's shapes (Triton's own
   compile to GPU code is not checked here)."""
-  if pallas._triton_params(None, None) is None:
+  if not pallas.has_triton():
     pytest.skip("this jax has no Pallas Triton backend")
   kernel = pallas.int4_kernel(m, k, n, 64, triton=True)
   args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((k // 2, n), jnp.uint8),
@@ -213,6 +213,6 @@ def test_a_measured_tiling_replaces_the_guess(monkeypatch):
   kernel = pallas.int4_kernel(8, 4096, 4096, 64, triton=False)
   assert {k: kernel.keywords[k] for k in ("block_n", "num_splits", "groups_per_step")} == \
       dict(block_n=64, num_splits=4, groups_per_step=2)
-  if pallas._triton_params(None, None) is not None:
+  if pallas.has_triton():
     params = pallas.int4_kernel(8, 4096, 4096, 64, triton=True).keywords["compiler_params"]
     assert (params.num_warps, params.num_stages) == (2, 3)

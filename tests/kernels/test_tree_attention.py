@@ -147,11 +147,10 @@ def test_auto_falls_back_when_triton_does_not_compile():
   """The probe used by "auto" reports False (with a warning) where Triton cannot lower, e.g. on CPU."""
   if jax.default_backend() == "gpu":
     pytest.skip("Triton may lower here")
-  P._triton_compiles.cache_clear()
-  P._warned.clear()
+  P.triton_compiles.cache_clear()
   sig = (((1, 2, 2, 32), jnp.dtype("float32")), ((1, 16, 1, 32), jnp.dtype("float32")),
          ((1, 16, 1, 32), jnp.dtype("float32")), ((1,), jnp.dtype("int32")), ((2, 2), jnp.dtype(bool)))
   kw = (("block_k", None), ("block_q", None), ("num_splits", None), ("num_warps", None),
         ("num_stages", None))
   with pytest.warns(RuntimeWarning, match="falling back to XLA"):
-    assert P._triton_compiles(sig, None, kw) is False
+    assert P.triton_compiles(sig, None, kw) is False

@@ -121,8 +121,60 @@ def test_every_weight_is_declared_once():
     params = init_params(cfg, jax.random.key(0))
     assert jax.tree.map(lambda a: tuple(a.shape), params) == expected_shapes(cfg)
     for path, leaf in jax.tree_util.tree_flatten_with_path(expected_shapes(cfg), is_leaf=is_shape)[0]:
-      keys = rules._keys(path)
+      keys = rules.path_keys(path)
       w = weight_at(keys)
       assert w is not None and w.shape(cfg) == leaf, (keys, w)
   assert {n: w.contracted for n, w in WEIGHTS.items() if w.contracted is not None}.items() <= quant.CONTRACTED.items()
   assert weight_at(["target_head", "embed"]) is None and weight_at(["fc", "q"]) is None   # placed, not by name alone
+
+
+def private_uses(source: str, module: str = "") -> list[tuple[int, str]]:
+  """(line, name) for each private name (one leading underscore) of a magicdec_jax module that `source`
+  imports or reads through an imported name; `module` (dotted) may use its own."""
+  aliases, out = {}, []
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        if a.name.split(".")[0] == "magicdec_jax":
+          aliases[a.asname or a.name.split(".")[0]] = a.asname and a.name or "magicdec_jax"
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "magicdec_jax":
+      for a in node.names:
+        if a.name.startswith("_") and not a.name.startswith("__") and node.module != module:
+          out.append((node.lineno, f"{node.module}.{a.name}"))
+        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+      root, chain = node.value, []
+      while isinstance(root, ast.Attribute):
+        chain.insert(0, root.attr)
+        root = root.value
+      if isinstance(root, ast.Name) and root.id in aliases:
+        owner = ".".join([aliases[root.id], *chain])
+        if owner != module:
+          out.append((node.lineno, f"{owner}.{node.attr}"))
+  return out
+
+
+def test_no_module_reads_another_modules_private_names():
+  """Tests, benchmarks and the package reach each module through its public names only."""
+  found = []
+  for entry in ("magicdec_jax", "checkpoints_convert", "benchmarks", "tests", "run.py"):
+    path = os.path.join(REPO, entry)
+    files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path)
+                                                  for f in sorted(fs) if f.endswith(".py")]
+    for f in files:
+      rel = os.path.relpath(f, REPO)
+      module = rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
+      with open(f, encoding="utf-8") as fh:
+        found += [(rel, line, name) for line, name in private_uses(fh.read(), module)]
+  assert found == [], found
+
+
+def test_the_private_name_scan_sees_what_it_forbids():
+  src = ("import magicdec_jax as md\nfrom magicdec_jax import compile as compiling\n"
+         "from magicdec_jax.loop import _round, decode\nfrom magicdec_jax.sharding import rules\n"
+         "a = compiling._max\nb = md.loop._state\nc = rules._keys(1)\nd = decode.__wrapped__\ne = x._y\n")
+  assert sorted(name for _, name in private_uses(src)) == [
+      "magicdec_jax.compile._max", "magicdec_jax.loop._round", "magicdec_jax.loop._state",
+      "magicdec_jax.sharding.rules._keys"]
+  assert private_uses("from magicdec_jax.compile import _lock\n", "magicdec_jax.compile") == []

@@ -58,9 +58,9 @@ def test_bound_setter_and_env_validation(bound, monkeypatch):
     compiling.set_max_executables(0)
   monkeypatch.setenv(compiling.MAX_ENV, "lots")
   with pytest.raises(ValueError, match="MAGICDEC_MAX_EXECUTABLES"):
-    compiling._max_from_env()
+    compiling.max_executables_from_env()
   monkeypatch.setenv(compiling.MAX_ENV, "5")
-  assert compiling._max_from_env() == 5
+  assert compiling.max_executables_from_env() == 5
 
 
 def test_xla_options_reach_the_engines_executables_only():
@@ -87,7 +87,6 @@ def test_persistent_cache_switch(tmp_path, monkeypatch):
   the user configured is left alone, and so is JAX's floor on which compiles are written."""
   old_dir = jax.config.jax_compilation_cache_dir
   floor = jax.config.jax_persistent_cache_min_compile_time_secs
-  old_state = dict(compiling._persistent)
   try:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert compiling.default_cache_dir() == str(tmp_path / "xdg" / "magicdec_jax" / "xla")
@@ -103,8 +102,8 @@ def test_persistent_cache_switch(tmp_path, monkeypatch):
     assert compiling.enable_persistent_cache(str(tmp_path / "other")) == str(tmp_path / "users")
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "users")
   finally:
+    monkeypatch.undo()                                        # the session's environment, then its cache,
+    jax.config.update("jax_compilation_cache_dir", None)      # set as generate sets it (old_dir None: the
+    compiling.enable_persistent_cache(old_dir)                # environment's directory)
     jax.config.update("jax_compilation_cache_dir", old_dir)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", floor)
-    compiling._persistent.update(old_state)
-    from jax.experimental.compilation_cache import compilation_cache
-    compilation_cache.reset_cache()
