@@ -208,6 +208,7 @@ def plain(sampled: bool):
   return prompts, md.generate(target(), prompts, max_new_tokens=NEW, **(SAMPLED if sampled else {}))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("draft", sorted(DRAFTS))
 def test_every_draft_gives_plain_decodings_tokens_in_bfloat16(draft):
   for sampled in (False, True):
@@ -257,6 +258,7 @@ def held_out_prompts(n: int, tokens: int) -> list[list[int]]:
   return [ids[i * 2500:i * 2500 + tokens] for i in range(n)]
 
 
+@pytest.mark.heavy
 def test_smollm2_bfloat16_streaming_chain_gives_plain_decodings_tokens():
   """The bfloat16 mismatch as first reproduced (with the backend's own shapes 1 of 4 rows identical, first
   differences at tokens 30, 22, 14): 4 held-out prompts of 512 tokens, greedy, StreamingDraft(sink 4,

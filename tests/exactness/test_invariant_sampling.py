@@ -42,6 +42,7 @@ def _drafts(model):
           "lookup-chain4": (PromptLookupDraft(), dict(gamma=4))}
 
 
+@pytest.mark.heavy
 def test_every_draft_samples_plain_decodings_tokens():
   model, prompts = _model(), _prompts()
   ref = md.generate(model, prompts, **KW)
@@ -132,6 +133,7 @@ def test_position_noise_is_fresh_per_row_and_position():
   np.testing.assert_array_equal(again, g[4])                  # (stream 1, position 6) whatever the batch
 
 
+@pytest.mark.heavy
 def test_plain_invariant_sampler_against_hf_float64_at_1e5_draws():
   """The first sampled token of 106,496 streams (13 calls of 8192 rows, distinct stream ids) against the
   float64 top-p distribution of HF's logits for a random tiny LLaMA (its weights converted to ours)."""
@@ -170,6 +172,7 @@ def test_plain_invariant_sampler_against_hf_float64_at_1e5_draws():
   assert pval > 1e-3, pval
 
 
+@pytest.mark.heavy
 def test_smollm2_self_draft_samples_plain_decodings_tokens():
   """A real vocabulary (49,152 tokens: the top-p search's per-row path; the tiny models' 64 take the
   all-rows one) and real weights: SmolLM2's first 8 layers with its final norm and tied head, a quarter of the

@@ -34,6 +34,7 @@ def _alone(i: int, **kw):
   return next(iter(generate_stream(tiny(), [req], batch_size=1, max_new_tokens=12, seed=3, **MIX[i], **kw)))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("draft", [None, "chain", "tree"])
 def test_mixed_batch_equals_each_request_alone(draft):
   kw = {}

@@ -214,6 +214,7 @@ def _gemma3_target():
   return Model(cfg, params, name="tiny-gemma3-v8")
 
 
+@pytest.mark.heavy
 def test_speculative_sampling_on_gemma3_matches_target_distribution():
   """The chi-square harness on the Gemma 3 shape: a self-draft chain (sink 1, window 2) at temperature 0.8,
   top-p 0.9, 49,152 draws against the float64 joint of the target's plain forward."""

@@ -152,6 +152,7 @@ def hf_smol_tokenizer():
     return transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
 
 
+@pytest.mark.heavy
 def test_smollm2_logits_and_greedy_match_hf(smol, hf_smol):
   ids = smol.tokenizer.encode(SHAKESPEARE[0]).ids
   assert 20 <= len(ids) <= 30

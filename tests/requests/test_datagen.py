@@ -151,6 +151,7 @@ def test_stream_id_stable():
   assert all(0 <= datagen.stream_id(i, s) < 2**31 for i in range(50) for s in range(3))
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("sampling", ["rejection", "invariant"])
 def test_kill9_then_resume_exactly_once(tmp_path, sampling):
   """Killed mid-run under continuous batching (3 slots, refill after every finished row, 2 samples a

@@ -43,6 +43,7 @@ def test_shrinking_batch_gives_the_autoregressive_tokens(draft, kw):
   assert res.stats["loop_rounds"] >= max(r["verify_steps"] for r in res.row_stats)
 
 
+@pytest.mark.heavy
 def test_shrinking_batch_keeps_every_rows_samples():
   prompts, eos = prompts_and_eos()
   kw = dict(max_new_tokens=NEW, eos_token_id=eos, temperature=0.9, top_k=20, seed=1)   # rows end apart

@@ -154,6 +154,7 @@ def test_bad_arguments(model, prompts):
     list(generate_stream(model, [Request([1, 2], stream_ids=[])], max_new_tokens=4))
 
 
+@pytest.mark.heavy
 def test_meshes_same_tokens_as_one_device():
   """generate_stream with mesh= (data:2,model:2 and data:4,model:1 on 4 CPU devices, in a subprocess: this
   process already started jax with one device) gives single-device generate's tokens."""
