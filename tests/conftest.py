@@ -149,5 +149,6 @@ def random_hf_llama(seed: int, norm_noise: float, **config):
 def pytest_collection_modifyitems(config, items):
   """Tests marked `heavy` run first: xdist's worksteal hands each worker a contiguous share of the collection
   and idle workers steal from the end of the others' shares, so a long test started late is a tail that only
-  one worker runs (docs/testing.md#compile-time). The order is otherwise the files' own."""
+  one worker runs; collected first, they run early on the first worker while the others take the light tests
+  (docs/testing.md#compile-time). The order is otherwise the files' own."""
   items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
