@@ -104,6 +104,5 @@ def test_persistent_cache_switch(tmp_path, monkeypatch):
   finally:
     monkeypatch.undo()                                        # the session's environment, then its cache,
     jax.config.update("jax_compilation_cache_dir", None)      # set as generate sets it (old_dir None: the
-    compiling.enable_persistent_cache(old_dir)                # environment's directory)
-    jax.config.update("jax_compilation_cache_dir", old_dir)
+    compiling.enable_persistent_cache(old_dir)                # environment's directory, as generate would)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", floor)
