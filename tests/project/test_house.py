@@ -25,8 +25,8 @@ FORBIDDEN = re.compile(
 DEFAULT_BACKEND_ALLOWED = {"magicdec_jax/backend.py"}
 
 
-def _files():
-  for entry in SOURCES:
+def _files(sources=SOURCES):
+  for entry in sources:
     path = os.path.join(REPO, entry)
     if os.path.isfile(path):
       yield entry
@@ -131,18 +131,18 @@ def test_every_weight_is_declared_once():
 def private_uses(source: str, module: str = "") -> list[tuple[int, str]]:
   """(line, name) for each private name (one leading underscore) of a magicdec_jax module that `source`
   imports or reads through an imported name; `module` (dotted) may use its own."""
-  aliases, out = {}, []
-  for node in ast.walk(ast.parse(source)):
+  aliases, out, tree = {}, [], ast.parse(source)
+  for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       for a in node.names:
-        if a.name.split(".")[0] == "magicdec_jax":
-          aliases[a.asname or a.name.split(".")[0]] = a.asname and a.name or "magicdec_jax"
+        if a.name.split(".")[0] == "magicdec_jax":     # `import a.b as c` binds c to a.b; `import a.b`, a
+          aliases[a.asname or "magicdec_jax"] = a.name if a.asname else "magicdec_jax"
     elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "magicdec_jax":
       for a in node.names:
         if a.name.startswith("_") and not a.name.startswith("__") and node.module != module:
           out.append((node.lineno, f"{node.module}.{a.name}"))
         aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-  for node in ast.walk(ast.parse(source)):
+  for node in ast.walk(tree):
     if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
       root, chain = node.value, []
       while isinstance(root, ast.Attribute):
@@ -158,15 +158,10 @@ def private_uses(source: str, module: str = "") -> list[tuple[int, str]]:
 def test_no_module_reads_another_modules_private_names():
   """Tests, benchmarks and the package reach each module through its public names only."""
   found = []
-  for entry in ("magicdec_jax", "checkpoints_convert", "benchmarks", "tests", "run.py"):
-    path = os.path.join(REPO, entry)
-    files = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, fs in os.walk(path)
-                                                  for f in sorted(fs) if f.endswith(".py")]
-    for f in files:
-      rel = os.path.relpath(f, REPO)
-      module = rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
-      with open(f, encoding="utf-8") as fh:
-        found += [(rel, line, name) for line, name in private_uses(fh.read(), module)]
+  for rel in _files(SOURCES + ("benchmarks", "tests")):
+    module = rel[:-3].replace(os.sep, ".").removesuffix(".__init__")
+    with open(os.path.join(REPO, rel), encoding="utf-8") as fh:
+      found += [(rel, line, name) for line, name in private_uses(fh.read(), module)]
   assert found == [], found
 
 
