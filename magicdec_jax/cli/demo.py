@@ -179,17 +179,18 @@ def run(fv, log) -> None:
   model = cli_flags.load_target(fv, log)
   batch, prompt_tokens, gamma = default_shape()
   given = lambda name: fv[name].present
+  gamma = cli_flags.parse_gamma(fv.gamma) if given("gamma") else gamma
+  weights = (None if fv.draft_weights == "none" else fv.draft_weights) if given("draft_weights") else "bfloat16"
   compare(model, batch=fv.batch_size if given("batch_size") else batch,
           prompt_tokens=fv.prompt_tokens if given("prompt_tokens") else prompt_tokens,
           max_new_tokens=fv.max_new_tokens if given("max_new_tokens") else DEMO_NEW_TOKENS,
-          gamma=cli_flags.parse_gamma(fv.gamma) if given("gamma") else gamma, sink=fv.sink, window=fv.window,
+          gamma=gamma, sink=fv.sink, window=fv.window,
           temperature=fv.temperature, seed=fv.seed, progress=fv.progress, shared_tokens=fv.shared_tokens,
           repeats=fv.demo_repeats, shrink_batch=fv.shrink_batch, numerics=fv.numerics,
-          draft_weights=(None if fv.draft_weights == "none" else fv.draft_weights)
-          if given("draft_weights") else "bfloat16", log=log, root=ROOT)
+          draft_weights=weights, log=log, root=ROOT)
   if fv.demo_structured:
-    structured_answers(model, gamma=cli_flags.parse_gamma(fv.gamma) if given("gamma") else gamma, sink=fv.sink,
-                       window=fv.window, log=log)
+    structured_answers(model, gamma=gamma, sink=fv.sink, window=fv.window, draft_weights=weights,
+                       numerics=fv.numerics, log=log)
 
 
 def valid_answer(text: str) -> bool:
@@ -208,26 +209,30 @@ def valid_answer(text: str) -> bool:
 
 def structured_answers(model: Model, *, gamma: int, sink: int, window: int, questions=QUESTIONS,
                        document_tokens: int = ANSWER_DOCUMENT, max_new_tokens: int = ANSWER_NEW_TOKENS,
-                       log=print) -> dict:
+                       draft_weights: str | None = None, numerics: str | None = None, log=print) -> dict:
   """The instruct model answers `questions` about the document's first `document_tokens` tokens as JSON
-  under ANSWER_SCHEMA (its chat template), greedily, plainly and with the StreamingDraft; prints the
-  answers, their validity, whether both runs agree and the decode speedup. Returns the figures."""
+  under ANSWER_SCHEMA (its chat template), greedily, plainly and with the StreamingDraft (its weights:
+  `draft_weights`, as in `compare`); prints the answers, their validity, whether both runs agree and the
+  decode speedup. Returns the figures."""
   doc = model.tokenizer.decode(textdata.shakespeare_prompt(model.tokenizer, document_tokens),
                                skip_special_tokens=True)
   prompts = [tok_lib.chat_prompt(model, [{"role": "user", "content":
              f"{doc}\n\nAbout the text above: {q} Answer as JSON with the keys character, answer and sure."}])
              for q in questions]
   log(f"structured output: {len(prompts)} questions about a {document_tokens}-token document, answers as JSON "
-      f"under a schema, plainly and with MagicDec (gamma {gamma})")
-  kw = dict(max_new_tokens=max_new_tokens, json_schema=ANSWER_SCHEMA)
+      f"under a schema, plainly and with MagicDec (StreamingDraft sink {sink} + window {window}"
+      f"{_weights(draft_weights)}, gamma {gamma})")
+  kw = dict(max_new_tokens=max_new_tokens, json_schema=ANSWER_SCHEMA, numerics=numerics)
   plain = generation.generate(model, prompts, **kw)
-  spec = generation.generate(model, prompts, draft=drafts.StreamingDraft(sink, window), gamma=gamma, **kw)
+  spec = generation.generate(model, prompts, draft=drafts.StreamingDraft(sink, window, weights=draft_weights),
+                             gamma=gamma, **kw)
   texts = [t.replace(model.tokenizer.decode(model.config.eos_token_ids[:1]), "") for t in plain.texts]
   ok = [valid_answer(t) for t in texts]
   agree = plain.tokens == spec.tokens
   speedup = spec.stats["tokens_per_s"] / plain.stats["tokens_per_s"]
   print(f"\nStructured answers (JSON schema: {', '.join(ANSWER_SCHEMA['required'])}), "
-        f"{len(prompts)} x {document_tokens}-token document:")
+        f"{len(prompts)} x {document_tokens}-token document; MagicDec with StreamingDraft sink {sink} + window "
+        f"{window}{_weights(draft_weights)}, gamma {gamma}:")
   for q, t, v, r in zip(questions, texts, ok, plain.finish_reasons):
     print(f"  {q}\n    {t}   [{'valid' if v else 'NOT valid'}, {r}]")
   print(f"  valid: {sum(ok)}/{len(ok)}   plain and MagicDec agree token for token: {agree}")
