@@ -175,7 +175,8 @@ def validate(fv) -> None:
 
 def run(fv, log) -> None:
   """`run.py` (--mode=demo): `compare` on --model; batch, prompt length, new tokens, gamma and the draft's
-  weights are `default_shape()`, DEMO_NEW_TOKENS and bfloat16 unless given."""
+  weights are `default_shape()`, DEMO_NEW_TOKENS and bfloat16 unless given. Then `structured_answers` with
+  the same draft, gamma and numerics (its draft's weights the target's own unless --draft_weights is given)."""
   model = cli_flags.load_target(fv, log)
   batch, prompt_tokens, gamma = default_shape()
   given = lambda name: fv[name].present
@@ -189,8 +190,10 @@ def run(fv, log) -> None:
           repeats=fv.demo_repeats, shrink_batch=fv.shrink_batch, numerics=fv.numerics,
           draft_weights=weights, log=log, root=ROOT)
   if fv.demo_structured:
-    structured_answers(model, gamma=gamma, sink=fv.sink, window=fv.window, draft_weights=weights,
-                       numerics=fv.numerics, log=log)
+    # the draft's weights only when asked for: at the structured part's short document a bfloat16 copy
+    # decodes no faster than the full-precision draft (docs/measurements.md#demo-runs)
+    structured_answers(model, gamma=gamma, sink=fv.sink, window=fv.window,
+                       draft_weights=weights if given("draft_weights") else None, numerics=fv.numerics, log=log)
 
 
 def valid_answer(text: str) -> bool:

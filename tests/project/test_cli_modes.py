@@ -161,7 +161,7 @@ def test_demo_mode_passes_its_flags_and_finds_the_checkout(capsys):
   assert "batch 2 x 300-token prompts, 8 new tokens" in out and "identical greedy tokens: True" in out
   assert "sink 2 + window 16 tokens, bfloat16 weights" in out
   assert "Structured answers" in out and "plain and MagicDec agree token for token: True" in out
-  assert "MagicDec with StreamingDraft sink 2 + window 16, bfloat16 weights, gamma 2:" in out   # the same draft
+  assert "MagicDec with StreamingDraft sink 2 + window 16, gamma 2:" in out   # the demo's draft, own weights
   line = cli_demo.measured_crossover(ROOT, f"{jax.devices()[0].platform}:{jax.devices()[0].device_kind}",
                                      profiles.host_cpu_model() if jax.default_backend() == "cpu" else None)
   assert cli_demo.ROOT == ROOT and (line is None or line in out)
