@@ -19,7 +19,6 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
 from magicdec_jax import hub
 from magicdec_jax import tokenizer as tok_lib
@@ -255,6 +254,7 @@ def load_gguf(path: str, dtype: str = "float32", name: str | None = None) -> Mod
 
 def save_orbax(model: Model, directory: str) -> None:
   """params (orbax) + magicdec_config.json + tokenizer.json / chat_template.jinja when the model has them."""
+  import orbax.checkpoint as ocp   # imported where used: orbax is slow to import, and only its checkpoints need it
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
   ckptr = ocp.StandardCheckpointer()
@@ -281,6 +281,7 @@ def _orbax_config(directory: str, dtype: str | None) -> ModelConfig:
 def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) -> Model:
   """Restore a `save_orbax` dir, cast to `dtype` (default: as saved); with `shardings` (a pytree of
   `jax.sharding.Sharding` shaped like the params) every array is restored straight into its sharding."""
+  import orbax.checkpoint as ocp   # where used, as in save_orbax
   directory = os.path.abspath(directory)
   cfg = _orbax_config(directory, dtype)
   shapes = expected_shapes(cfg)
@@ -317,6 +318,7 @@ def load_orbax_sharded(directory: str, mesh, dtype: str | None = None) -> Model:
 def _restore_stacked(path: str, cfg: ModelConfig, shardings) -> dict | None:
   """Params saved before the per-layer layout (layer leaves stacked on a leading [L] axis), split into
   per-layer trees and placed per `shardings`; None when `path` does not hold that layout either."""
+  import orbax.checkpoint as ocp   # where used, as in save_orbax
   shapes = expected_shapes(cfg)
   stacked = dict(shapes, layers=jax.tree.map(lambda s: (cfg.num_layers, *s), shapes["layers"][0],
                                                 is_leaf=is_shape))

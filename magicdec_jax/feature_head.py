@@ -46,7 +46,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers import rms_norm
@@ -204,6 +203,7 @@ def to_target_vocab(logits: jax.Array, vocab: tuple[int, ...] | None, vocab_size
 
 def save_head(head: FeatureHead, directory: str) -> None:
   """params (orbax) into DIR/params, then DIR/feature_head.json (last: DIR loads only once complete)."""
+  import orbax.checkpoint as ocp   # imported where used: orbax is slow to import, and only its checkpoints need it
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
   ckptr = ocp.StandardCheckpointer()
@@ -218,6 +218,7 @@ def save_head(head: FeatureHead, directory: str) -> None:
 
 def load_head(directory: str) -> FeatureHead:
   """A head written by save_head (or by distill_feature at the end of training)."""
+  import orbax.checkpoint as ocp   # where used, as in save_head
   directory = os.path.abspath(directory)
   path = os.path.join(directory, HEAD_FILE)
   if not os.path.isfile(path):

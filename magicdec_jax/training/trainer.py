@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from tqdm import tqdm
 
 from magicdec_jax import compile as compiling
@@ -189,6 +188,7 @@ def train(params: Params, step_fn: StepFn, opt: optax.GradientTransformation, da
     training began (checkpointing first).
   log: a callable taking one line; default: stderr as "[name] ..." when `progress`, else silent.
   """
+  import orbax.checkpoint as ocp   # imported where used: orbax is slow to import, and only training needs it here
   if clock not in CLOCKS:
     raise ValueError(f"trainer clock must be one of {CLOCKS}, got {clock!r}")
   log = log or (lambda m: print(f"[{name}] {m}", file=sys.stderr, flush=True) if progress else None)

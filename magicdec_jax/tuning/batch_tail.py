@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-from scipy.special import ndtr
 
 EXACT_UP_TO = 8192     # new tokens computed exactly; above, the normal approximation (normal_batch_rounds)
 
@@ -70,6 +69,7 @@ def expected_batch_rounds(alpha: float, gamma: int, new_tokens: int, batch: int)
 
 def expected_max_std_normal(batch: int) -> float:
   """E[max of `batch` independent standard normals] = integral of P(M > x) - P(M < -x) over x > 0."""
+  from scipy.special import ndtr   # imported where used: scipy is slow to import (as in stepfit._nnls)
   x = np.linspace(0.0, 12.0, 24001)
   f = 1.0 - ndtr(x) ** batch - ndtr(-x) ** batch
   return float(np.sum((f[1:] + f[:-1]) / 2) * (x[1] - x[0]))

@@ -12,7 +12,6 @@ import math
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import nnls
 
 from magicdec_jax.tuning import costmodel
 from magicdec_jax.config import ModelConfig
@@ -112,6 +111,7 @@ class StepRow:
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+  from scipy.optimize import nnls   # imported where used: scipy is slow to import, and only a fit needs it
   scale = np.linalg.norm(a, axis=0)
   scale[scale == 0] = 1
   x, _ = nnls(a / scale, y, maxiter=50 * a.shape[1])

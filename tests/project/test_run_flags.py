@@ -146,6 +146,15 @@ def test_cli_help_and_bad_flag_subprocess():
   assert "loading" not in r.stderr                      # rejected before any model load
 
 
+def test_the_cli_starts_without_scipy_or_orbax():
+  """Importing run.py (every mode's code and flags) loads neither scipy nor orbax: they are imported where a fit
+  or a checkpoint needs them, which takes a third off a process's start (docs/measurements.md#notes-start-up)."""
+  r = subprocess.run([sys.executable, "-c", "import sys, run; print(sorted({m.split('.')[0] for m in sys.modules}"
+                      " & {'scipy', 'orbax', 'magicdec_jax'}))"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.strip().splitlines()[-1] == "['magicdec_jax']", r.stdout
+
+
 @pytest.mark.slow
 def test_bench_writes_json_and_png(tmp_path):
   out = cli_bench.run_bench(tiny(), StreamingDraft(sink=2, window=8), batches=[2], contexts=[20, 32],
