@@ -223,8 +223,7 @@ def structured_answers(model: Model, *, gamma: int, sink: int, window: int, ques
              f"{doc}\n\nAbout the text above: {q} Answer as JSON with the keys character, answer and sure."}])
              for q in questions]
   log(f"structured output: {len(prompts)} questions about a {document_tokens}-token document, answers as JSON "
-      f"under a schema, plainly and with MagicDec (StreamingDraft sink {sink} + window {window}"
-      f"{_weights(draft_weights)}, gamma {gamma})")
+      f"under a schema, plainly and with MagicDec ({_draft(sink, window, draft_weights, gamma)})")
   kw = dict(max_new_tokens=max_new_tokens, json_schema=ANSWER_SCHEMA, numerics=numerics)
   plain = generation.generate(model, prompts, **kw)
   spec = generation.generate(model, prompts, draft=drafts.StreamingDraft(sink, window, weights=draft_weights),
@@ -234,8 +233,8 @@ def structured_answers(model: Model, *, gamma: int, sink: int, window: int, ques
   agree = plain.tokens == spec.tokens
   speedup = spec.stats["tokens_per_s"] / plain.stats["tokens_per_s"]
   print(f"\nStructured answers (JSON schema: {', '.join(ANSWER_SCHEMA['required'])}), "
-        f"{len(prompts)} x {document_tokens}-token document; MagicDec with StreamingDraft sink {sink} + window "
-        f"{window}{_weights(draft_weights)}, gamma {gamma}:")
+        f"{len(prompts)} x {document_tokens}-token document; "
+        f"MagicDec with {_draft(sink, window, draft_weights, gamma)}:")
   for q, t, v, r in zip(questions, texts, ok, plain.finish_reasons):
     print(f"  {q}\n    {t}   [{'valid' if v else 'NOT valid'}, {r}]")
   print(f"  valid: {sum(ok)}/{len(ok)}   plain and MagicDec agree token for token: {agree}")
@@ -263,7 +262,7 @@ def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int
   log(f"{batch} Shakespeare prompts of {prompt_tokens} tokens"
       + (f" (one shared {shared_tokens}-token document, then a different passage each)" if shared_tokens else "")
       + f"; prefill once, then decode {max_new_tokens} tokens autoregressively and with MagicDec "
-      f"(StreamingDraft sink {sink} + window {window}{_weights(draft_weights)}, gamma {gamma}), alternately, {repeats} time(s) each")
+      f"({_draft(sink, window, draft_weights, gamma)}), alternately, {repeats} time(s) each")
   pre = prefilled.prefill(model, prompts, max_new_tokens=max_new_tokens, progress=progress)
   log(f"prefill: {pre.prefill_s:.1f}s ({batch * prompt_tokens / pre.prefill_s:.0f} prompt tokens/s; "
       f"{pre.shared_tokens} shared tokens computed once) + {pre.compile_s:.1f}s compile")
@@ -334,6 +333,11 @@ def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int
 
 def _weights(dtype: str | None) -> str:
   return f", {dtype} weights" if dtype else ""
+
+
+def _draft(sink: int, window: int, dtype: str | None, gamma: int) -> str:
+  """How the demo names its draft and gamma in what it prints and logs."""
+  return f"StreamingDraft sink {sink} + window {window}{_weights(dtype)}, gamma {gamma}"
 
 
 def _summed(results) -> dict:
