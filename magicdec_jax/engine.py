@@ -38,7 +38,7 @@ PAD_STREAM = 2**31 - 1    # padding row i of a batch draws from stream PAD_STREA
 class GenerateResult:
   tokens: list[list[int]]            # new token ids per prompt
   texts: list[str] | None            # decoded new text per prompt (when the model has a tokenizer)
-  finish_reasons: list[str]          # "eos" or "length"
+  finish_reasons: list[str]          # "eos", "length" or "stop" (a constraint complete)
   stats: dict[str, Any]              # whole-call figures (times, tokens/s, acceptance)
   row_stats: list[dict[str, Any]]    # per-prompt figures
   logprobs: list[list[float]] | None = None     # per prompt, per new token: its log-probability (logprobs=True)
