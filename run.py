@@ -39,6 +39,20 @@ def log(msg: str):
 
 
 def main(argv):
+  """Run --mode; a bad flag, input or request ends the process with its one-line reason (exit 1; a model
+  that does not fit: exit 2) instead of absl's full help or a traceback (--verbosity=1 shows the traceback)."""
+  try:
+    run_mode(argv)
+  except (app.UsageError, ValueError) as e:
+    if FLAGS.verbosity >= 1:
+      raise
+    print(f"magicdec: {e}", file=sys.stderr)
+    if not isinstance(e, DoesNotFit):         # refused before compiling: the figures say why
+      print("(python run.py --helpfull lists every flag; --verbosity=1 shows the traceback)", file=sys.stderr)
+    sys.exit(2 if isinstance(e, DoesNotFit) else 1)
+
+
+def run_mode(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]} (flags need --name=value)")
   modes.validate(FLAGS)
@@ -51,12 +65,8 @@ def main(argv):
   cache_dir = compiling.enable_persistent_cache(FLAGS.compilation_cache_dir)   # None: the env var / default
   log(f"persistent compilation cache: {cache_dir or 'off'}")
   mesh = cli_flags.setup_mesh(FLAGS)          # None without --mesh
-  try:
-    with mesh if mesh is not None else contextlib.nullcontext():
-      modes.MODES[FLAGS.mode].run(FLAGS, log)
-  except DoesNotFit as e:                     # refused before compiling: the figures, no traceback
-    print(f"magicdec: {e}", file=sys.stderr)
-    sys.exit(2)
+  with mesh if mesh is not None else contextlib.nullcontext():
+    modes.MODES[FLAGS.mode].run(FLAGS, log)
   log(f"--mode={FLAGS.mode} done in {time.perf_counter() - t:.1f}s")
 
 

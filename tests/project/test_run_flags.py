@@ -142,8 +142,20 @@ def test_cli_help_and_bad_flag_subprocess():
     assert name in r.stdout, name
   r = subprocess.run([sys.executable, "run.py", "--mode=datagen", "--input=/nope.jsonl", "--output=/tmp/x.jsonl"],
                      capture_output=True, text=True, cwd=ROOT, timeout=120)
-  assert r.returncode != 0 and "--input=/nope.jsonl: no such file" in r.stderr
+  assert r.returncode == 1 and "--input=/nope.jsonl: no such file" in r.stderr
   assert "loading" not in r.stderr                      # rejected before any model load
+  assert len(r.stderr.strip().splitlines()) <= 3, r.stderr   # its reason, not absl's whole help
+
+
+def test_cli_errors_after_loading_are_one_line():
+  """A bad request found once the model is loaded (here a budget beyond the context) ends the process with
+  the ValueError's message and exit 1, not a traceback; --verbosity=1 shows the traceback."""
+  argv = [sys.executable, "run.py", "--mode=generate", "--model=random-tiny", "--prompt=Hi", "--max_new_tokens=100000"]
+  r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert "magicdec: prompt 0: 2 prompt tokens + max_new_tokens=100000 exceed the model's context" in r.stderr
+  r = subprocess.run(argv + ["--verbosity=1"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+  assert r.returncode == 1 and "Traceback" in r.stderr and "ValueError: prompt 0:" in r.stderr
 
 
 def test_the_cli_starts_without_scipy_or_orbax():
