@@ -104,16 +104,16 @@ def _prompt_text(model: Model, rec: dict, chat: bool, render_chat) -> str:
 
 
 def detect_format(path: str) -> str:
-  """"openai" if the first non-empty line of `path` is an object with "custom_id" and "body", else
-  "native"."""
+  """"openai" if the first line of `path` that parses as JSON is meant as an OpenAI batch request
+  (openai_batch.is_openai), else "native"; lines that do not parse are passed over, so that a torn or
+  malformed first request does not make every other line of the file a native record's error."""
   try:
     with open(path, "rb") as f:
       for raw in f:
-        if raw.strip():
-          try:
-            return "openai" if openai_batch.is_openai(json.loads(raw)) else "native"
-          except ValueError:
-            return "native"
+        try:
+          return "openai" if openai_batch.is_openai(json.loads(raw)) else "native"
+        except ValueError:            # blank, not JSON or not UTF-8
+          continue
   except OSError as e:
     raise DatagenError(f"cannot read input {path}: {e.strerror or e}") from None
   return "native"
@@ -456,7 +456,10 @@ class OpenAIFormat(NativeFormat):
 
   @staticmethod
   def settings(st: DecodeSettings, items: list, model: Model) -> DecodeSettings:
-    return st                     # each group's own features: generate
+    """The run's settings with the row features every request's options need compiled in (so that the
+    resume fingerprint knows when requests sample, and with that whether the draft shapes the samples)."""
+    own = [it.options.request for it in items]
+    return with_features(st, own, model) if own else st
 
   @staticmethod
   def job(chat: bool, truncate: str, num_samples: int) -> dict:
@@ -489,9 +492,8 @@ class OpenAIFormat(NativeFormat):
         o = dataclasses.replace(it.options.request, num_samples=None)    # its missing choices: stream_ids
         reqs.append(Request.of(it.ids, o, tag=(it, s),
                                stream_ids=[x if o.seed is not None else stream_id(it.id, x) for x in s]))
-      g_st = job.settings.replace(logprobs=lp, top_logprobs=top)
+      g_st = job.settings.replace(logprobs=lp, top_logprobs=top)    # (the features: settings)
       try:
-        g_st = with_features(g_st, [it.options.request for it, _ in jobs], model)
         used = plan_over(model, g_st, group, batch_size=job.stream_kw["batch_size"], **job.plan_kw)
       except ValueError as e:
         raise DatagenError(str(e)) from None
@@ -500,7 +502,7 @@ class OpenAIFormat(NativeFormat):
     def line(it, s, res):
       text = res.text if res.finish_reason == "stop" else model.tokenizer.decode(
           res.tokens[:-1] if res.finish_reason == "eos" else res.tokens, skip_special_tokens=False)
-      return openai_batch.output_line(model, it.id, it.options, len(it.ids), s, res, text)
+      return openai_batch.output_line(model, it.id, it.options, len(it.ids), s, res, text, int(time.time()))
     tot = _generate_jobs(model, streams, line, out_f, _bar(todo, len(done), job.progress))
     tot["error_lines"] = n_err
     return tot

@@ -52,8 +52,9 @@ class OpenAIOptions:
 
 
 def is_openai(first: dict) -> bool:
-  """Whether a parsed first input line is an OpenAI batch request (it has "custom_id" and "body")."""
-  return isinstance(first, dict) and "custom_id" in first and "body" in first
+  """Whether a parsed input line is meant as an OpenAI batch request: it has one of the format's own
+  top-level fields ("custom_id", "method", "url", "body"), which native records never have."""
+  return isinstance(first, dict) and bool(TOP_FIELDS & set(first))
 
 
 def body_error(e: OptionError, body: dict) -> RequestError:
@@ -108,6 +109,8 @@ def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, OpenAIOptions]:
   url = rec.get("url")
   if url not in URLS:
     raise RequestError(f"'url' must be one of {', '.join(URLS)}, got {json.dumps(url)}", "url")
+  if "body" not in rec:
+    raise RequestError("missing 'body'", "body")
   body = rec["body"]
   if not isinstance(body, dict):
     raise RequestError(f"'body' must be an object, got {type(body).__name__}", "body")
@@ -182,8 +185,9 @@ def _logprobs(res, model, chat: bool) -> dict | None:
 
 
 def output_line(model, custom_id: str, options: OpenAIOptions, prompt_tokens: int, index: int, res,
-                text: str) -> str:
-  """The batch output line of one finished choice (its completion text already cut at EOS / a stop)."""
+                text: str, created: int) -> str:
+  """The batch output line of one finished choice (its completion text already cut at EOS / a stop);
+  `created`: when it finished, in Unix seconds (a field OpenAI's completion objects require)."""
   _, obj, prefix = URLS[options.url]
   chat = obj == "chat.completion"
   h = _hash(custom_id, index)
@@ -192,7 +196,7 @@ def output_line(model, custom_id: str, options: OpenAIOptions, prompt_tokens: in
   choice["finish_reason"] = finish_reason(res.finish_reason)
   choice["logprobs"] = _logprobs(res, model, chat) if options.request.logprobs else None
   n_new = len(res.tokens)
-  body = {"id": prefix + h, "object": obj, "model": model.name, "choices": [choice],
+  body = {"id": prefix + h, "object": obj, "created": int(created), "model": model.name, "choices": [choice],
           "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_new,
                     "total_tokens": prompt_tokens + n_new}}
   return json.dumps({"id": "batch_req_" + h, "custom_id": custom_id,

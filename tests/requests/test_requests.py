@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 
 import pytest
 
@@ -145,7 +146,9 @@ def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path):
   inp = _write(tmp_path / "in.jsonl", good[:2] + bad[:3] + good[2:] + bad[3:])
   out = str(tmp_path / "out.jsonl")
   kw = dict(max_new_tokens=10, batch_size=3, seed=3, progress=False)
+  t0 = int(time.time())
   s = datagen.run(model, inp, out, **kw)
+  t1 = time.time()
   assert s["input_format"] == "openai" and s["sampling_groups"] == 1 and s["bad_lines"] == 5   # one mixed stream
   lines = open(out).read().splitlines()
   recs = [json.loads(x) for x in lines]
@@ -167,6 +170,7 @@ def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path):
                      stream_ids=[datagen.stream_id("s2", s) for s in range(2)])}
   for (cid, s), r in choices.items():
     body = r["response"]["body"]
+    assert isinstance(body["created"], int) and t0 <= body["created"] <= t1   # OpenAI's objects require it
     ch = body["choices"][0]
     text = ch["message"]["content"] if cid == "s1" else ch["text"]
     assert body["object"] == ("chat.completion" if cid == "s1" else "text_completion")
@@ -188,8 +192,18 @@ def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path):
   kept_choices = sum(1 for x in recs[:keep] if x["error"] is None)
   s2 = datagen.run(model, inp, out2, **kw)
   assert s2["records_written"] == 6 - kept_choices and s2["torn_bytes_repaired"] == 25
-  assert sorted(open(out2).read().splitlines()) == sorted(lines)
+  assert sorted(map(_without_created, open(out2).read().splitlines())) == sorted(map(_without_created, lines))
   assert datagen.run(model, inp, out2, **kw)["records_written"] == 0
+  # its requests sample (rejection sampling), so another draft would change their samples: refused
+  with pytest.raises(datagen.DatagenError, match="different settings.*draft"):
+    datagen.run(model, inp, out2, **kw, draft=md.StreamingDraft(sink=1, window=4), gamma=2)
+
+
+def _without_created(line: str) -> str:
+  rec = json.loads(line)
+  if rec["response"] is not None:
+    del rec["response"]["body"]["created"]
+  return json.dumps(rec, sort_keys=True)
 
 
 def test_openai_logprobs_are_plain_decodings(tmp_path):
@@ -220,10 +234,23 @@ def test_openai_request_validation():
                       (_line("a", CHAT, {"messages": MSGS, "temperature": "hot"}), "temperature"),
                       (_line("a", COMP, {"prompt": "x", "stop": [1]}), "stop"),
                       ({**_line("a", COMP, {"prompt": "x"}), "method": "GET"}, "method"),
+                      ({"custom_id": "a", "method": "POST", "url": COMP}, "body"),
                       (_line(7, COMP, {"prompt": "x"}), "custom_id")]:
     with pytest.raises(openai_batch.RequestError) as e:
       openai_batch.to_native(line, max_new_tokens=8)
     assert e.value.field == field and field in str(e.value)
+
+
+def test_input_format_is_told_by_the_first_line_that_parses(tmp_path):
+  """A malformed or body-less first request still makes the file an OpenAI batch (its own error line), not
+  a native file whose every line lacks an 'id'."""
+  req = json.dumps(_line("a", COMP, {"prompt": "x"}))
+  for first in ('{"custom_id": "torn", "meth', '{"custom_id": "b", "method": "POST", "url": "/v1/completions"}', ""):
+    path = tmp_path / "in.jsonl"
+    path.write_text(f"{first}\n{req}\n")
+    assert datagen.detect_format(str(path)) == "openai", first
+  path.write_text('not json\n{"id": 1, "prompt": "x"}\n')
+  assert datagen.detect_format(str(path)) == "native"
 
 
 def test_native_records_carry_their_own_settings(tmp_path):
