@@ -89,9 +89,9 @@ class DecodeSettings:
     if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
         or self.max_new_tokens < 1:
       raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+    for name in ("temperature", "top_k", "top_p", "min_p", "seed"):    # types and ranges: options.NUMBER_CHECKS
+      check_number(name, getattr(self, name))
     Sampling(float(self.temperature), int(self.top_k), float(self.top_p), min_p=float(self.min_p))   # its checks
-    if not isinstance(self.seed, (int, np.integer)):
-      raise ValueError(f"seed must be an integer, got {self.seed!r}")
     if self.draft is not None and not isinstance(self.draft, Draft):
       raise ValueError(f"draft must be one of {', '.join(c.__name__ for c in REGISTRY.values())} or None, "
                        f"got {self.draft!r:.80}")

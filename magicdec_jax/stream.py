@@ -182,6 +182,9 @@ class Generator:
                decode_plan: DecodePlan | None = None, batch_size: int = 8, refill_at: int = 1,
                prefill_batch: int | None = None, num_samples: int = 1, max_prompt_tokens: int | None = None,
                mesh=None, device_memory: int | None = None, stop_check_rounds: int = 1, **kwargs):
+    if isinstance(requests, (str, bytes, Request)) or not isinstance(requests, Iterable):
+      raise ValueError(f"requests must be an iterable of prompts or Requests, got {requests!r:.80} "
+                       "(one prompt: [prompt])")
     for name, v, lo in (("batch_size", batch_size, 1), ("refill_at", refill_at, 1),
                         ("num_samples", num_samples, 1), ("prefill_batch", prefill_batch or 1, 1),
                         ("max_prompt_tokens", max_prompt_tokens or 1, 1), ("stop_check_rounds", stop_check_rounds, 1)):

@@ -9,9 +9,10 @@ import re
 
 import pytest
 
-from magicdec_jax import loop
+from magicdec_jax import datagen, loop
 from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft
 from magicdec_jax.generation import generate
+from magicdec_jax.stream import generate_stream
 
 from conftest import compile_count, tiny_model
 
@@ -51,6 +52,18 @@ def test_empty_or_malformed_prompt_list(model, prompts):
     generate(model, prompts, max_new_tokens=4)
 
 
+def test_a_prompt_neither_text_nor_ids(model):
+  with raises("prompt 1", "None"):
+    generate(model, [PROMPT, None], max_new_tokens=4)
+  with raises("prompt 0", "'x'"):
+    generate(model, [[1, "x"]], max_new_tokens=4)
+
+
+def test_one_string_is_not_a_stream_of_requests(model):
+  with raises("requests must be an iterable", "'hello'", "[prompt]"):
+    generate_stream(model, "hello", max_new_tokens=4)
+
+
 def test_prompt_plus_new_tokens_over_context(model):
   ctx = model.config.max_position_embeddings
   with raises(ctx - 5, "max_new_tokens=6", ctx):
@@ -73,6 +86,21 @@ def test_bad_temperature(model, temperature):
 def test_bad_top_p(model, top_p):
   with raises("top_p", top_p):
     generate(model, [PROMPT], max_new_tokens=4, temperature=1.0, top_p=top_p)
+
+
+@pytest.mark.parametrize("name,value,words", [
+    ("temperature", "hot", "a number"), ("temperature", True, "a number"), ("top_k", 2.5, "an integer"),
+    ("seed", -1, "[0, 2**32)"), ("seed", 2**32, "[0, 2**32)"), ("top_p", "0.9", "a number")])
+def test_sampling_values_of_the_wrong_type_or_range(model, name, value, words):
+  """Not converted or wrapped silently (2.5 was top_k 2, -1 seed 2**32 - 1): refused, naming the field."""
+  with raises(name, repr(value), words):
+    generate(model, [PROMPT], max_new_tokens=4, **{name: value})
+
+
+@pytest.mark.parametrize("name", ["num_samples", "batch_size", "refill_at"])
+def test_datagen_counts(model, tmp_path, name):
+  with raises(name, "integer >= 1", "got 0"):
+    datagen.run(model, str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), max_new_tokens=4, **{name: 0})
 
 
 def test_bad_top_k(model):
