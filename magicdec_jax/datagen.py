@@ -466,6 +466,12 @@ class OpenAIFormat(NativeFormat):
 
   @staticmethod
   def job(chat: bool, truncate: str, num_samples: int) -> dict:
+    """The job's own options; chat and num_samples are each request's (its url, its n), so a run-wide value
+    is refused rather than ignored."""
+    if chat:
+      raise DatagenError("chat is for native records: an OpenAI batch request's url says whether it is a chat")
+    if num_samples != 1:
+      raise DatagenError(f"num_samples={num_samples}: an OpenAI batch request asks for its own (body.n)")
     return dict(input_format="openai", truncate=truncate)
 
   @staticmethod

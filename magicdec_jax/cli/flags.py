@@ -307,7 +307,10 @@ def validate(fv) -> None:
   if fv.tree:
     parse_tree(fv.tree)
     if fv.draft == "none":
-      raise app.UsageError("--tree needs a draft (--draft=streaming|snapkv|model)")
+      takes = "|".join(n for n, c in drafts.REGISTRY.items() if getattr(c, "proposes_trees", True))
+      raise app.UsageError(f"--tree needs a draft that proposes trees (--draft={takes})")
+    if fv["gamma"].present:
+      raise app.UsageError(f"--gamma={fv.gamma} and --tree={fv.tree}: the tree is what is speculated; give one")
   if fv.num_processes > 1 and not fv.coordinator_address:
     raise app.UsageError(f"--num_processes={fv.num_processes} needs --coordinator_address=HOST:PORT")
   if fv.process_id >= fv.num_processes:

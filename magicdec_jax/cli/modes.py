@@ -3,7 +3,7 @@ and `run(fv, log)`. A new mode is a module with those two and one line in MODES;
 `--mode` enum these names, `validate` runs the checks common to every mode, then the mode's own."""
 from __future__ import annotations
 
-from absl import flags
+from absl import app, flags
 
 from magicdec_jax.cli import (bench, calibrate, convert, datagen, demo, distill, generate, plan,
                               profile_acceptance)
@@ -27,7 +27,21 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> flags.FlagValues:
   return cli_flags.define_flags(fv, tuple(MODES))
 
 
+def flag_modes() -> dict[str, tuple[str, ...]]:
+  """Each flag only some modes read -> those modes (their modules' OWN_FLAGS)."""
+  out: dict[str, tuple[str, ...]] = {}
+  for name, module in MODES.items():
+    for flag in getattr(module, "OWN_FLAGS", ()):
+      out[flag] = out.get(flag, ()) + (name,)
+  return out
+
+
 def validate(fv) -> None:
-  """All of --mode's checks (app.UsageError naming the flag), before any model is loaded."""
+  """All of --mode's checks (app.UsageError naming the flag), before any model is loaded: a flag given to a
+  mode that does not read it is refused, not ignored."""
+  for flag, readers in flag_modes().items():
+    if fv[flag].present and fv.mode not in readers:
+      raise app.UsageError(f"--{flag} is for --mode={'|'.join(readers)}, not --mode={fv.mode} (which would "
+                           "ignore it)")
   cli_flags.validate(fv)
   MODES[fv.mode].validate(fv)

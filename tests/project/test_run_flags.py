@@ -108,6 +108,12 @@ def usage_cases(tmp_path):
       ([f"--tree={bad_tree}"], "not a valid tree JSON file"),
       (["--tree=chain4", "--draft=none"], "--tree needs a draft"),
       (["--tree=sequoia16"], None),
+      (["--tree=chain4", "--gamma=2"], "--gamma=2 and --tree=chain4: the tree is what is speculated"),
+      (["--prompt=hi"], "--prompt is for --mode=generate, not --mode=demo"),
+      (["--mode=datagen", f"--input={good}", f"--output={tmp_path}/o.jsonl", "--json_schema={}"],
+       "--json_schema is for --mode=generate, not --mode=datagen"),
+      (["--mode=generate", "--prompt=hi", "--batches=1,2"], "--batches is for --mode=bench|plan|calibrate"),
+      (["--mode=plan", "--chat"], "--chat is for --mode=generate|datagen|profile_acceptance"),
       (["--mode=datagen", "--input=x.jsonl", "--output=y.jsonl", "--shrink_batch"], "--shrink_batch is for"),
       (["--mode=generate", "--prompt=hi", "--shrink_batch", "--mesh=data:1"], "without --mesh"),
       (["--mode=generate", "--prompt=hi", "--shrink_batch"], None),
@@ -123,6 +129,28 @@ def test_usage_errors(tmp_path):
     with pytest.raises(app.UsageError) as e:
       check(argv)
     assert fragment in str(e.value), (argv, str(e.value))
+
+
+def test_every_flag_read_by_some_modes_only_is_listed_by_each():
+  """A flag that only mode modules read (not run.py or the common helpers in cli/flags.py, cli/draft_flags.py) is in
+  the OWN_FLAGS of exactly the modes whose module reads it, so modes.validate refuses it elsewhere; read as
+  source text (`fv.NAME`, `fv["NAME"]` or the name as a string)."""
+  import re
+  cli = os.path.join(ROOT, "magicdec_jax", "cli")
+  source = lambda name: open(os.path.join(cli, name + ".py"), encoding="utf-8").read()   # noqa: E731
+  common = "\n".join(line for f in ("flags", "draft_flags") for line in source(f).splitlines() if "DEFINE_" not in line)
+  common += open(os.path.join(ROOT, "run.py"), encoding="utf-8").read().replace("FLAGS.", "fv.")
+  pattern = r"fv\.{0}\b|fv\[[\"']{0}[\"']\]|(?<![\[\w])[\"']{0}[\"'](?!\])"   # (not a dict key: p["batch"])
+  reads = lambda text, flag: re.search(pattern.format(flag), text) is not None   # noqa: E731
+  listed = cli_modes.flag_modes()
+  for flag in parse([]):
+    if flag == "mode" or reads(common, flag):
+      continue
+    readers = tuple(m for m in cli_modes.MODES if reads(source(m), flag))
+    if readers and len(readers) < len(cli_modes.MODES):
+      assert set(listed.get(flag, ())) == set(readers), (flag, readers, listed.get(flag))
+  for flag, modes in listed.items():
+    assert all(reads(source(m), flag) for m in modes), (flag, modes)
 
 
 def test_draft_layers_range_checked_against_model():

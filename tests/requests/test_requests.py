@@ -253,6 +253,15 @@ def test_input_format_is_told_by_the_first_line_that_parses(tmp_path):
   assert datagen.detect_format(str(path)) == "native"
 
 
+def test_openai_files_refuse_the_run_wide_options_their_requests_set(tmp_path):
+  """chat and num_samples are each OpenAI request's own (its url, body.n): a run-wide value is refused by
+  name, not ignored, before anything is generated."""
+  inp = _write(tmp_path / "in.jsonl", [_line("a", COMP, {"prompt": "x"})])
+  for kw, words in ((dict(chat=True), "chat is for native records"), (dict(num_samples=3), "num_samples=3")):
+    with pytest.raises(datagen.DatagenError, match=words):
+      datagen.run(tiny(), inp, str(tmp_path / "out.jsonl"), max_new_tokens=4, progress=False, **kw)
+
+
 def test_native_records_carry_their_own_settings(tmp_path):
   """A native file mixing greedy and sampled records with their own max_new_tokens / seed runs as one
   stream (per-row sampling); each record equals `generate` of it alone with its settings; an unknown field
