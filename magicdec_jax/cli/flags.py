@@ -415,7 +415,12 @@ def load(name: str, mesh=None):
     if not seed.isdigit():
       raise app.UsageError(f"--model={name}: expected {RANDOM_PREFIX}:SEED with an integer seed")
     return testing.random_tiny_model(int(seed))
-  return checkpoints.load_model(name)
+  try:
+    return checkpoints.load_model(name)
+  except ValueError as e:
+    if str(e).startswith("unknown model"):
+      raise ValueError(f"{e}, or {RANDOM_PREFIX}[:SEED] (a tiny random model, for tests)") from None
+    raise
 
 
 def load_target(fv, log):

@@ -20,15 +20,22 @@ def json_schema(fv) -> dict | None:
   text = fv.json_schema
   if text is None:
     return None
+  where = "--json_schema"
   if text.startswith("@"):
     cli_flags.readable_file("json_schema", text[1:])
+    where = f"--json_schema={text}"
     with open(text[1:], encoding="utf-8") as f:
       text = f.read()
   try:
     schema = json.loads(text)
+  except ValueError as e:
+    raise app.UsageError(f"{where}: not JSON ({e})") from None
+  if not isinstance(schema, dict):
+    raise app.UsageError(f"{where}: a JSON schema is a JSON object, got {type(schema).__name__} {text.strip()[:40]}")
+  try:
     Constraint.json_schema(schema)
-  except ValueError as e:     # json.JSONDecodeError and ConstraintError are ValueErrors
-    raise app.UsageError(f"--json_schema: {e}") from None
+  except ValueError as e:     # a ConstraintError names the keyword
+    raise app.UsageError(f"{where}: {e}") from None
   return schema
 
 
@@ -56,5 +63,6 @@ def run(fv, log) -> None:
       print(f"=== [{i}] ({reason}) ===")
     print(t)
   s = res.stats
+  ends = f", finish reason {res.finish_reasons[0]}" if len(texts) == 1 else ""   # (stdout: the text alone)
   log(f"{s['new_tokens']} tokens, prefill {s['prefill_s']:.2f}s, decode {s['decode_s']:.2f}s, "
-      f"{s['tokens_per_s']:.1f} tokens/s, acceptance {s['acceptance_rate']}")
+      f"{s['tokens_per_s']:.1f} tokens/s, acceptance {s['acceptance_rate']}{ends}")

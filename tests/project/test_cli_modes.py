@@ -108,6 +108,11 @@ def test_generate_json_schema_flag_gives_valid_json_and_a_bad_schema_names_the_f
   assert json.loads(out)["ok"] in (True, False)          # the model's tiny vocabulary: one object and "stop"
   with pytest.raises(app.UsageError, match="--json_schema: .*minimum"):
     parse(["--mode=generate", "--model=random-tiny", "--prompt=x", '--json_schema={"type": "number", "minimum": 1}'])
+  with pytest.raises(app.UsageError, match='--json_schema: a JSON schema is a JSON object, got str "string"'):
+    parse(["--mode=generate", "--model=random-tiny", "--prompt=x", '--json_schema="string"'])
+  path.write_text('{"type": ')
+  with pytest.raises(app.UsageError, match=f"--json_schema=@{path}: not JSON"):
+    parse(["--mode=generate", "--model=random-tiny", "--prompt=x", f"--json_schema=@{path}"])
 
 
 def test_datagen_resume_with_changed_settings_is_refused(tmp_path, capsys):
