@@ -18,7 +18,7 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import row_features
 from magicdec_jax.engine import Engine, GenerateResult, check_shrink_batch, stream_keys
 from magicdec_jax.model import Model, full_forward
-from magicdec_jax.options import OptionError, RequestOptions
+from magicdec_jax.options import OptionError, RequestOptions, check_stream_ids
 from magicdec_jax.plan import eos_ids, make_plan
 from magicdec_jax.prompts import pad_prompts, prompt_ids
 from magicdec_jax.row_features import Run
@@ -123,7 +123,7 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   n = len(ids)
   st, rows_o = with_row_sampling(st, row_sampling, n)
   st, rows_o = with_constraint(st, rows_o, n, model, json_schema=json_schema, regex=regex, choices=choices)
-  stream_ids = list(range(n)) if stream_ids is None else [int(s) for s in stream_ids]
+  stream_ids = list(range(n)) if stream_ids is None else check_stream_ids(stream_ids)
   if len(stream_ids) != n:
     raise ValueError(f"stream_ids has {len(stream_ids)} entries for {n} prompts")
   longest = max(map(len, ids))

@@ -77,7 +77,7 @@ NUMBER_CHECKS = {
     "max_new_tokens": ("an integer", _is_int, ">= 1", lambda v: v >= 1),
     "seed": ("an integer", _is_int, "in [0, 2**32)", lambda v: 0 <= v < SEED_LIMIT),
     "num_samples": ("an integer", _is_int, ">= 1", lambda v: v >= 1),
-    "temperature": ("a number", _is_number, ">= 0", lambda v: v >= 0),
+    "temperature": ("a finite number", _is_number, ">= 0", lambda v: 0 <= v < float("inf")),
     "top_k": ("an integer", _is_int, ">= 0", lambda v: v >= 0),
     "top_p": ("a number", _is_number, "in (0, 1]", lambda v: 0 < v <= 1),
     "min_p": ("a number", _is_number, "in [0, 1]", lambda v: 0 <= v <= 1),
@@ -96,6 +96,15 @@ def check_number(name: str, value: Any) -> None:
 
 
 NUMBER_FIELDS = tuple(NUMBER_CHECKS)
+
+
+def check_stream_ids(ids: Any) -> list[int]:
+  """Random-stream ids as given (a non-empty list of integers in [0, 2**32)) -> ints; ValueError naming
+  stream_ids otherwise (a float or a negative id was truncated or overflowed deep in the PRNG)."""
+  if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray, range)) or len(ids) == 0 or \
+      not all(_is_int(s) and 0 <= s < SEED_LIMIT for s in ids):
+    raise ValueError(f"stream_ids must be a non-empty list of integers in [0, 2**32), got {ids!r:.80}")
+  return [int(s) for s in ids]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -50,10 +50,15 @@ def attention_reads_live_range(impl: str) -> bool:
 
 
 def eos_ids(cfg: ModelConfig, eos_token_id) -> tuple[int, ...]:
-  """The stop ids: the settings' (an id or a list of ids), else the model's own."""
+  """The stop ids: the settings' (an id or a list of ids, each in the vocabulary), else the model's own.
+  ValueError naming eos_token_id for anything else (an id that can never be drawn would never stop a row)."""
   if eos_token_id is None:
     return tuple(cfg.eos_token_ids)
-  ids = (eos_token_id,) if isinstance(eos_token_id, (int, np.integer)) else tuple(eos_token_id)
+  ids = (eos_token_id,) if not isinstance(eos_token_id, (list, tuple, np.ndarray)) else tuple(eos_token_id)
+  if not ids or not all(isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
+                        and 0 <= t < cfg.vocab_size for t in ids):
+    raise ValueError(f"eos_token_id must be a token id or a non-empty list of them, each in [0, {cfg.vocab_size}),"
+                     f" got {eos_token_id!r:.80}")
   return tuple(int(t) for t in ids)
 
 

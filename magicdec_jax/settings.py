@@ -100,6 +100,15 @@ class DecodeSettings:
       raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {self.gamma!r}")
     if self.tree is not None and self.tree != "auto" and not isinstance(self.tree, Tree):
       raise ValueError(f"tree must be a trees.Tree or 'auto', got {self.tree!r}")
+    # settings that would have no effect are refused, not ignored
+    if self.tree is not None and self.draft is None:
+      raise ValueError(f"tree={self.tree!r:.60} needs a draft (plain decoding speculates nothing)")
+    if self.tree is not None and self.gamma not in (DEFAULT_GAMMA, "auto"):
+      raise ValueError(f"gamma={self.gamma} and tree={self.tree!r:.60}: the tree is what is speculated; give one")
+    if "auto" not in (self.gamma, self.tree) and (self.hardware is not None or self.acceptance is not None):
+      given = "hardware" if self.hardware is not None else "acceptance"
+      raise ValueError(f"{given}= is read by gamma='auto' / tree='auto' only (got gamma={self.gamma!r}, "
+                       f"tree={self.tree!r:.40})")
     if self.attention_impl not in IMPLS:
       raise ValueError(f"attention_impl must be one of {IMPLS}, got {self.attention_impl!r}")
     if self.sampling not in SAMPLING_MODES:

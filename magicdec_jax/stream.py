@@ -40,7 +40,7 @@ from magicdec_jax import engine, row_features, schedule
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.loop_state import host_rows
 from magicdec_jax.model import Model
-from magicdec_jax.options import OptionFields, RequestOptions
+from magicdec_jax.options import OptionFields, RequestOptions, check_stream_ids
 from magicdec_jax.plan import DecodePlan, bucket, make_plan
 from magicdec_jax.prompts import pad_prompts, tokenize_prompts
 from magicdec_jax.row_features import Run
@@ -185,11 +185,14 @@ class Generator:
     if isinstance(requests, (str, bytes, Request)) or not isinstance(requests, Iterable):
       raise ValueError(f"requests must be an iterable of prompts or Requests, got {requests!r:.80} "
                        "(one prompt: [prompt])")
-    for name, v, lo in (("batch_size", batch_size, 1), ("refill_at", refill_at, 1),
-                        ("num_samples", num_samples, 1), ("prefill_batch", prefill_batch or 1, 1),
-                        ("max_prompt_tokens", max_prompt_tokens or 1, 1), ("stop_check_rounds", stop_check_rounds, 1)):
-      if not isinstance(v, (int, np.integer)) or v < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {v!r}")
+    for name, v in (("batch_size", batch_size), ("refill_at", refill_at), ("num_samples", num_samples),
+                    ("prefill_batch", prefill_batch), ("max_prompt_tokens", max_prompt_tokens),
+                    ("stop_check_rounds", stop_check_rounds)):
+      optional = name in ("prefill_batch", "max_prompt_tokens")           # (None: the default)
+      if not (optional and v is None) and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
+        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if decode_plan is not None and not isinstance(decode_plan, DecodePlan):
+      raise ValueError(f"decode_plan must be a plan.DecodePlan (plan.make_plan), got {decode_plan!r:.80}")
     if refill_at > batch_size:
       raise ValueError(f"refill_at={refill_at} is larger than batch_size={batch_size}")
     if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)) and max_prompt_tokens is None:
@@ -273,9 +276,7 @@ class Generator:
       sids = range(n)
     elif sids is None:
       sids = [i * self.num_samples + s if s < self.num_samples else overflow_stream(i, s) for s in range(n)]
-    sids = [int(s) for s in sids]
-    if not sids or any(not 0 <= s < 2**32 for s in sids):
-      raise ValueError(f"stream_ids must be a non-empty list of ints in [0, 2**32), got {sids}")
+    sids = check_stream_ids(sids)
     if o.num_samples is not None and len(sids) != n:
       raise ValueError(f"num_samples={n} but {len(sids)} stream_ids")
     if o.stop and self.model.tokenizer is None:

@@ -65,4 +65,4 @@ def run(fv, log) -> None:
   s = res.stats
   ends = f", finish reason {res.finish_reasons[0]}" if len(texts) == 1 else ""   # (stdout: the text alone)
   log(f"{s['new_tokens']} tokens, prefill {s['prefill_s']:.2f}s, decode {s['decode_s']:.2f}s, "
-      f"{s['tokens_per_s']:.1f} tokens/s, acceptance {s['acceptance_rate']}{ends}")
+      f"{s['tokens_per_s']:.1f} tokens/s{ends}, acceptance {s['acceptance_rate']}")

@@ -199,11 +199,15 @@ class DraftSpec:
 
 # ------------------------------------------------------------------------------------------------ checks
 
+def check_count(what: str, value, least: int) -> None:
+  """ValueError naming `what` unless `value` is an integer (not a bool or a float) >= least."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
+    raise ValueError(f"{what} must be an integer >= {least}, got {value!r}")
+
+
 def check_sink_window(sink: int, window: int) -> None:
-  if not isinstance(sink, (int, np.integer)) or sink < 0:
-    raise ValueError(f"draft sink must be an integer >= 0, got {sink!r}")
-  if not isinstance(window, (int, np.integer)) or window < 1:
-    raise ValueError(f"draft window must be an integer >= 1, got {window!r}")
+  check_count("draft sink", sink, 0)
+  check_count("draft window", window, 1)
 
 
 def check_positions(positions: str) -> None:

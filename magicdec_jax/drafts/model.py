@@ -75,6 +75,9 @@ class ModelDraft(Draft):
 
   def __init__(self, model: Model, sink: int = DEFAULT_SINK, window: int = DEFAULT_WINDOW,
                positions: str = "absolute", weights: str | None = None):
+    if not isinstance(model, Model):
+      raise ValueError(f"ModelDraft needs a Model (md.load_model(...) or drafts.truncate_layers(...)), got "
+                       f"{model!r:.80}")
     check_sink_window(sink, window)
     check_positions(positions)
     check_weights(weights, "ModelDraft")
@@ -112,8 +115,10 @@ class ModelDraft(Draft):
 
 def truncate_layers(model: Model, n: int) -> Model:
   """The first n layers of `model` + its final norm and head: a real, smaller draft of the same family."""
-  if not 1 <= n <= model.config.num_layers:
-    raise ValueError(f"truncate_layers: n must be in [1, {model.config.num_layers}], got {n}")
+  if not isinstance(model, Model):
+    raise ValueError(f"truncate_layers needs a Model (md.load_model), got {model!r:.80}")
+  if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= model.config.num_layers:
+    raise ValueError(f"truncate_layers: n must be an integer in [1, {model.config.num_layers}], got {n!r}")
   params = dict(model.params)
   params["layers"] = tuple(model.params["layers"][:n])
   return dataclasses.replace(model, config=model.config.replace(num_layers=n), params=params,

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_sink_window, copy_from_linear
+from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_count, check_sink_window, copy_from_linear
 from magicdec_jax.drafts.ring import RingDraft
 from magicdec_jax.drafts.weights import TargetWeightCopy, check_weights
 from magicdec_jax.layers.attention import PrefixTree
@@ -35,11 +35,10 @@ class SnapKVDraft(TargetWeightCopy, RingDraft, Draft):
   def __post_init__(self):
     check_sink_window(0, self.window)
     check_weights(self.weights, "SnapKVDraft")
-    if self.budget < 1:
-      raise ValueError(f"SnapKVDraft budget must be >= 1, got {self.budget}")
-    if self.observation_window < 1:
-      raise ValueError(f"SnapKVDraft observation_window must be >= 1, got {self.observation_window}")
-    if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
+    check_count("SnapKVDraft budget", self.budget, 1)
+    check_count("SnapKVDraft observation_window", self.observation_window, 1)
+    check_count("SnapKVDraft pool_kernel", self.pool_kernel, 1)
+    if self.pool_kernel % 2 == 0:
       raise ValueError(f"SnapKVDraft pool_kernel must be odd and >= 1, got {self.pool_kernel}")
 
   sink = property(lambda self: 0)

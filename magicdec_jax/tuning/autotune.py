@@ -47,10 +47,17 @@ def load_acceptance(acceptance):
   if acceptance is None:
     return None
   if isinstance(acceptance, (str, bytes)) or hasattr(acceptance, "__fspath__"):
-    with open(acceptance) as f:
-      d = json.load(f)
-    acceptance = d["acceptance_vector"] if isinstance(d, dict) else d
-  vec = [float(x) for x in acceptance]
+    try:
+      with open(acceptance) as f:
+        d = json.load(f)
+      acceptance = d["acceptance_vector"] if isinstance(d, dict) else d
+    except (OSError, ValueError, KeyError) as e:
+      raise ValueError(f"acceptance={acceptance!r}: expected a readable JSON file with an 'acceptance_vector' "
+                       f"list ({e})") from None
+  try:
+    vec = [float(x) for x in acceptance]
+  except (TypeError, ValueError):
+    raise ValueError(f"acceptance must be a list of probabilities or a JSON file, got {acceptance!r:.80}") from None
   if not vec or any(not 0 <= x <= 1 for x in vec) or sum(vec) > 1 + 1e-6:
     raise ValueError(f"acceptance vector entries must be in [0, 1] and sum to <= 1, got {vec}")
   return vec

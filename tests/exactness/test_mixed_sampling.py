@@ -70,7 +70,7 @@ def test_a_lazy_stream_refuses_a_request_with_its_own_sampling_unless_planned_pe
   reqs = iter([Request(PROMPTS[0]), Request(PROMPTS[1], temperature=0.5)])
   with pytest.raises(ValueError, match="request 1: .*per_row_sampling=True"):
     list(generate_stream(tiny(), reqs, batch_size=2, max_new_tokens=4, max_prompt_tokens=16))
-  with pytest.raises(ValueError, match="request 0: temperature must be a number"):
+  with pytest.raises(ValueError, match="request 0: temperature must be a finite number"):
     list(generate_stream(tiny(), [Request(PROMPTS[0], temperature="hot")], batch_size=1, max_new_tokens=4))
   with pytest.raises(ValueError, match="top_p must be in"):
     list(generate_stream(tiny(), [Request(PROMPTS[0], top_p=1.5)], batch_size=1, max_new_tokens=4))

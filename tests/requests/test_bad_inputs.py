@@ -10,7 +10,7 @@ import re
 import pytest
 
 from magicdec_jax import datagen, loop
-from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft
+from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft, truncate_layers
 from magicdec_jax.generation import generate
 from magicdec_jax.stream import generate_stream
 
@@ -89,7 +89,8 @@ def test_bad_top_p(model, top_p):
 
 
 @pytest.mark.parametrize("name,value,words", [
-    ("temperature", "hot", "a number"), ("temperature", True, "a number"), ("top_k", 2.5, "an integer"),
+    ("temperature", "hot", "a finite number"), ("temperature", True, "a finite number"),
+    ("temperature", float("inf"), ">= 0"), ("top_k", 2.5, "an integer"),
     ("seed", -1, "[0, 2**32)"), ("seed", 2**32, "[0, 2**32)"), ("top_p", "0.9", "a number")])
 def test_sampling_values_of_the_wrong_type_or_range(model, name, value, words):
   """Not converted or wrapped silently (2.5 was top_k 2, -1 seed 2**32 - 1): refused, naming the field."""
@@ -165,3 +166,48 @@ def test_unknown_draft_and_tree(model):
     generate(model, [PROMPT], max_new_tokens=4, draft=object())
   with raises("tree", "(3, 2)"):
     generate(model, [PROMPT], max_new_tokens=4, draft=StreamingDraft(1, 4), tree=(3, 2))
+
+
+@pytest.mark.parametrize("ids", [[-1, 0], [2**33, 0], [1.7, 0.2], ["a", "b"], 3])
+def test_bad_stream_ids(model, ids):
+  with raises("stream_ids", "[0, 2**32)"):
+    generate(model, [PROMPT, PROMPT], max_new_tokens=4, temperature=1.0, stream_ids=ids)
+
+
+@pytest.mark.parametrize("eos", [-5, 10**6, 2**40, "abc", 2.5, True, [2.9], []])
+def test_bad_eos_token_id(model, eos):
+  """Not truncated or wrapped, and not an id no row can draw (which would never stop one)."""
+  with raises("eos_token_id", "[0, 64)"):
+    generate(model, [PROMPT], max_new_tokens=4, eos_token_id=eos)
+
+
+def test_draft_arguments_of_the_wrong_kind(model):
+  with raises("ModelDraft needs a Model", "'smollm2-135m'"):
+    ModelDraft("smollm2-135m")
+  for field in ("budget", "observation_window"):
+    with raises(f"SnapKVDraft {field}", "integer >= 1", "1.5"):
+      SnapKVDraft(**{field: 1.5})
+  with raises("truncate_layers", "1.5"):
+    truncate_layers(model, 1.5)
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(prefill_batch=0), "prefill_batch must be an integer >= 1, got 0"),
+    (dict(max_prompt_tokens=0), "max_prompt_tokens must be an integer >= 1, got 0"),
+    (dict(batch_size=True), "batch_size must be an integer >= 1, got True"),
+    (dict(decode_plan="x"), "decode_plan must be a plan.DecodePlan")])
+def test_bad_stream_arguments(model, kw, words):
+  with raises(words):
+    generate_stream(model, [PROMPT], **({} if "decode_plan" in kw else dict(max_new_tokens=4)), **kw)
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(tree="auto"), "needs a draft"),
+    (dict(draft=StreamingDraft(1, 4), tree="auto", gamma=5), "gamma=5 and tree='auto'"),
+    (dict(draft=StreamingDraft(1, 4), gamma=2, hardware="cpu"), "hardware= is read by gamma='auto'"),
+    (dict(draft=StreamingDraft(1, 4), gamma=2, acceptance=[0.5]), "acceptance= is read by gamma='auto'"),
+    (dict(draft=StreamingDraft(1, 4), gamma="auto", acceptance="/nonexistent.json"), "/nonexistent.json")])
+def test_settings_that_would_do_nothing_or_fail_late(model, kw, words):
+  """A setting the run would not read is refused by name, not ignored; a missing file is a ValueError."""
+  with raises(words):
+    generate(model, [PROMPT], max_new_tokens=4, **kw)
