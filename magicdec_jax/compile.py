@@ -227,7 +227,19 @@ def engine_options(xla_options: Mapping[str, Any] | None = None) -> dict[str, An
     if not isinstance(k, str) or not k.startswith("xla_"):
       raise ValueError(f"xla_options: {k!r} is not an XLA option name (they start with 'xla_')")
     out[k] = v
+  if xla_options:
+    check_options(tuple(sorted((k, _freeze(v)) for k, v in xla_options.items())))
   return out
+
+
+@functools.lru_cache(maxsize=64)
+def check_options(options: tuple) -> None:
+  """ValueError naming the option unless XLA takes these (name, value) pairs: a one-op program compiled
+  with them (tens of milliseconds), so that a misspelt option fails before the engine's long compiles."""
+  try:
+    jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options=dict(options))
+  except jax.errors.JaxRuntimeError as e:
+    raise ValueError(f"xla_options: {str(e).partition(': ')[2] or e}") from None
 
 
 # ---- persistent compilation cache -----------------------------------------------------------------------

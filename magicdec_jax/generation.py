@@ -164,10 +164,20 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   return result
 
 
+def check_context(model: Model, ids: list[list[int]]) -> list[list[int]]:
+  """`ids`, or ValueError naming the first prompt longer than the model's context (whose positions the
+  model was not trained for: its logits there mean nothing)."""
+  ctx = model.config.max_position_embeddings
+  for i, t in enumerate(ids):
+    if len(t) > ctx:
+      raise ValueError(f"prompt {i} has {len(t)} tokens, more than the model's context of {ctx}")
+  return ids
+
+
 def logits(model: Model, token_ids) -> np.ndarray:
   """A plain full forward: equal-length token-id lists [B][T] or an integer array [B, T] (numpy or jax)
   -> float32 numpy [B, T, V]."""
-  ids = prompt_ids(model, token_ids)
+  ids = check_context(model, prompt_ids(model, token_ids))
   if len({len(t) for t in ids}) != 1:
     raise ValueError("logits() needs prompts of equal length")
   return np.asarray(full_forward(model.params, model.config, jnp.asarray(ids, jnp.int32)))
@@ -178,7 +188,7 @@ def prompt_logprobs(model: Model, token_ids) -> list[list[float]]:
   the full forward's logits): prompts as `generate`'s (text, ragged token-id lists or an array) -> per
   prompt T - 1 floats, entry j that of token j + 1 given tokens 0..j (the first token has none). Ragged
   prompts are right-padded into one forward (causal: padding after a token never changes its logits)."""
-  ids = prompt_ids(model, token_ids)
+  ids = check_context(model, prompt_ids(model, token_ids))
   longest = max(map(len, ids))
   tokens = np.zeros((len(ids), longest), np.int32)
   for i, t in enumerate(ids):

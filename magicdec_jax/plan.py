@@ -49,6 +49,17 @@ def attention_reads_live_range(impl: str) -> bool:
   return backend.name() == "gpu" and impl in ("auto", "pallas_triton")
 
 
+def check_attention_impl(impl: str) -> None:
+  """ValueError for an attention implementation this backend cannot run (it failed deep in tracing or
+  compiling): Mosaic GPU is not written, and Triton lowers only on a GPU."""
+  if impl == "pallas_mosaic":
+    raise ValueError("attention_impl='pallas_mosaic': no Mosaic GPU kernel is written; use 'auto', 'xla', "
+                     "'pallas_triton' (GPU) or 'pallas_interpret'")
+  if impl == "pallas_triton" and backend.name() != "gpu":
+    raise ValueError(f"attention_impl='pallas_triton' lowers to Triton, which needs a GPU (this backend: "
+                     f"{backend.name()}); 'pallas_interpret' runs the same kernel here")
+
+
 def eos_ids(cfg: ModelConfig, eos_token_id) -> tuple[int, ...]:
   """The stop ids: the settings' (an id or a list of ids, each in the vocabulary), else the model's own.
   ValueError naming eos_token_id for anything else (an id that can never be drawn would never stop a row)."""
@@ -216,6 +227,9 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
   draft = st.draft
   if draft is not None:
     draft.check_compatible(model)
+    if st.tree == "auto":
+      draft.spec.check_tree("auto")              # (before the cost model picks a tree it cannot propose)
+  check_attention_impl(st.attention_impl)
   options = {} if draft is None else draft.xla_options()
   fixed = cfg.fixed.compiler_options() if cfg.invariant else {}
   options = compiling.engine_options({**options, **fixed, **(st.xla_options or {})})

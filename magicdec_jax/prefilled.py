@@ -30,8 +30,9 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import engine, generation, loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
+from magicdec_jax.pallas import IMPLS
 from magicdec_jax.backend import fixed_shapes
-from magicdec_jax.plan import bucket, cache_slots, make_plan
+from magicdec_jax.plan import bucket, cache_slots, check_attention_impl, make_plan
 from magicdec_jax.prompts import pad_prompts, prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
 
@@ -81,8 +82,12 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   """
   ids = prompt_ids(model, list(prompts))
   cfg = model.config
-  if not isinstance(chunk, int) or chunk < 1:
-    raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
+  for name, v in (("max_new_tokens", max_new_tokens), ("chunk", chunk), ("max_tree_nodes", max_tree_nodes)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+  if attention_impl not in IMPLS:
+    raise ValueError(f"attention_impl must be one of {IMPLS}, got {attention_impl!r}")
+  check_attention_impl(attention_impl)
   longest = max(len(p) for p in ids)
   if longest + max_new_tokens > cfg.max_position_embeddings:
     raise ValueError(f"{longest} prompt tokens + max_new_tokens={max_new_tokens} exceed the model's context "

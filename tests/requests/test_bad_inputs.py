@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import re
 
+import jax
 import pytest
 
-from magicdec_jax import datagen, loop
-from magicdec_jax.drafts import ModelDraft, SnapKVDraft, StreamingDraft, truncate_layers
-from magicdec_jax.generation import generate
+from magicdec_jax import datagen, loop, prefilled
+from magicdec_jax.drafts import ModelDraft, PromptLookupDraft, SnapKVDraft, StreamingDraft, truncate_layers
+from magicdec_jax.generation import generate, logits, prompt_logprobs
 from magicdec_jax.stream import generate_stream
 
 from conftest import compile_count, tiny_model
@@ -211,3 +212,29 @@ def test_settings_that_would_do_nothing_or_fail_late(model, kw, words):
   """A setting the run would not read is refused by name, not ignored; a missing file is a ValueError."""
   with raises(words):
     generate(model, [PROMPT], max_new_tokens=4, **kw)
+
+
+def test_attention_implementations_this_backend_cannot_run(model):
+  for impl, words in (("pallas_mosaic", "no Mosaic GPU kernel"), ("pallas_triton", "needs a GPU")):
+    if impl == "pallas_triton" and jax.default_backend() == "gpu":
+      continue
+    with raises(f"attention_impl='{impl}'", words):
+      generate(model, [PROMPT], max_new_tokens=4, attention_impl=impl, numerics="fast")
+
+
+def test_tree_auto_with_a_chain_only_draft_is_refused_before_planning(model):
+  with raises("PromptLookupDraft proposes one continuation", "tree='auto'"):
+    generate(model, [PROMPT], max_new_tokens=4, draft=PromptLookupDraft(), tree="auto")
+
+
+def test_prefill_and_logits_arguments(model):
+  for kw, words in ((dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
+                    (dict(max_new_tokens=4.5), "got 4.5"), (dict(max_new_tokens=4, chunk=True), "chunk"),
+                    (dict(max_new_tokens=4, max_tree_nodes=0), "max_tree_nodes"),
+                    (dict(max_new_tokens=4, attention_impl="flash"), "'flash'")):
+    with raises(words):
+      prefilled.prefill(model, [PROMPT], **kw)
+  ctx = model.config.max_position_embeddings
+  for fn in (logits, prompt_logprobs):
+    with raises("prompt 0", ctx + 1, ctx):
+      fn(model, [[1] * (ctx + 1)])

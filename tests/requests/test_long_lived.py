@@ -64,8 +64,9 @@ def test_bound_setter_and_env_validation(bound, monkeypatch):
 
 
 def test_xla_options_reach_the_engines_executables_only():
-  """A CPU option is accepted by Lowered.compile (the plumbing works); an unknown one is XLA's error; bad
-  names are refused before compiling; the user's own jit is untouched (no XLA_FLAGS)."""
+  """A CPU option is accepted by Lowered.compile (the plumbing works); an unknown option or a bad value is
+  XLA's error, raised as a ValueError before the engine compiles anything (a one-op program checks them);
+  bad names are refused before compiling; the user's own jit is untouched (no XLA_FLAGS)."""
   model = tiny_model(0, layers=1)
   prompts = random_prompts([6], 64, seed=2)
   plain = md.generate(model, prompts, max_new_tokens=4).tokens
@@ -74,8 +75,12 @@ def test_xla_options_reach_the_engines_executables_only():
   assert opt.tokens == plain
   assert compile_count() == n + 3            # its own prefill, initial-state and decode executables
   assert "xla_cpu_enable_fast_math" not in os.environ.get("XLA_FLAGS", "")
-  with pytest.raises(Exception, match="xla_no_such_option"):
-    md.generate(model, prompts, max_new_tokens=4, xla_options={"xla_no_such_option": 1})
+  for bad, words in (({"xla_no_such_option": 1}, "No such compile option: 'xla_no_such_option'"),
+                     ({"xla_backend_optimization_level": "abc"}, "'abc' is not a valid int32")):
+    n = compile_count()
+    with pytest.raises(ValueError, match=f"xla_options: .*{words}"):
+      md.generate(model, prompts, max_new_tokens=4, xla_options=bad)
+    assert compile_count() == n              # none of the engine's (the check is a one-op program)
   with pytest.raises(ValueError, match="not an XLA option"):
     md.generate(model, prompts, max_new_tokens=4, xla_options={"fast": True})
   assert compiling.engine_options(None) == ({} if jax.default_backend() != "gpu"
