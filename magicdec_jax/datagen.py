@@ -240,6 +240,8 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
   for name, v in (("batch_size", batch_size), ("refill_at", refill_at), ("num_samples", num_samples)):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
       raise DatagenError(f"{name} must be an integer >= 1, got {v!r}")
+  if not isinstance(progress, bool) or not isinstance(chat, bool):
+    raise DatagenError(f"progress and chat must be True or False, got {progress!r}, {chat!r}")
   if process_count > 1:
     output_path = shard_path(output_path, process_index, process_count)
   if on_error not in ("fail", "skip") or truncate not in ("none", "left"):

@@ -217,9 +217,10 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
   """
   if not isinstance(settings, DecodeSettings):
     raise ValueError(f"settings must be a DecodeSettings, got {settings!r:.80}")
-  for name, v in (("batch", batch), ("shortest", shortest), ("longest", longest)):
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-      raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+  for name, v in (("batch", batch), ("shortest", shortest), ("longest", longest), ("device_memory", device_memory)):
+    if (name != "device_memory" or v is not None) and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                                                       or v < 1):
+      raise ValueError(f"{name} must be an integer >= 1{' (bytes)' if name == 'device_memory' else ''}, got {v!r}")
   if mesh is not None and (not isinstance(mesh, jax.sharding.Mesh) or set(mesh.axis_names) != set(meshes.AXES)):
     raise ValueError(f"mesh must be a ('data', 'model') jax Mesh (sharding.make_mesh), got {mesh!r:.80}")
   st = settings

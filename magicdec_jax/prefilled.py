@@ -85,6 +85,8 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   for name, v in (("max_new_tokens", max_new_tokens), ("chunk", chunk), ("max_tree_nodes", max_tree_nodes)):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
       raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+  if not isinstance(progress, bool) or not isinstance(share_prefix, bool):
+    raise ValueError(f"progress and share_prefix must be True or False, got {progress!r}, {share_prefix!r}")
   if attention_impl not in IMPLS:
     raise ValueError(f"attention_impl must be one of {IMPLS}, got {attention_impl!r}")
   check_attention_impl(attention_impl)
