@@ -61,15 +61,16 @@ def check_attention_impl(impl: str) -> None:
 
 
 def eos_ids(cfg: ModelConfig, eos_token_id) -> tuple[int, ...]:
-  """The stop ids: the settings' (an id or a list of ids, each in the vocabulary), else the model's own.
-  ValueError naming eos_token_id for anything else (an id that can never be drawn would never stop a row)."""
+  """The stop ids: the settings' (an id or a list of ids, each in the vocabulary; [] none: every row runs to
+  max_new_tokens), else the model's own. ValueError naming eos_token_id for anything else (an id outside
+  the vocabulary can never be drawn: it stopped nothing, silently)."""
   if eos_token_id is None:
     return tuple(cfg.eos_token_ids)
   ids = (eos_token_id,) if not isinstance(eos_token_id, (list, tuple, np.ndarray)) else tuple(eos_token_id)
-  if not ids or not all(isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
-                        and 0 <= t < cfg.vocab_size for t in ids):
-    raise ValueError(f"eos_token_id must be a token id or a non-empty list of them, each in [0, {cfg.vocab_size}),"
-                     f" got {eos_token_id!r:.80}")
+  if not all(isinstance(t, (int, np.integer)) and not isinstance(t, (bool, np.bool_))
+             and 0 <= t < cfg.vocab_size for t in ids):
+    raise ValueError(f"eos_token_id must be a token id or a list of them, each in [0, {cfg.vocab_size}) ([]: no "
+                     f"stop id), got {eos_token_id!r:.80}")
   return tuple(int(t) for t in ids)
 
 

@@ -167,7 +167,7 @@ def main(argv=None):
          "profile": args.profile, "forced_schedule": args.schedule, "stop_token": None}
   pre = prefilled.prefill(model, prompts, max_new_tokens=args.new, progress=False)
   doc["prefill_s"] = pre.prefill_s
-  base = decode_settings(max_new_tokens=args.new, temperature=0.8, top_p=0.95, seed=args.seed, eos_token_id=-1)
+  base = decode_settings(max_new_tokens=args.new, temperature=0.8, top_p=0.95, seed=args.seed, eos_token_id=[])
   settings = {"plain": base, **{f"gamma={g}": base.replace(draft=draft, gamma=g) for g in args.gammas}}
   acc = None
   if args.acceptance_windows:

@@ -50,7 +50,7 @@ def main(argv=None):
     head = feature_head.init_head(target) if a.smoke else feature_head.load_head(a.head_dir)
     hd = FeatureDraft(head, sink=a.sink, window=a.window)
     ways.update({f"feature_gamma{g}": dict(draft=hd, gamma=g) for g in a.gammas})
-    ways.update({f"feature_tree{'-'.join(map(str, c))}": dict(draft=hd, gamma=1, tree=Tree.from_children_counts(c))
+    ways.update({f"feature_tree{'-'.join(map(str, c))}": dict(draft=hd, tree=Tree.from_children_counts(c))
                  for c in a.trees})
     b, ring = a.shapes[0][0], a.sink + a.window
     fs = calibrate.time_feature_step(head, target.params, b, ring, 1, a.repeats)["seconds"]

@@ -91,8 +91,8 @@ def test_thresholds_are_data_and_long_outputs_reach_the_context_limit():
   model = target()
   prompts = _prompts(model)[:2]
   new = model.config.max_position_embeddings - max(len(p) for p in prompts)
-  ref = generate(model, prompts, max_new_tokens=new, eos_token_id=-1)
-  kw = dict(max_new_tokens=new, eos_token_id=-1, draft=StreamingDraft(sink=2, window=4), gamma="auto")
+  ref = generate(model, prompts, max_new_tokens=new, eos_token_id=[])
+  kw = dict(max_new_tokens=new, eos_token_id=[], draft=StreamingDraft(sink=2, window=4), gamma="auto")
   a = generate(model, prompts, schedule=[(0, 0), (100, 1), (300, 3)], progress=True, **kw)
   b = generate(model, prompts, schedule=[(0, 3), (200, 0), (400, 1)], progress=True, **kw)
   assert a.tokens == ref.tokens and b.tokens == ref.tokens
@@ -213,8 +213,8 @@ def test_learned_acceptance_reprices_the_rest_of_the_call(monkeypatch, learn):
   model = target()
   prompts = _prompts(model)
   new = 160
-  ref = generate(model, prompts, max_new_tokens=new, eos_token_id=-1)
-  got = generate(model, prompts, max_new_tokens=new, eos_token_id=-1, draft=StreamingDraft(sink=2, window=256),
+  ref = generate(model, prompts, max_new_tokens=new, eos_token_id=[])
+  got = generate(model, prompts, max_new_tokens=new, eos_token_id=[], draft=StreamingDraft(sink=2, window=256),
                  gamma="auto", acceptance=[0.3], learn_acceptance=learn)
   assert got.tokens == ref.tokens
   sch = got.stats["schedule"]
@@ -256,8 +256,8 @@ def test_settings_the_cost_model_cannot_separate_are_measured(monkeypatch):
   model = target()
   prompts = _prompts(model)
   new = 300                          # rounds past 96 whatever the acceptance (at most 32 * 2 + 64 * 4 tokens)
-  ref = generate(model, prompts, max_new_tokens=new, eos_token_id=-1)
-  got = generate(model, prompts, max_new_tokens=new, eos_token_id=-1, draft=StreamingDraft(sink=2, window=8),
+  ref = generate(model, prompts, max_new_tokens=new, eos_token_id=[])
+  got = generate(model, prompts, max_new_tokens=new, eos_token_id=[], draft=StreamingDraft(sink=2, window=8),
                  gamma="auto")
   assert got.tokens == ref.tokens
   sch = got.stats["schedule"]

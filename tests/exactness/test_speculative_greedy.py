@@ -47,7 +47,7 @@ def reference(batch: int):
 def check_exact(batch: int, draft_name: str, *, gamma: int = 4, tree: Tree | None = None):
   prompts, eos, ref = reference(batch)
   res = generate(target(), prompts, max_new_tokens=NEW, eos_token_id=eos, draft=DRAFTS[draft_name](),
-                 gamma=gamma, tree=tree)
+                 **(dict(gamma=gamma) if tree is None else dict(tree=tree)))
   assert res.tokens == ref.tokens
   assert res.finish_reasons == ref.finish_reasons
   depth = tree.max_depth if tree is not None else gamma
