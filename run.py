@@ -55,9 +55,9 @@ def main(argv):
 def run_mode(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]} (flags need --name=value)")
-  modes.validate(FLAGS)
   if not FLAGS["verbosity"].present:          # absl's default verbosity shows jax's INFO chatter
     logging.getLogger("jax").setLevel(logging.WARNING)
+  modes.validate(FLAGS)
   t = time.perf_counter()
   if FLAGS.num_processes > 1:                 # before anything touches a device
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)

@@ -48,6 +48,12 @@ class FixedShapes:
   prefill_tile: tuple[int, int] = (64, 256)   # a prefill chunk's attention: (query tokens, key positions) per tile
   slot_multiple: int = 1           # a linear cache's slot count is a multiple of this (and of key_block)
 
+  @property
+  def max_depth(self) -> int:
+    """The deepest chain or tree a round verifies bitwise: its tokens sit in the canonical tail's
+    (tail_blocks - 1) key blocks."""
+    return (self.tail_blocks - 1) * self.key_block
+
   def __post_init__(self):
     for name in ("decode_rows", "prefill_rows"):
       lo, hi = getattr(self, name)

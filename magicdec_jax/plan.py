@@ -258,7 +258,7 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
 def check_fixed_depth(cfg: ModelConfig, tree) -> None:
   """Fixed-shape attention reads a round's tokens from a canonical tail of (tail_blocks - 1) x key_block
   slots: a deeper tree or chain cannot be verified bitwise, so it is refused before anything compiles."""
-  if cfg.invariant and tree.max_depth > (lookback := (cfg.fixed.tail_blocks - 1) * cfg.fixed.key_block):
+  if cfg.invariant and tree.max_depth > (lookback := cfg.fixed.max_depth):
     raise ValueError(f"a speculation of depth {tree.max_depth} exceeds fixed-shape numerics' tail of {lookback} "
                      f"slots (FixedShapes.tail_blocks={cfg.fixed.tail_blocks}, key_block={cfg.fixed.key_block}); "
                      f"use a shallower tree / gamma, or numerics='fast'")

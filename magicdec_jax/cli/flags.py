@@ -16,7 +16,7 @@ from typing import Sequence
 
 from absl import app, flags
 
-from magicdec_jax import checkpoints, config, drafts, pallas, sampling, settings, sharding, testing, trees
+from magicdec_jax import backend, checkpoints, config, drafts, pallas, sampling, settings, sharding, testing, trees
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.cli import draft_flags
 from magicdec_jax.config import ModelConfig
@@ -302,7 +302,12 @@ def validate(fv) -> None:
   """The cross-flag checks common to every mode (each mode's module checks its own after these); raises
   app.UsageError naming the flag."""
   mode = fv.mode
-  parse_gamma(fv.gamma)
+  gamma = parse_gamma(fv.gamma)
+  invariant = (fv.numerics or backend.default_numerics()) == "invariant"
+  if fv.draft != "none" and not fv.tree and gamma != "auto" and invariant and \
+      gamma > (deepest := backend.fixed_shapes().max_depth):
+    raise app.UsageError(f"--gamma={gamma}: fixed-shape numerics verify at most {deepest} tokens a round on this "
+                         "backend; use a smaller --gamma or --numerics=fast")
   draft_flags.check(fv)
   if fv.tree:
     parse_tree(fv.tree)

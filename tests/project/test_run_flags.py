@@ -109,6 +109,8 @@ def usage_cases(tmp_path):
       (["--tree=chain4", "--draft=none"], "--tree needs a draft"),
       (["--tree=sequoia16"], None),
       (["--tree=chain4", "--gamma=2"], "--gamma=2 and --tree=chain4: the tree is what is speculated"),
+      (["--gamma=20", "--numerics=invariant"], "--gamma=20: fixed-shape numerics verify at most 16 tokens"),
+      (["--gamma=20", "--numerics=fast"], None),
       (["--prompt=hi"], "--prompt is for --mode=generate, not --mode=demo"),
       (["--mode=datagen", f"--input={good}", f"--output={tmp_path}/o.jsonl", "--json_schema={}"],
        "--json_schema is for --mode=generate, not --mode=datagen"),
