@@ -98,6 +98,13 @@ def check_number(name: str, value: Any) -> None:
 NUMBER_FIELDS = tuple(NUMBER_CHECKS)
 
 
+def check_count(what: str, value: Any, least: int) -> None:
+  """ValueError naming `what` unless `value` is an integer (not a bool or a float) >= least: the check of
+  every count an entry point takes (batch sizes, budgets, a draft's sink and window)."""
+  if not _is_int(value) or value < least:
+    raise ValueError(f"{what} must be an integer >= {least}, got {value!r}")
+
+
 def check_stream_ids(ids: Any) -> list[int]:
   """Random-stream ids as given (a non-empty list of integers in [0, 2**32)) -> ints; ValueError naming
   stream_ids otherwise (a float or a negative id was truncated or overflowed deep in the PRNG)."""

@@ -23,6 +23,8 @@ from magicdec_jax import schedule
 from magicdec_jax.cache import MAX_CHUNK, aligned_slots
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts import Draft
+from magicdec_jax.options import check_count
+from magicdec_jax.pallas import IMPLS
 from magicdec_jax.settings import DecodeSettings
 from magicdec_jax.sharding import mesh as meshes
 from magicdec_jax.sharding import planner
@@ -50,8 +52,10 @@ def attention_reads_live_range(impl: str) -> bool:
 
 
 def check_attention_impl(impl: str) -> None:
-  """ValueError for an attention implementation this backend cannot run (it failed deep in tracing or
-  compiling): Mosaic GPU is not written, and Triton lowers only on a GPU."""
+  """ValueError for an attention implementation that is none of IMPLS or that this backend cannot run (it
+  failed deep in tracing or compiling): Mosaic GPU is not written, and Triton lowers only on a GPU."""
+  if impl not in IMPLS:
+    raise ValueError(f"attention_impl must be one of {IMPLS}, got {impl!r}")
   if impl == "pallas_mosaic":
     raise ValueError("attention_impl='pallas_mosaic': no Mosaic GPU kernel is written; use 'auto', 'xla', "
                      "'pallas_triton' (GPU) or 'pallas_interpret'")
@@ -218,10 +222,10 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
   """
   if not isinstance(settings, DecodeSettings):
     raise ValueError(f"settings must be a DecodeSettings, got {settings!r:.80}")
-  for name, v in (("batch", batch), ("shortest", shortest), ("longest", longest), ("device_memory", device_memory)):
-    if (name != "device_memory" or v is not None) and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
-                                                       or v < 1):
-      raise ValueError(f"{name} must be an integer >= 1{' (bytes)' if name == 'device_memory' else ''}, got {v!r}")
+  for name, v in (("batch", batch), ("shortest", shortest), ("longest", longest)):
+    check_count(name, v, 1)
+  if device_memory is not None:
+    check_count("device_memory (bytes)", device_memory, 1)
   if mesh is not None and (not isinstance(mesh, jax.sharding.Mesh) or set(mesh.axis_names) != set(meshes.AXES)):
     raise ValueError(f"mesh must be a ('data', 'model') jax Mesh (sharding.make_mesh), got {mesh!r:.80}")
   st = settings

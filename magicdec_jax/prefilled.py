@@ -30,7 +30,6 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import engine, generation, loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
-from magicdec_jax.pallas import IMPLS
 from magicdec_jax.backend import fixed_shapes
 from magicdec_jax.plan import bucket, cache_slots, check_attention_impl, make_plan
 from magicdec_jax.prompts import pad_prompts, prompt_ids
@@ -87,8 +86,6 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
       raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
   if not isinstance(progress, bool) or not isinstance(share_prefix, bool):
     raise ValueError(f"progress and share_prefix must be True or False, got {progress!r}, {share_prefix!r}")
-  if attention_impl not in IMPLS:
-    raise ValueError(f"attention_impl must be one of {IMPLS}, got {attention_impl!r}")
   check_attention_impl(attention_impl)
   longest = max(len(p) for p in ids)
   if longest + max_new_tokens > cfg.max_position_embeddings:

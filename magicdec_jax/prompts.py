@@ -25,13 +25,13 @@ def tokenize_prompts(model: Model, prompts) -> list[list[int]]:
       if model.tokenizer is None:
         raise ValueError(f"prompt {i} is text but model {model.name!r} has no tokenizer; pass token ids")
       ids = model.tokenizer.encode(p).ids
-    elif isinstance(p, (Sequence, np.ndarray, jax.Array)) and not isinstance(p, bytes):
+    else:
       try:
+        if isinstance(p, bytes) or not isinstance(p, (Sequence, np.ndarray, jax.Array)):
+          raise TypeError
         ids = [int(t) for t in p]
       except (TypeError, ValueError):
         raise ValueError(f"prompt {i} must be a string or a list of token ids, got {p!r:.80}") from None
-    else:
-      raise ValueError(f"prompt {i} must be a string or a list of token ids, got {p!r:.80}")
     if not ids:
       raise ValueError(f"prompt {i} is empty")
     bad = [t for t in ids if not 0 <= t < vocab]

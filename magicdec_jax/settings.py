@@ -19,7 +19,7 @@ from magicdec_jax import row_features
 from magicdec_jax.config import NUMERICS
 from magicdec_jax.drafts import Draft, REGISTRY
 from magicdec_jax.backend import FixedShapes, default_numerics
-from magicdec_jax.options import check_number
+from magicdec_jax.options import check_count, check_number
 from magicdec_jax.pallas import IMPLS
 from magicdec_jax.sampling import MODES as SAMPLING_MODES, Sampling
 from magicdec_jax.schedule import check_forced
@@ -86,9 +86,7 @@ class DecodeSettings:
   simulated_acceptance: Any = None       # measurement only: accept rank k with probability v[k] (Sampling)
 
   def __post_init__(self):
-    if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)) \
-        or self.max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+    check_count("max_new_tokens", self.max_new_tokens, 1)
     for name in ("temperature", "top_k", "top_p", "min_p", "seed"):    # types and ranges: options.NUMBER_CHECKS
       check_number(name, getattr(self, name))
     Sampling(float(self.temperature), int(self.top_k), float(self.top_p), min_p=float(self.min_p))   # its checks

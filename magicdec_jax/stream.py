@@ -40,7 +40,7 @@ from magicdec_jax import engine, row_features, schedule
 from magicdec_jax.cache import aligned_slots
 from magicdec_jax.loop_state import host_rows
 from magicdec_jax.model import Model
-from magicdec_jax.options import OptionFields, RequestOptions, check_stream_ids
+from magicdec_jax.options import OptionFields, RequestOptions, check_count, check_stream_ids
 from magicdec_jax.plan import DecodePlan, bucket, make_plan
 from magicdec_jax.prompts import pad_prompts, tokenize_prompts
 from magicdec_jax.row_features import Run
@@ -186,11 +186,11 @@ class Generator:
       raise ValueError(f"requests must be an iterable of prompts or Requests, got {requests!r:.80} "
                        "(one prompt: [prompt])")
     for name, v in (("batch_size", batch_size), ("refill_at", refill_at), ("num_samples", num_samples),
-                    ("prefill_batch", prefill_batch), ("max_prompt_tokens", max_prompt_tokens),
                     ("stop_check_rounds", stop_check_rounds)):
-      optional = name in ("prefill_batch", "max_prompt_tokens")           # (None: the default)
-      if not (optional and v is None) and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1):
-        raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+      check_count(name, v, 1)
+    for name, v in (("prefill_batch", prefill_batch), ("max_prompt_tokens", max_prompt_tokens)):
+      if v is not None:                     # (None: the default)
+        check_count(name, v, 1)
     if decode_plan is not None and not isinstance(decode_plan, DecodePlan):
       raise ValueError(f"decode_plan must be a plan.DecodePlan (plan.make_plan), got {decode_plan!r:.80}")
     if refill_at > batch_size:

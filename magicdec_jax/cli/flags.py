@@ -303,8 +303,9 @@ def validate(fv) -> None:
   app.UsageError naming the flag."""
   mode = fv.mode
   gamma = parse_gamma(fv.gamma)
-  # (asking the backend initializes it, which jax.distributed must precede: the plan checks it there)
-  early = fv.draft != "none" and not fv.tree and gamma != "auto" and fv.num_processes == 1
+  # only a --gamma given can be that deep; asking the backend initializes it, which jax.distributed must
+  # precede (the plan checks the depth there)
+  early = fv["gamma"].present and fv.draft != "none" and not fv.tree and gamma != "auto" and fv.num_processes == 1
   if early and (fv.numerics or backend.default_numerics()) == "invariant" and \
       gamma > (deepest := backend.fixed_shapes().max_depth):
     raise app.UsageError(f"--gamma={gamma}: fixed-shape numerics verify at most {deepest} tokens a round on this "

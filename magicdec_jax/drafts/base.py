@@ -34,6 +34,7 @@ import numpy as np
 from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.layers.attention import DenseMask
+from magicdec_jax.options import check_count
 from magicdec_jax.row_features import Nodes
 from magicdec_jax.sampling import Sampling, Scores, sample_without_replacement, with_static_filter
 from magicdec_jax.trees import Tree
@@ -198,12 +199,6 @@ class DraftSpec:
 
 
 # ------------------------------------------------------------------------------------------------ checks
-
-def check_count(what: str, value, least: int) -> None:
-  """ValueError naming `what` unless `value` is an integer (not a bool or a float) >= least."""
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < least:
-    raise ValueError(f"{what} must be an integer >= {least}, got {value!r}")
-
 
 def check_sink_window(sink: int, window: int) -> None:
   check_count("draft sink", sink, 0)

@@ -11,11 +11,12 @@ import jax.numpy as jnp
 
 from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
-from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_count, check_sink_window, copy_from_linear
+from magicdec_jax.drafts.base import Draft, Footprint, Prefill, check_sink_window, copy_from_linear
 from magicdec_jax.drafts.ring import RingDraft
 from magicdec_jax.drafts.weights import TargetWeightCopy, check_weights
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import forward
+from magicdec_jax.options import check_count
 from magicdec_jax.tuning.draft_cost import DraftCost
 
 
