@@ -29,7 +29,7 @@ from tqdm import tqdm
 from magicdec_jax import engine, openai_batch, row_features, sampling
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.model import Model
-from magicdec_jax.options import FIELDS, OptionError, RequestOptions
+from magicdec_jax.options import FIELDS, OptionError, RequestOptions, check_count
 from magicdec_jax.plan import DecodePlan, bucket, eos_ids, make_plan
 from magicdec_jax.row_features import Run
 from magicdec_jax.settings import DecodeSettings, decode_settings
@@ -237,9 +237,12 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
     st = decode_settings(settings, **kwargs)
   except ValueError as e:
     raise DatagenError(str(e)) from None
-  for name, v in (("batch_size", batch_size), ("refill_at", refill_at), ("num_samples", num_samples)):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      raise DatagenError(f"{name} must be an integer >= 1, got {v!r}")
+  try:
+    for name, v in (("batch_size", batch_size), ("refill_at", refill_at), ("num_samples", num_samples)):
+      check_count(name, v, 1)
+  except ValueError as e:
+    raise DatagenError(str(e)) from None
+  batch_size, refill_at, num_samples = int(batch_size), int(refill_at), int(num_samples)
   if not isinstance(progress, bool) or not isinstance(chat, bool):
     raise DatagenError(f"progress and chat must be True or False, got {progress!r}, {chat!r}")
   if process_count > 1:

@@ -30,6 +30,7 @@ from magicdec_jax import compile as compiling
 from magicdec_jax import engine, generation, loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
+from magicdec_jax.options import check_count
 from magicdec_jax.backend import fixed_shapes
 from magicdec_jax.plan import bucket, cache_slots, check_attention_impl, make_plan
 from magicdec_jax.prompts import pad_prompts, prompt_ids
@@ -82,8 +83,8 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   ids = prompt_ids(model, list(prompts))
   cfg = model.config
   for name, v in (("max_new_tokens", max_new_tokens), ("chunk", chunk), ("max_tree_nodes", max_tree_nodes)):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    check_count(name, v, 1)
+  max_new_tokens, chunk, max_tree_nodes = int(max_new_tokens), int(chunk), int(max_tree_nodes)
   if not isinstance(progress, bool) or not isinstance(share_prefix, bool):
     raise ValueError(f"progress and share_prefix must be True or False, got {progress!r}, {share_prefix!r}")
   check_attention_impl(attention_impl)

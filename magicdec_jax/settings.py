@@ -32,8 +32,9 @@ OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling", "min_p",   # fin
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSettings:
-  """How to decode. draft None: plain autoregressive decoding. gamma: chain length or "auto" (the cost
-  model's choice for the batch and context); tree: a trees.Tree or "auto" (a hardware-aware Sequoia
+  """How to decode. draft None: plain autoregressive decoding. gamma: chain length, "auto" (the cost
+  model's choice for the batch and context) or None (not given: a chain of DEFAULT_GAMMA unless a tree or
+  a schedule says what is speculated; a gamma given beside either is refused); tree: a trees.Tree or "auto" (a hardware-aware Sequoia
   tree) instead of a chain. hardware / acceptance / auto_fallback: inputs of "auto" (tuning/autotune.py).
   sampling: "rejection" (speculative rejection sampling: the highest acceptance; the samples depend on the
   draft) or "invariant" (drafter-invariant: a token is the argmax of the filtered logits plus noise owned
@@ -67,7 +68,7 @@ class DecodeSettings:
   min_p: float = 0.0                     # drop tokens below min_p x the most likely one's probability (0: off)
   eos_token_id: Any = None               # an id, a list of ids, or None (the model's own)
   draft: Draft | None = None
-  gamma: int | str = DEFAULT_GAMMA
+  gamma: int | str | None = None         # None: DEFAULT_GAMMA for a chain (see `speculation`)
   tree: Tree | str | None = None
   attention_impl: str = "auto"
   hardware: Any = None
@@ -93,15 +94,15 @@ class DecodeSettings:
     if self.draft is not None and not isinstance(self.draft, Draft):
       raise ValueError(f"draft must be one of {', '.join(c.__name__ for c in REGISTRY.values())} or None, "
                        f"got {self.draft!r:.80}")
-    if self.gamma != "auto" and (isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, np.integer))
-                                 or self.gamma < 1):
+    if self.gamma not in (None, "auto") and (isinstance(self.gamma, bool)
+                                             or not isinstance(self.gamma, (int, np.integer)) or self.gamma < 1):
       raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {self.gamma!r}")
     if self.tree is not None and self.tree != "auto" and not isinstance(self.tree, Tree):
       raise ValueError(f"tree must be a trees.Tree or 'auto', got {self.tree!r}")
     # settings that would have no effect are refused, not ignored
     if self.tree is not None and self.draft is None:
       raise ValueError(f"tree={self.tree!r:.60} needs a draft (plain decoding speculates nothing)")
-    if self.tree is not None and self.gamma not in (DEFAULT_GAMMA, "auto"):
+    if self.tree is not None and self.gamma not in (None, "auto"):
       raise ValueError(f"gamma={self.gamma} and tree={self.tree!r:.60}: the tree is what is speculated; give one")
     if "auto" not in (self.gamma, self.tree) and (self.hardware is not None or self.acceptance is not None):
       given = "hardware" if self.hardware is not None else "acceptance"
@@ -127,6 +128,8 @@ class DecodeSettings:
       check_forced(self.schedule)
       if self.draft is None or self.tree is not None:
         raise ValueError("schedule needs a draft and a chain (gamma), not a tree")
+      if self.gamma not in (None, "auto"):
+        raise ValueError(f"gamma={self.gamma} and a schedule: the schedule's pairs say which chains run; give one")
     if not isinstance(self.logprobs, bool):
       raise ValueError(f"logprobs must be True or False, got {self.logprobs!r}")
     check_number("top_logprobs", self.top_logprobs)
@@ -181,7 +184,9 @@ class DecodeSettings:
       return None
     if self.tree is not None:
       return self.tree
-    return "auto-chain" if self.gamma == "auto" else Tree.chain(int(self.gamma))
+    if self.gamma == "auto":
+      return "auto-chain"
+    return Tree.chain(int(DEFAULT_GAMMA if self.gamma is None else self.gamma))
 
   def replace(self, **changes) -> "DecodeSettings":
     return dataclasses.replace(self, **changes)
@@ -193,6 +198,8 @@ class DecodeSettings:
       v = getattr(self, f.name)
       if f.name in OFF_DEFAULTS and v == f.default:
         continue
+      if f.name == "gamma" and v is None:      # not given: the chain it stands for (older data sets resume)
+        v = DEFAULT_GAMMA
       if isinstance(v, (np.integer, np.floating)):
         v = v.item()
       if isinstance(v, Mapping):

@@ -22,7 +22,6 @@ from magicdec_jax import textdata
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.measure import sweep
 
-# flags only some modes read: this one and any other listing them (modes.validate refuses them elsewhere)
 OWN_FLAGS = ("batches", "contexts", "gammas", "output_dir", "bench_preset")
 
 GRID = (("batches", 1), ("contexts", 16), ("gammas", 1))    # the grid's list flags and their least values

@@ -8,7 +8,6 @@ from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.measure import calibrate
 from magicdec_jax.tuning import profiles
 
-# flags only some modes read: this one and any other listing them (modes.validate refuses them elsewhere)
 OWN_FLAGS = ("batches", "contexts", "output", "calibrate_repeats", "calibrate_tokens", "calibrate_draft_tokens",
              "calibrate_passes")
 

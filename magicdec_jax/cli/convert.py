@@ -6,7 +6,6 @@ import json
 from magicdec_jax import checkpoints
 from magicdec_jax.cli import flags as cli_flags
 
-# flags only some modes read: this one and any other listing them (modes.validate refuses them elsewhere)
 OWN_FLAGS = ("src", "dst")
 
 

@@ -12,7 +12,6 @@ from magicdec_jax import datagen, datagen_files
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.sharding import distributed
 
-# flags only some modes read: this one and any other listing them (modes.validate refuses them elsewhere)
 OWN_FLAGS = ("input", "output", "batch_size", "refill_at", "num_samples_per_prompt", "on_error", "input_format",
              "truncate", "chat")
 

@@ -50,7 +50,6 @@ from magicdec_jax.measure import sweep
 from magicdec_jax.tuning import profiles
 from magicdec_jax.model import Model
 
-# flags only some modes read: this one and any other listing them (modes.validate refuses them elsewhere)
 OWN_FLAGS = ("batch_size", "prompt_tokens", "shared_tokens", "demo_repeats", "demo_structured")
 
 CPU_SHAPE = (8, 4096)      # batch x prompt tokens: KV 1.5 GB vs 0.54 GB of weights

@@ -13,7 +13,6 @@ from magicdec_jax import feature_head, textdata
 from magicdec_jax.cli import draft_flags, flags as cli_flags
 from magicdec_jax.training import distill, distill_data, distill_feature
 
-# flags only some modes read: this one and any other listing them (modes.validate refuses them elsewhere)
 OWN_FLAGS = ("distill_data", "distill_out", "draft_config", "distill_steps", "lr", "warmup_steps", "batch",
              "seq_len", "checkpoint_every", "eval_every", "distill_loss", "distill_heldout")
 

@@ -482,7 +482,8 @@ def decode_settings(fv, target) -> settings.DecodeSettings:
   try:
     return settings.DecodeSettings(
         max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p, min_p=fv.min_p,
-        seed=fv.seed, draft=build_draft(fv, target), gamma=parse_gamma(fv.gamma), sampling=fv.sampling,
+        seed=fv.seed, draft=build_draft(fv, target),
+        gamma=parse_gamma(fv.gamma) if fv["gamma"].present else None, sampling=fv.sampling,
         tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl,
         hardware=fv.hardware or None, learn_acceptance=fv.learn_acceptance,
         numerics=fv.numerics,

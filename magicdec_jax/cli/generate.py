@@ -11,7 +11,6 @@ from magicdec_jax import generation
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.constraints import Constraint
 
-# flags only some modes read: this one and any other listing them (modes.validate refuses them elsewhere)
 OWN_FLAGS = ("prompt", "prompts_file", "json_schema", "chat")
 
 

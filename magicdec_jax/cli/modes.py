@@ -1,6 +1,8 @@
 """The --mode registry: each name's module (cli/<name>.py) has `validate(fv)`, its own cross-flag checks,
-and `run(fv, log)`. A new mode is a module with those two and one line in MODES; `define_flags` gives the
-`--mode` enum these names, `validate` runs the checks common to every mode, then the mode's own."""
+and `run(fv, log)`, and may list in `OWN_FLAGS` the flags only some modes read (that mode and any other
+listing them; `validate` refuses them elsewhere). A new mode is a module with those and one line in MODES;
+`define_flags` gives the `--mode` enum these names, `validate` runs the checks common to every mode, then
+the mode's own."""
 from __future__ import annotations
 
 from absl import app, flags

@@ -8,7 +8,6 @@ from magicdec_jax.cli import draft_flags, flags as cli_flags
 from magicdec_jax.tuning import costmodel, profiles, shapes
 from magicdec_jax.tuning.autotune import detect_hardware
 
-# flags only some modes read: this one and any other listing them (modes.validate refuses them elsewhere)
 OWN_FLAGS = ("batches", "contexts", "model_shape", "datasheet", "alpha")
 
 PLAN_BATCHES = (1, 4, 8, 16, 32, 64)

@@ -12,7 +12,6 @@ from magicdec_jax.cli import draft_flags, flags as cli_flags
 from magicdec_jax.sampling import Sampling
 from magicdec_jax.measure import acceptance
 
-# flags only some modes read: this one and any other listing them (modes.validate refuses them elsewhere)
 OWN_FLAGS = ("input", "output", "chat", "width", "profile_tokens", "profile_windows")
 
 

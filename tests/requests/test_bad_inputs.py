@@ -13,7 +13,9 @@ import pytest
 from magicdec_jax import datagen, loop, prefilled
 from magicdec_jax.drafts import ModelDraft, PromptLookupDraft, SnapKVDraft, StreamingDraft, truncate_layers
 from magicdec_jax.generation import generate, logits, prompt_logprobs
+from magicdec_jax.settings import DecodeSettings
 from magicdec_jax.stream import generate_stream
+from magicdec_jax.trees import Tree
 
 from conftest import compile_count, tiny_model
 
@@ -205,6 +207,8 @@ def test_bad_stream_arguments(model, kw, words):
 @pytest.mark.parametrize("kw,words", [
     (dict(tree="auto"), "needs a draft"),
     (dict(draft=StreamingDraft(1, 4), tree="auto", gamma=5), "gamma=5 and tree='auto'"),
+    (dict(draft=StreamingDraft(1, 4), tree=Tree.chain(2), gamma=3), "gamma=3 and tree=Tree"),
+    (dict(draft=StreamingDraft(1, 4), schedule=[(0, 1), (8, 2)], gamma=2), "gamma=2 and a schedule"),
     (dict(draft=StreamingDraft(1, 4), gamma=2, hardware="cpu"), "hardware= is read by gamma='auto'"),
     (dict(draft=StreamingDraft(1, 4), gamma=2, acceptance=[0.5]), "acceptance= is read by gamma='auto'"),
     (dict(draft=StreamingDraft(1, 4), gamma="auto", acceptance="/nonexistent.json"), "/nonexistent.json")])
@@ -212,6 +216,13 @@ def test_settings_that_would_do_nothing_or_fail_late(model, kw, words):
   """A setting the run would not read is refused by name, not ignored; a missing file is a ValueError."""
   with raises(words):
     generate(model, [PROMPT], max_new_tokens=4, **kw)
+
+
+def test_a_gamma_not_given_fingerprints_as_the_chain_it_stands_for():
+  """So a data set written when gamma's default was 3 resumes; beside a tree or a schedule it is not read."""
+  assert DecodeSettings(max_new_tokens=4).fingerprint() == DecodeSettings(max_new_tokens=4, gamma=3).fingerprint()
+  DecodeSettings(max_new_tokens=4, draft=StreamingDraft(1, 4), tree=Tree.chain(2))
+  DecodeSettings(max_new_tokens=4, draft=StreamingDraft(1, 4), gamma="auto", schedule=[(0, 1)])
 
 
 def test_attention_implementations_this_backend_cannot_run(model):

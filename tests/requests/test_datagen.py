@@ -13,9 +13,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
-from magicdec_jax import datagen, datagen_files, generation
+from magicdec_jax import datagen, datagen_files, generation, prefilled
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
@@ -215,3 +216,18 @@ def test_smollm2_datagen_equals_generate(tmp_path):
     assert got[r["id"]]["token_ids"] == toks and got[r["id"]]["finish_reason"] == reason
     body = toks[:-1] if reason == "eos" else toks
     assert got[r["id"]]["completion"] == model.tokenizer.decode(body, skip_special_tokens=False)
+
+
+def test_numpy_integer_counts_run_as_python_ones(tmp_path):
+  """A count read from an array is an integer too: the same output, and a data set whose JSON still writes."""
+  (tmp_path / "in.jsonl").write_text('{"id": "a", "prompt": "abc"}\n')
+  outs = []
+  for kind in (int, np.int64):
+    out = tmp_path / f"out-{kind.__name__}.jsonl"
+    datagen.run(tiny(), str(tmp_path / "in.jsonl"), str(out), max_new_tokens=kind(4), batch_size=kind(2),
+                num_samples=kind(2), refill_at=kind(1), progress=False)
+    outs.append([{k: v for k, v in json.loads(line).items() if k != "seconds"}
+                 for line in out.read_text().splitlines()])
+    pre = prefilled.prefill(tiny(), [[5, 6, 7]], max_new_tokens=kind(4), chunk=kind(16), progress=False)
+    outs.append(prefilled.decode(tiny(), pre).tokens)
+  assert outs[0] == outs[2] and outs[1] == outs[3]
