@@ -34,8 +34,9 @@ OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling", "min_p",   # fin
 class DecodeSettings:
   """How to decode. draft None: plain autoregressive decoding. gamma: chain length, "auto" (the cost
   model's choice for the batch and context) or None (not given: a chain of DEFAULT_GAMMA unless a tree or
-  a schedule says what is speculated; a gamma given beside either is refused); tree: a trees.Tree or "auto" (a hardware-aware Sequoia
-  tree) instead of a chain. hardware / acceptance / auto_fallback: inputs of "auto" (tuning/autotune.py).
+  a schedule says what is speculated; a gamma given beside either is refused); tree: a trees.Tree or
+  "auto" (a hardware-aware Sequoia tree) instead of a chain. hardware / acceptance / auto_fallback: inputs
+  of "auto" (tuning/autotune.py; not of a forced schedule).
   sampling: "rejection" (speculative rejection sampling: the highest acceptance; the samples depend on the
   draft) or "invariant" (drafter-invariant: a token is the argmax of the filtered logits plus noise owned
   by its (seed, stream, position), so the samples are plain decoding's whatever the draft, gamma, tree or
@@ -130,6 +131,9 @@ class DecodeSettings:
         raise ValueError("schedule needs a draft and a chain (gamma), not a tree")
       if self.gamma not in (None, "auto"):
         raise ValueError(f"gamma={self.gamma} and a schedule: the schedule's pairs say which chains run; give one")
+      if self.hardware is not None or self.acceptance is not None:
+        given = "hardware" if self.hardware is not None else "acceptance"
+        raise ValueError(f"{given}= prices gamma='auto'; a forced schedule is not priced (give one)")
     if not isinstance(self.logprobs, bool):
       raise ValueError(f"logprobs must be True or False, got {self.logprobs!r}")
     check_number("top_logprobs", self.top_logprobs)

@@ -177,8 +177,8 @@ def main(argv=None):
     acc = acceptance.profile(model, draft, windows[args.batch:], sampling=base.sampler)     # not the prompts
     doc["acceptance"] = dict(acc, seconds=time.perf_counter() - t0)
   forced = None if not args.schedule else [tuple(int(x) for x in p.split(":")) for p in args.schedule.split(",")]
-  settings["adaptive"] = base.replace(draft=draft, gamma="auto", hardware=args.profile, schedule=forced,
-                                      acceptance=None if acc is None else acc["acceptance_vector"])
+  priced = {} if forced else dict(hardware=args.profile, acceptance=None if acc is None else acc["acceptance_vector"])
+  settings["adaptive"] = base.replace(draft=draft, gamma="auto", schedule=forced, **priced)   # a schedule: not priced
   if args.profiled_too and forced is None:   # the same without learning: priced with the profile's acceptance
     settings["adaptive_profiled"] = settings["adaptive"].replace(learn_acceptance=False)
   runs, live = {}, {name: run_setting(model, pre, st, args.chunk_rounds) for name, st in settings.items()}

@@ -209,6 +209,8 @@ def test_bad_stream_arguments(model, kw, words):
     (dict(draft=StreamingDraft(1, 4), tree="auto", gamma=5), "gamma=5 and tree='auto'"),
     (dict(draft=StreamingDraft(1, 4), tree=Tree.chain(2), gamma=3), "gamma=3 and tree=Tree"),
     (dict(draft=StreamingDraft(1, 4), schedule=[(0, 1), (8, 2)], gamma=2), "gamma=2 and a schedule"),
+    (dict(draft=StreamingDraft(1, 4), schedule=[(0, 1)], gamma="auto", acceptance=[0.5]),
+     "acceptance= prices gamma='auto'; a forced schedule is not priced"),
     (dict(draft=StreamingDraft(1, 4), gamma=2, hardware="cpu"), "hardware= is read by gamma='auto'"),
     (dict(draft=StreamingDraft(1, 4), gamma=2, acceptance=[0.5]), "acceptance= is read by gamma='auto'"),
     (dict(draft=StreamingDraft(1, 4), gamma="auto", acceptance="/nonexistent.json"), "/nonexistent.json")])
