@@ -297,11 +297,10 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
   return summary
 
 
-def _record(model: Model, it: Item, sample: int, res) -> str:
+def _record(it: Item, sample: int, res) -> str:
   toks, reason, rs = res.tokens, res.finish_reason, res.stats
-  body = toks[:-1] if reason == "eos" else toks
   return json.dumps({
-      "id": it.id, "sample": sample, "completion": model.tokenizer.decode(body, skip_special_tokens=False),
+      "id": it.id, "sample": sample, "completion": res.text,
       "token_ids": toks, "finish_reason": reason, "prompt_tokens": len(it.ids), "truncated_tokens": it.truncated,
       "stats": {"new_tokens": rs["new_tokens"], "verify_steps": rs["verify_steps"],
                 "accepted_tokens": rs["accepted_tokens"]}}, ensure_ascii=False) + "\n"
@@ -416,7 +415,7 @@ class NativeFormat:
                            stream_ids=[stream_id(it.id, s) for s in samples]) for it, samples in jobs]
     bar = _bar(sum(len(j[1]) for j in jobs), len(job.done), job.progress)
     return _generate_jobs(job.model, [(requests, dict(job.stream_kw, decode_plan=job.plan))],
-                          lambda it, s, res: _record(job.model, it, s, res), job.out_f, bar)
+                          _record, job.out_f, bar)
 
   @staticmethod
   def records_done(done: set) -> set:
@@ -514,9 +513,7 @@ class OpenAIFormat(NativeFormat):
       streams.append((reqs, dict(job.stream_kw, decode_plan=used)))
 
     def line(it, s, res):
-      text = res.text if res.finish_reason == "stop" else model.tokenizer.decode(
-          res.tokens[:-1] if res.finish_reason == "eos" else res.tokens, skip_special_tokens=False)
-      return openai_batch.output_line(model, it.id, it.options, len(it.ids), s, res, text, int(time.time()))
+      return openai_batch.output_line(model, it.id, it.options, len(it.ids), s, res, res.text, int(time.time()))
     tot = _generate_jobs(model, streams, line, out_f, _bar(todo, len(done), job.progress))
     tot["error_lines"] = n_err
     return tot

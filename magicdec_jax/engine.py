@@ -74,6 +74,12 @@ def row_stat(new_tokens: int, rounds: int, accepted: int, drafted: int) -> dict[
           "acceptance_rate": rate, "mean_accepted_length": mean}
 
 
+def row_text(tokenizer, toks: list[int], reason: str) -> str:
+  """A finished row's text: its tokens decoded (special tokens kept) but for the stop id that ended it
+  (reason "eos"), whose text is not output, as a stop id of a request's is not."""
+  return tokenizer.decode(toks[:-1] if reason == "eos" else toks, skip_special_tokens=False)
+
+
 def logprob_arrays(x: Rows) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None:
   """The log-probability buffers of a LoopState's rows or shrink.Finished's on the host: (logprob [B, M],
   top ids [B, M, K], top log-probs [B, M, K]), the top ones None without alternatives; None: logprobs off."""
@@ -366,7 +372,7 @@ class Engine:
         stats["schedule"]["learning"] = self.learning.report(p.variants)
     texts = None
     if self.model.tokenizer is not None:
-      texts = [self.model.tokenizer.decode(t, skip_special_tokens=False) for t in toks]
+      texts = [row_text(self.model.tokenizer, t, r) for t, r in zip(toks, reasons)]
     arrays = logprob_arrays(rs)
     lp = [row_logprobs(arrays, i, len(toks[i])) for i in range(n)]
     logprobs = None if not p.settings.logprobs else [c for c, _ in lp]

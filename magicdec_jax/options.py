@@ -172,14 +172,15 @@ class RequestOptions(OptionFields):
       raise OptionError(given[1], getattr(self, given[1]), "",
                         message=f"give one of {', '.join(CONSTRAINT_FIELDS)}, not {' and '.join(given)}")
     schema = self.json_schema
+    note = ""
     if isinstance(schema, str):
       try:
         schema = json.loads(schema)
-      except ValueError:
-        schema = None
+      except ValueError as e:
+        schema, note = None, f"not JSON: {e}"
     if self.json_schema is not None and not isinstance(schema, dict):
-      raise OptionError("json_schema", self.json_schema, "a JSON schema (an object, or its JSON text)",
-                        type_error=True)
+      raise OptionError("json_schema", self.json_schema, "a JSON schema, an object or its JSON text",
+                        note=note, type_error=True)
     if schema is not None:
       object.__setattr__(self, "json_schema", schema)
     if self.regex is not None and not (isinstance(self.regex, str) and self.regex):

@@ -472,7 +472,7 @@ class Generator:
     job, sample = occ
     text = None
     if self.model.tokenizer is not None:
-      text = self.model.tokenizer.decode(toks, skip_special_tokens=False)
+      text = engine.row_text(self.model.tokenizer, toks, reason)
     return StreamResult(job.index, sample, job.stream_ids[sample], job.tag, toks, text, reason,
                         engine.row_stat(len(toks), rounds, accepted, drafted), *logprobs)
 

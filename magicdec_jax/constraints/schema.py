@@ -10,7 +10,8 @@ JSON string valid) and one keyword family per object, so outlines-core sees exac
 
 What is honoured (SUPPORTED): `type` (one name or a list), `enum`, `const`, `anyOf`, a one-schema `allOf` /
 `oneOf`, local `$ref`, `properties` + `required` (properties are generated in the schema's order, no others),
-strings' `minLength` / `maxLength` or `pattern` or `format` (date, date-time, time, uuid, uri, email), arrays'
+strings' `minLength` / `maxLength` or `pattern` (read as ECMA-262 over the string's unescaped characters:
+pattern.py) or `format` (date, date-time, time, uuid, uri, email), arrays'
 `items`, `prefixItems`, `minItems` / `maxItems`, objects' (without `properties`) `additionalProperties`,
 `minProperties` 0 or 1 and `maxProperties` 0 (outlines-core tells only empty from non-empty). Anything else - `minimum`, `multipleOf`, `uniqueItems: true`, `not`,
 `if`, `patternProperties`, ... - is refused by name.
@@ -26,7 +27,7 @@ from typing import Any
 from outlines_core.json_schema import build_regex_from_schema
 
 from magicdec_jax.constraints.errors import ConstraintError
-from magicdec_jax.constraints.index import byte_index
+from magicdec_jax.constraints.pattern import json_string_pattern
 
 # Keywords that never change which values are valid: dropped.
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "$schema", "$id",
@@ -241,10 +242,22 @@ class _Normalizer:
     for name in props:
       if any(c in name for c in '"\\') or any(ord(c) < 0x20 for c in name):
         _refuse(path, f"property name {name!r}: names needing JSON escapes are not supported")
+    self.unused(node, "additionalProperties", path)        # no property but these is generated
     out = {"properties": {k: self.node(v, f"{path}/properties/{k}") for k, v in props.items()}}
     if required:
       out["required"] = list(dict.fromkeys(required))
-    return out
+    return self.or_other_types(out, node, "object", path)
+
+  def unused(self, node: dict, key: str, path: str) -> None:
+    """A subschema that never applies to what is generated (the items past prefixItems, the properties
+    besides `properties`): still checked, so that nothing in it is ignored unseen."""
+    if key in node and not isinstance(node[key], bool):
+      self.node(node[key], f"{path}/{key}")
+
+  def or_other_types(self, out: dict, node: dict, generated: str, path: str) -> dict:
+    """`out` (a value of type `generated`), or any other type the node's type list names."""
+    others = [t for t in _types(node, path) if t != generated] if "type" in node else []
+    return {"anyOf": [out] + [{"type": t} for t in others]} if others else out
 
   def prefix_items(self, node: dict, keys: set, path: str) -> dict:
     extra = keys - {"prefixItems", "type", "items", "minItems", "maxItems"}
@@ -257,7 +270,9 @@ class _Normalizer:
     if (lo is not None and lo > len(subs)) or (hi is not None and hi < len(subs)):
       _refuse(path, f"prefixItems of {len(subs)} with minItems {lo} / maxItems {hi}: outlines-core generates "
               f"exactly {len(subs)} items")
-    return {"prefixItems": [self.node(s, f"{path}/prefixItems/{i}") for i, s in enumerate(subs)]}
+    self.unused(node, "items", path)                      # no item past the prefix is generated
+    out = {"prefixItems": [self.node(s, f"{path}/prefixItems/{i}") for i, s in enumerate(subs)]}
+    return self.or_other_types(out, node, "array", path)
 
   def typed(self, node: dict, keys: set, path: str) -> dict:
     types = _types(node, path)
@@ -307,14 +322,13 @@ class _Normalizer:
   def pattern(p: Any, path: str) -> str:
     if not isinstance(p, str):
       _refuse(path, f"pattern must be a string, got {p!r:.60}")
-    if p.startswith("^") != (p.endswith("$") and not p.endswith("\\$")):
-      _refuse(path, f"pattern {p!r}: anchor both ends (^...$) or neither (it must match the whole string)")
     try:
-      byte_index(p[1:-1] if p.startswith("^") else p)
+      return json_string_pattern(p)
     except ConstraintError as e:
+      if "cannot compile" not in str(e):
+        _refuse(path, str(e))
       _refuse(path, f"pattern {p!r} is not a regex outlines-core compiles (Rust syntax: no look-around, no "
               f"backreferences): {e}")
-    return p
 
 
 def normalize_schema(schema: Any) -> dict:

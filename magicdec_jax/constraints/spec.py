@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from magicdec_jax.constraints.errors import ConstraintError
 from magicdec_jax.constraints.schema import normalize_schema, schema_regex
 from magicdec_jax.constraints.index import byte_index, escape
+from magicdec_jax.constraints.pattern import strip_anchors
 
 KINDS = ("json_schema", "regex", "choices")
 ANY_OBJECT = {"type": "object"}                 # response_format json_object: any JSON object
@@ -41,9 +42,11 @@ class Constraint:
 
   @classmethod
   def regex(cls, pattern: Any) -> "Constraint":
-    """A regular expression (Rust `regex` syntax) the whole output must match."""
-    if not isinstance(pattern, str):
-      raise ConstraintError(f"regex must be a string, got {pattern!r:.60}")
+    """A regular expression (Rust `regex` syntax) the whole output must match (anchors at its ends are
+    redundant and dropped: pattern.strip_anchors)."""
+    if not isinstance(pattern, str) or not pattern:
+      raise ConstraintError(f"regex must be a non-empty string, got {pattern!r:.60}")
+    pattern = strip_anchors(pattern)
     try:
       byte_index(pattern)
     except ConstraintError as e:
@@ -69,9 +72,9 @@ class Constraint:
       raise ConstraintError(f"choices must be a list of strings, got {options!r:.60}")
     if not options:
       raise ConstraintError("choices is empty: no output would be allowed")
-    bad = [o for o in options if not isinstance(o, str)]
+    bad = [o for o in options if not isinstance(o, str) or not o]
     if bad:
-      raise ConstraintError(f"choices must be strings, got {bad[0]!r:.60}")
+      raise ConstraintError(f"choices must be non-empty strings, got {bad[0]!r:.60}")
     return cls("choices", json.dumps(list(dict.fromkeys(options)), ensure_ascii=False))
 
   @classmethod

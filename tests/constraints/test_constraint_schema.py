@@ -120,7 +120,7 @@ def test_annotations_refs_and_single_allof_normalize_away():
     ({"type": "string", "minLength": 4, "maxLength": 3}, "minLength 4 > maxLength 3"),
     ({"type": "string", "maxLength": -1}, "maxLength must be a non-negative integer"),
     ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
-    ({"type": "string", "pattern": "^abc"}, "anchor both ends"),
+    ({"type": "string", "pattern": "a(^b)"}, "the anchor '^' inside it"),
     ({"type": "string", "pattern": "(?=a)a"}, "is not a regex outlines-core compiles"),
     ({"properties": {"a": {}}, "required": ["b"]}, "required property 'b' is not in properties"),
     ({"properties": {"a": {}}, "type": "string"}, "the value generated is an object"),
@@ -138,6 +138,8 @@ def test_annotations_refs_and_single_allof_normalize_away():
     ({"const": {"a.b": 1}}, "object key 'a.b'"),
     ({"properties": {'say "hi"': {}}}, "names needing JSON escapes"),
     ({"maxLength": 3}, "need a type"),
+    ({"type": "array", "prefixItems": [{}], "items": 5}, "at #/items: a schema must be a JSON object"),
+    ({"properties": {"a": {}}, "additionalProperties": {"not": {}}}, "at #/additionalProperties: keyword 'not'"),
 ])
 def test_malformed_or_unsupported_schemas_raise_naming_the_problem(schema, needle):
   with pytest.raises(ConstraintError, match=re.escape(needle)):
@@ -157,7 +159,10 @@ def test_schema_as_json_text_equals_dict():
     ("a{3,1}", "malformed or unsupported regex"),
     ("(?=a)b", "look-around"),
     (r"(a)\1", "backreference"),
-    (5, "regex must be a string"),
+    (5, "regex must be a non-empty string"),
+    ("", "regex must be a non-empty string"),
+    ("a(^b)", "the anchor '^' inside it"),
+    ("(?x) a # b", "verbose mode"),
 ])
 def test_bad_regex_raises(pattern, needle):
   with pytest.raises(ConstraintError, match=re.escape(needle)):
@@ -168,8 +173,14 @@ def test_rust_syntax_regex_is_accepted():
   assert Constraint.regex(r"\p{Greek}+").spec == r"\p{Greek}+"
 
 
+def test_anchors_at_the_ends_are_what_a_whole_match_means():
+  assert Constraint.regex(r"^ab$") == Constraint.regex(r"\Aab\z") == Constraint.regex("ab")
+  assert Constraint.regex("^a$|^b$") == Constraint.regex("a|b")
+
+
 @pytest.mark.parametrize("options, needle", [([], "choices is empty"), ("abc", "list of strings"),
-                                             (["a", 3], "choices must be strings"), (None, "list of strings")])
+                                             (["a", 3], "choices must be non-empty strings"), (None, "list of strings"),
+                                             (["a", ""], "choices must be non-empty strings")])
 def test_bad_choices_raise(options, needle):
   with pytest.raises(ConstraintError, match=re.escape(needle)):
     Constraint.choices(options)

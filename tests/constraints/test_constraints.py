@@ -123,20 +123,59 @@ def check_nested_formats(obj):
 @pytest.mark.parametrize("schema", [
     FOUR_FIELDS, NESTED, {"type": "object", "additionalProperties": {"type": ["integer", "string", "null"]}},
     {"type": "array", "items": {"enum": [1, "two", None, [3]]}, "maxItems": 4},
+    {"type": ["object", "null"], "properties": {"a": {"type": "integer"}}, "required": ["a"]},
     pytest.param({"type": "object"}, marks=pytest.mark.slow)],          # json_object: seconds in outlines-core
-    ids=["four_fields", "nested", "object_of_scalars", "array_enum", "any_object"])
+    ids=["four_fields", "nested", "object_of_scalars", "array_enum", "nullable_object", "any_object"])
 def test_random_walks_validate_against_the_schema(schema, byte_vocab):
   tok = byte_tokenizer()
   a = compile_constraint(Constraint.json_schema(schema), byte_vocab)
   rng = np.random.default_rng(0)
+  kinds = set()
   for _ in range(25):
     ids = random_walk(a, BYTE_EOS, rng)
     obj = json.loads(tok.decode(ids[:-1]))
     check_instance(obj, schema)
+    kinds.add(type(obj))
     if schema is NESTED:
       check_nested_formats(obj)
     if schema.get("type") == "object" and schema.get("properties") is None:
       assert isinstance(obj, dict)
+  if isinstance(schema.get("type"), list):
+    assert kinds == {dict, type(None)}                  # every type of the list is generated
+
+
+ECMA_SPACE = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"   # ECMA-262 WhiteSpace
+
+
+def ecma(pattern: str) -> str:
+  """A pattern as Python's re reads ECMA-262 (with re.ASCII: \\d and \\w ASCII; \\s ECMA's Unicode spaces)."""
+  return pattern.replace(r"\s", f"[{ECMA_SPACE}]").replace(r"\S", f"[^{ECMA_SPACE}]")
+
+
+PATTERNS = ["^.{3,6}$", r'^[a-z\\"]{1,4}$', "^[^@]+@[^@]+$", r"^\d{3}$", "^a$|^b$", 'say "(hi|yo)"', r"[ -~]{2,5}",
+            r"\w\s\S\D\W", r"^C:\\[A-Z]+$"]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_patterns_strings_are_valid_json_and_match_it_as_ecma_reads_it(pattern, byte_vocab):
+  """Characters JSON holds only escaped (control characters, a quote, a backslash) never appear raw; `"`
+  and `\\` in the pattern are written escaped; \\d is ASCII as in ECMA-262."""
+  schema = {"type": "string", "pattern": pattern}
+  a = compile_constraint(Constraint.json_schema(schema), byte_vocab)
+  rng = np.random.default_rng(0)
+  for _ in range(25):
+    value = json.loads(byte_tokenizer().decode(random_walk(a, BYTE_EOS, rng, wander=12)[:-1]))
+    assert isinstance(value, str)        # (jsonschema's pattern check is Python's re: Unicode \\w, \\d)
+    assert re.search(ecma(pattern), value, re.ASCII), (pattern, value)
+
+
+@pytest.mark.parametrize("pattern, needle", [(r"^a\nb$", "lets '\\n' into the string"),
+                                             (r"\x22", "lets '\"' into the string"),
+                                             ("(a|^b)", "the anchor '^' inside it"),
+                                             ("(?x) a # b", "verbose mode")])
+def test_patterns_json_cannot_hold_are_refused_by_name(pattern, needle):
+  with pytest.raises(ConstraintError, match=re.escape(needle)):
+    Constraint.json_schema({"type": "string", "pattern": pattern})
 
 
 def test_smollm2_four_field_schema(smol):
@@ -232,9 +271,9 @@ def test_smollm2_allowed_sets_equal_outlines_full_vocabulary_index(smol):
 
 def test_choices_accept_exactly_the_choices(byte_vocab):
   tok = byte_tokenizer()
-  options = ["a.b", "(x|y)", "tab\there", "naïve", "\\", "", "cat", "category"]
+  options = ["a.b", "(x|y)", "tab\there", "naïve", "\\", "cat", "category"]
   a = compile_constraint(Constraint.choices(options), byte_vocab)
-  for text in options + ["axb", "x", "tab", "naive", "\\\\", "ca", "cats"]:
+  for text in options + ["axb", "x", "tab", "naive", "\\\\", "ca", "cats", ""]:
     assert accepts(a, tok.encode(text).ids) == (text in options), text
   rng = np.random.default_rng(3)
   for _ in range(30):

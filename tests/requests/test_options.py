@@ -29,6 +29,10 @@ def _line(cid, url, body):
   return {"custom_id": cid, "method": "POST", "url": url, "body": body}
 
 
+SCHEMA = "a JSON schema, an object or its JSON text"
+NOT_JSON = "(not JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"  # json's
+
+
 @pytest.mark.parametrize("field,value,python,record", [
     ("top_p", 1.5, "top_p must be in (0, 1], got 1.5", "'top_p' must be a number in (0, 1], got 1.5"),
     ("temperature", "hot", "temperature must be a finite number, got 'hot'",
@@ -39,8 +43,10 @@ def _line(cid, url, body):
      "'stop' must be a non-empty string or a list of them, got [\"\"]"),
     ("keep_stop", 1, "keep_stop must be True or False, got 1", "'keep_stop' must be True or False, got 1"),
     ("regex", "", "regex must be a non-empty string, got ''", "'regex' must be a non-empty string, got \"\""),
-    ("json_schema", "{not json", "json_schema must be a JSON schema (an object, or its JSON text), got '{not json'",
-     "'json_schema' must be a JSON schema (an object, or its JSON text), got \"{not json\""),
+    ("json_schema", "{not json", f"json_schema must be {SCHEMA} {NOT_JSON}, got '{{not json'",
+     f"'json_schema' must be {SCHEMA} {NOT_JSON}, got \"{{not json\""),
+    ("json_schema", [1], "json_schema must be a JSON schema, an object or its JSON text, got [1]",
+     "'json_schema' must be a JSON schema, an object or its JSON text, got [1]"),
 ])
 def test_a_bad_value_names_the_field_in_each_way_ins_words(field, value, python, record):
   with pytest.raises(OptionError) as e:

@@ -288,3 +288,15 @@ def test_native_records_carry_their_own_settings(tmp_path):
   assert s["bad_lines"] == 3 and "unknown field(s) 'meta'" in reasons[0]
   assert "'top_p' must be a number in (0, 1]" in reasons[1] and "'max_new_tokens' must be an integer in [1, 10]" \
       in reasons[2]
+
+
+def test_a_row_ended_by_its_stop_id_has_that_ids_text_left_out():
+  """The text is the tokens before the stop id decoded, as for a request's own stop ids; the tokens keep it."""
+  free = generate(tiny(), ["To be or not"], max_new_tokens=8, eos_token_id=[]).tokens[0]
+  eos = free[3]
+  k = free.index(eos)
+  res = generate(tiny(), ["To be or not"], max_new_tokens=8, eos_token_id=eos)
+  streamed = next(iter(generate_stream(tiny(), [Request("To be or not")], max_new_tokens=8, eos_token_id=eos)))
+  want = tiny().tokenizer.decode(free[:k], skip_special_tokens=False)
+  assert res.tokens[0] == streamed.tokens == free[:k + 1] and res.finish_reasons[0] == streamed.finish_reason == "eos"
+  assert res.texts[0] == streamed.text == want
