@@ -339,9 +339,9 @@ def normalize_schema(schema: Any) -> dict:
       schema = json.loads(schema)
     except ValueError as e:
       raise ConstraintError(f"JSON schema is not valid JSON: {e}") from e
-  if not isinstance(schema, dict):
+  if not isinstance(schema, (dict, bool)):
     raise ConstraintError(f"a JSON schema must be a JSON object, got {schema!r:.60}")
-  return _Normalizer(schema).node(schema, "#")
+  return _Normalizer(schema).node(schema, "#")       # (a boolean one is refused there, as when nested)
 
 
 def schema_regex(normalized: dict) -> str:

@@ -134,6 +134,7 @@ def test_annotations_refs_and_single_allof_normalize_away():
     ({"type": "object", "additionalProperties": False}, "additionalProperties: false without properties"),
     ({"type": "object", "required": ["a"]}, "required without properties"),
     ({"properties": {"a": True}}, "boolean schema true"),
+    (False, "boolean schema false"),
     ({"prefixItems": [{}], "minItems": 2}, "generates exactly 1 items"),
     ({"const": {"a.b": 1}}, "object key 'a.b'"),
     ({"properties": {'say "hi"': {}}}, "names needing JSON escapes"),
