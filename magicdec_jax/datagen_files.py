@@ -69,6 +69,7 @@ def write_line(out_f, line: str):
 def check_config(path: str, config: dict):
   """Refuse to resume an output produced with different generation settings, naming each difference."""
   cpath = path + ".config.json"
+  config = json.loads(json.dumps(config))        # as it reads back from the file (tuples become lists)
   if os.path.exists(cpath) and os.path.exists(path) and os.path.getsize(path) > 0:
     with open(cpath) as f:
       old = json.load(f)

@@ -119,6 +119,19 @@ def test_skip_mode_resume_and_torn_tail(tmp_path):
     datagen.run(tiny(), inp, out, **dict(kw, seed=99))
 
 
+def test_a_rerun_with_a_constraint_and_a_schedule_resumes(tmp_path):
+  """Settings holding tuples (a constraint's row feature, a schedule) read back from the config file as
+  lists: the same command again is a resume, not "different settings"."""
+  schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+  inp = write(tmp_path / "in.jsonl", GOOD[:2] + [{"id": "j", "prompt": "give json", "json_schema": schema}])
+  out = str(tmp_path / "out.jsonl")
+  kw = dict(GEN, gamma="auto", schedule=[(0, 2), (64, 3)], max_new_tokens=16, batch_size=2, progress=False)
+  assert datagen.run(tiny(), inp, out, **kw)["records_written"] == 3
+  first = open(out, "rb").read()
+  assert datagen.run(tiny(), inp, out, **kw)["records_written"] == 0
+  assert open(out, "rb").read() == first
+
+
 def test_two_process_shards_merge_into_the_one_process_output(tmp_path):
   """Two processes' shards, merged: the records and the config of one single-process run, in input order
   then sample (a single process writes them as rows finish); a missing shard is an error naming it."""
