@@ -16,7 +16,9 @@ class DatagenError(ValueError):
 
 
 def repair_output(path: str) -> tuple[set[tuple[str, int]], int]:
-  """Truncate `path` to its longest prefix of complete valid records -> (done (key, sample) set, bytes cut)."""
+  """Truncate `path` to its longest prefix of complete valid records -> (done (key, sample) set, bytes cut).
+  Only a torn last line is cut: a bad line with others after it (which no crash leaves: a record is one
+  write) is a DatagenError naming it, so that no record past it is thrown away unseen."""
   if not os.path.exists(path):
     return set(), 0
   with open(path, "rb") as f:
@@ -37,6 +39,11 @@ def repair_output(path: str) -> tuple[set[tuple[str, int]], int]:
       if any(k in done for k in keys):
         raise ValueError
     except (ValueError, KeyError, TypeError, AttributeError):
+      after, line = data.count(b"\n", nl + 1), data.count(b"\n", 0, pos) + 1
+      if after:
+        raise DatagenError(f"{path}: line {line} is not a whole, new record, and "
+                           f"{after} line(s) follow it: not a torn last line; fix or remove that line (or use "
+                           "another output)") from None
       break
     done.update(keys)
     good_end = pos = nl + 1

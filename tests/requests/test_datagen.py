@@ -244,3 +244,21 @@ def test_numpy_integer_counts_run_as_python_ones(tmp_path):
     pre = prefilled.prefill(tiny(), [[5, 6, 7]], max_new_tokens=kind(4), chunk=kind(16), progress=False)
     outs.append(prefilled.decode(tiny(), pre).tokens)
   assert outs[0] == outs[2] and outs[1] == outs[3]
+
+
+def test_a_bad_line_before_others_is_named_not_cut_with_them(tmp_path):
+  """A crash tears only the last line; a bad line with records after it stops the resume, naming it, and
+  the file is left as it was (before, the repair cut it and every record after it, silently)."""
+  rec = lambda i: json.dumps({"id": f"r{i}", "sample": 0, "token_ids": [1], "completion": "x"}) + "\n"  # noqa: E731
+  path = tmp_path / "out.jsonl"
+  body = (rec(0) + rec(1)[:9] + "\n" + rec(2) + rec(3)).encode()
+  path.write_bytes(body)
+  with pytest.raises(datagen.DatagenError, match="line 2 is not a whole, new record, and 2 line"):
+    datagen_files.repair_output(str(path))
+  assert path.read_bytes() == body
+  path.write_bytes((rec(0) + rec(1) + rec(0) + rec(2)).encode())          # a duplicate is not new
+  with pytest.raises(datagen.DatagenError, match="line 3 is not"):
+    datagen_files.repair_output(str(path))
+  path.write_bytes((rec(0) + rec(1) + rec(2)[:10]).encode())              # a torn tail: cut
+  done, cut = datagen_files.repair_output(str(path))
+  assert done == {('"r0"', 0), ('"r1"', 0)} and cut == 10 and path.read_bytes() == (rec(0) + rec(1)).encode()
