@@ -121,14 +121,28 @@ def input_order(input_path: str) -> dict[str, int]:
   return order
 
 
+def _read_json(path: str) -> dict | None:
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
 def merge_shards(output: str, input_path: str, count: int) -> dict:
-  """Concatenate the `count` shards of `output` into `output`, in input order then sample; returns a
-  summary. Each shard is first repaired (a torn tail dropped); a missing shard is an error."""
-  records, per_shard = {}, []
+  """Concatenate the `count` shards of `output` into `output`, in input order then sample, with their error
+  lines into `output`.errors.jsonl; returns a summary. Each shard is first repaired (a torn tail dropped).
+  DatagenError: a shard missing, produced with other settings than shard 0, or holding fewer records than
+  its own run's summary says it wrote (cut, or still running)."""
+  records, per_shard, bad, errors = {}, [], 0, []
+  config = _read_json(shard_path(output, 0, count) + ".config.json")
   for i in range(count):
     path = shard_path(output, i, count)
     if not os.path.exists(path):
       raise DatagenError(f"merge: shard {path} is missing (did process {i} finish?)")
+    other = _read_json(path + ".config.json")
+    if other != config:
+      diff = sorted(k for k in set(config or {}) | set(other or {}) if (config or {}).get(k) != (other or {}).get(k))
+      raise DatagenError(f"merge: shard {path} was produced with other settings than shard 0 ({', '.join(diff)})")
     repair_output(path)
     n = 0
     with open(path, encoding="utf-8") as f:
@@ -136,14 +150,23 @@ def merge_shards(output: str, input_path: str, count: int) -> dict:
         rec = json.loads(line)
         records.setdefault((json.dumps(rec["id"]), int(rec["sample"])), line)
         n += 1
+    summary = _read_json(path + ".summary.json") or {}
+    if n < summary.get("records_total", 0):
+      raise DatagenError(f"merge: shard {path} holds {n} records, its run's summary says {summary['records_total']} "
+                         "(cut, or its process still running?)")
+    bad += summary.get("bad_lines", 0)
+    if os.path.exists(path + ".errors.jsonl"):
+      with open(path + ".errors.jsonl", encoding="utf-8") as f:
+        errors.append(f.read())
     per_shard.append(n)
   order = input_order(input_path)
   keys = sorted(records, key=lambda k: (order.get(k[0], len(order)), k[0], k[1]))
   atomic_write(output, "".join(records[k] for k in keys))
-  config = shard_path(output, 0, count) + ".config.json"
-  if os.path.exists(config):
-    with open(config) as f:
-      atomic_write(output + ".config.json", f.read())
-  summary = {"output": output, "records_total": len(keys), "shards": count, "records_per_shard": per_shard}
+  if config is not None:
+    atomic_write(output + ".config.json", json.dumps(config, indent=1) + "\n")
+  if errors:
+    atomic_write(output + ".errors.jsonl", "".join(errors))
+  summary = {"output": output, "records_total": len(keys), "bad_lines": bad, "shards": count,
+             "records_per_shard": per_shard}
   atomic_write(output + ".summary.json", json.dumps(summary, indent=1) + "\n")
   return summary

@@ -150,7 +150,24 @@ def test_two_process_shards_merge_into_the_one_process_output(tmp_path):
   assert [(r["id"], r["sample"]) for r in got] == [(f"r{i}", s) for i in range(5) for s in range(2)]
   assert sorted(json.dumps(r, sort_keys=True) for r in got) == sorted(json.dumps(r, sort_keys=True) for r in ref)
   assert json.load(open(out + ".config.json")) == json.load(open(ref_out + ".config.json"))
-  assert json.load(open(out + ".summary.json")) == summary
+  assert json.load(open(out + ".summary.json")) == summary and summary["bad_lines"] == 0
+  # A shard cut short, or made with other settings, is refused by name rather than merged.
+  shard = datagen_files.shard_path(out, 1, 2)
+  whole, config = open(shard, "rb").read(), open(shard + ".config.json").read()
+  open(shard, "wb").write(whole[:whole.rindex(b"\n", 0, len(whole) - 1) + 1])
+  with pytest.raises(datagen.DatagenError, match="holds 3 records, its run's summary says 4"):
+    datagen_files.merge_shards(out, inp, 2)
+  open(shard, "wb").write(whole)
+  open(shard + ".config.json", "w").write(json.dumps(dict(json.loads(config), seed=4)))
+  with pytest.raises(datagen.DatagenError, match=r"other settings than shard 0 \(seed\)"):
+    datagen_files.merge_shards(out, inp, 2)
+  # Bad lines (reported by process 0) reach the merged summary and errors file.
+  inp = write(tmp_path / "in2.jsonl", GOOD[:3] + ['{"id": "x", "prompt": '])
+  out = str(tmp_path / "out2.jsonl")
+  for i in range(2):
+    datagen.run(tiny(), inp, out, process_index=i, process_count=2, on_error="skip", **kw)
+  assert datagen_files.merge_shards(out, inp, 2)["bad_lines"] == 1
+  assert [e["line"] for e in read_records(out + ".errors.jsonl")] == [4]
 
 
 def test_truncate_left_keeps_last_tokens(tmp_path):
