@@ -134,6 +134,12 @@ def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, OpenAIOptions]:
     own["max_new_tokens"] = given["max_tokens"]
   if "response_format" in given:
     own.update(_response_format(given["response_format"]))
+  k = given.get("logprobs")
+  if key == "prompt" and isinstance(k, int) and not isinstance(k, bool):   # the completions API's form
+    if "top_logprobs" in given:
+      raise RequestError("body.logprobs as a number is the alternatives per token; give it or top_logprobs "
+                         "(with logprobs: true), not both", "top_logprobs")
+    own["logprobs"], own["top_logprobs"] = True, k
   if isinstance(own.get("seed"), int) and not isinstance(own["seed"], bool):
     own["seed"] %= SEED_LIMIT
   if own.get("temperature") == 0:     # a greedy request's top_p changes nothing (and asks for no per-row sampling)
@@ -173,15 +179,17 @@ def _logprobs(res, model, chat: bool) -> dict | None:
   content = []
   for i, (t, p) in enumerate(zip(res.tokens, lp)):
     entry = {"token": model.tokenizer.decode([t], skip_special_tokens=False), "logprob": float(p)}
-    if top is not None:
-      entry["top_logprobs"] = [{"token": model.tokenizer.decode([int(a)], skip_special_tokens=False),
-                                "logprob": float(b)} for a, b in top[i]]
+    entry["top_logprobs"] = [] if top is None else [
+        {"token": model.tokenizer.decode([int(a)], skip_special_tokens=False), "logprob": float(b)}
+        for a, b in top[i]]
     content.append(entry)
   if chat:
     return {"content": content}
-  return {"tokens": [c["token"] for c in content], "token_logprobs": [c["logprob"] for c in content],
+  tokens = [c["token"] for c in content]
+  return {"tokens": tokens, "token_logprobs": [c["logprob"] for c in content],
           "top_logprobs": None if top is None else [{e["token"]: e["logprob"] for e in c["top_logprobs"]}
-                                                   for c in content]}
+                                                   for c in content],
+          "text_offset": [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]}
 
 
 def output_line(model, custom_id: str, options: OpenAIOptions, prompt_tokens: int, index: int, res,

@@ -211,18 +211,23 @@ def test_openai_logprobs_are_plain_decodings(tmp_path):
   output line equal plain decoding's (generate with logprobs, no draft) for that request alone."""
   model = tiny()
   inp = _write(tmp_path / "in.jsonl", [_line("lp", COMP, {"prompt": "Hello world", "max_tokens": 6,
-                                                           "logprobs": True, "top_logprobs": 2})])
+                                                           "logprobs": True, "top_logprobs": 2}),
+                                       _line("legacy", COMP, {"prompt": "Hello world", "max_tokens": 6,
+                                                              "logprobs": 2})])      # the completions API's form
   out = str(tmp_path / "out.jsonl")
   datagen.run(model, inp, out, max_new_tokens=6, batch_size=2, seed=3, progress=False,
               draft=md.StreamingDraft(sink=1, window=4), gamma=2)
-  (rec,) = [json.loads(x) for x in open(out).read().splitlines()]
-  lp = rec["response"]["body"]["choices"][0]["logprobs"]
+  recs = {r["custom_id"]: r for r in (json.loads(x) for x in open(out).read().splitlines())}
   ref = generate(model, ["Hello world"], max_new_tokens=6, logprobs=True, top_logprobs=2)
-  assert len(lp["token_logprobs"]) == len(ref.tokens[0])
-  assert max(abs(a - b) for a, b in zip(lp["token_logprobs"], ref.logprobs[0])) < 1e-5
-  for got, want in zip(lp["top_logprobs"], ref.top_logprobs[0]):
-    want = {model.tokenizer.decode([t], skip_special_tokens=False): v for t, v in want}
-    assert set(got) == set(want) and all(abs(got[k] - want[k]) < 1e-5 for k in want)
+  for rec in recs.values():
+    lp = rec["response"]["body"]["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == len(ref.tokens[0])
+    assert max(abs(a - b) for a, b in zip(lp["token_logprobs"], ref.logprobs[0])) < 1e-5
+    for got, want in zip(lp["top_logprobs"], ref.top_logprobs[0]):
+      want = {model.tokenizer.decode([t], skip_special_tokens=False): v for t, v in want}
+      assert set(got) == set(want) and all(abs(got[k] - want[k]) < 1e-5 for k in want)
+    texts = [model.tokenizer.decode([t], skip_special_tokens=False) for t in ref.tokens[0]]
+    assert lp["text_offset"] == [len("".join(texts[:i])) for i in range(len(texts))]
 
 
 def test_openai_request_validation():
@@ -235,7 +240,9 @@ def test_openai_request_validation():
                       (_line("a", COMP, {"prompt": "x", "stop": [1]}), "stop"),
                       ({**_line("a", COMP, {"prompt": "x"}), "method": "GET"}, "method"),
                       ({"custom_id": "a", "method": "POST", "url": COMP}, "body"),
-                      (_line(7, COMP, {"prompt": "x"}), "custom_id")]:
+                      (_line(7, COMP, {"prompt": "x"}), "custom_id"),
+                      (_line("a", COMP, {"prompt": "x", "logprobs": 2, "top_logprobs": 2}), "top_logprobs"),
+                      (_line("a", CHAT, {"messages": MSGS, "logprobs": 2}), "logprobs")]:
     with pytest.raises(openai_batch.RequestError) as e:
       openai_batch.to_native(line, max_new_tokens=8)
     assert e.value.field == field and field in str(e.value)
