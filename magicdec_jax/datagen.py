@@ -256,11 +256,12 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
   fmt = FORMATS[detect_format(input_path) if input_format == "auto" else input_format]
   fmt.check_processes(process_count)
   t_start = time.perf_counter()
+  existed = os.path.exists(output_path)
   out_f = open_output(output_path)   # fail early on an unwritable path
   try:
     items, errors = parse_input(input_path, model, max_new_tokens=st.max_new_tokens, truncate=truncate, chat=chat,
                                 input_format=fmt.name, eos=eos_ids(model.config, st.eos_token_id))
-    fmt.refuse_bad_lines(input_path, errors, on_error)
+    fmt.refuse_bad_lines(input_path, errors, on_error, output_path + ".errors.jsonl")
     st = fmt.settings(st, items, model)
     try:
       used = plan_over(model, st, items, batch_size, mesh, device_memory)
@@ -278,6 +279,11 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
     job = Job(model, st, used, items, errors, done, out_f, progress, num_samples,
               dict(batch_size=batch_size, refill_at=refill_at), dict(mesh=mesh, device_memory=device_memory))
     stats = fmt.generate(job)
+  except DatagenError:
+    out_f.close()
+    if not existed and os.path.getsize(output_path) == 0:    # refused before any record: leave no file
+      os.remove(output_path)
+    raise
   finally:
     out_f.close()
   wall = time.perf_counter() - t_start
@@ -329,7 +335,8 @@ def _generate_jobs(model, streams, line, out_f, bar) -> dict:
       st = stream.stats
       bar.update(1)
       bar.set_postfix(tok_s=f"{st['tokens_per_s'] or 0:.1f}", util=f"{st['slot_utilization'] or 0:.2f}",
-                      acc="-" if not tot["drafted"] else f"{tot['accepted'] / tot['drafted']:.2f}")
+                      acc="-" if not tot["drafted"] else f"{tot['accepted'] / tot['drafted']:.2f}",
+                      refresh=False)      # drawn at tqdm's pace, not once per record
     st = stream.stats
     tot["gen_s"] += st["prefill_s"] + st["insert_s"] + st["decode_s"]
     tot["row_rounds"] += st["row_rounds"]
@@ -386,11 +393,13 @@ class NativeFormat:
     return native_options(rec, max_new_tokens, run)
 
   @staticmethod
-  def refuse_bad_lines(input_path: str, errors: list, on_error: str) -> None:
+  def refuse_bad_lines(input_path: str, errors: list, on_error: str, err_path: str) -> None:
+    """on_error="fail": a DatagenError naming the first bad lines; every one is written to err_path."""
     if errors and on_error == "fail":
+      atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
       shown = "; ".join(f"line {e['line']}: {e['reason']}" for e in errors[:5])
       more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-      raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}")
+      raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}; all in {err_path}")
 
   @staticmethod
   def record_bad_lines(err_path: str, errors: list, on_error: str) -> None:
@@ -454,7 +463,7 @@ class OpenAIFormat(NativeFormat):
     return given
 
   @staticmethod
-  def refuse_bad_lines(input_path: str, errors: list, on_error: str) -> None:
+  def refuse_bad_lines(input_path: str, errors: list, on_error: str, err_path: str) -> None:
     """Never: a bad request is an error line in the output."""
 
   @staticmethod

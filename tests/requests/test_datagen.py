@@ -74,7 +74,9 @@ def test_bad_input_fails_before_generating(tmp_path, name, lines, fragment, line
   with pytest.raises(datagen.DatagenError) as e:
     datagen.run(tiny(), inp, out, **GEN)
   assert fragment in str(e.value) and f"line {line}:" in str(e.value), str(e.value)
-  assert not os.path.exists(out) or os.path.getsize(out) == 0      # no partial record
+  assert not os.path.exists(out)                                    # no record, and no empty file either
+  assert f"all in {out}.errors.jsonl" in str(e.value) and [r["line"] for r in read_records(out + ".errors.jsonl")] \
+      == [line]
 
 
 @pytest.mark.parametrize("out_name,fragment", [("missing_dir/out.jsonl", "cannot write output"),
