@@ -88,6 +88,9 @@ def stream_id(record_id, sample: int) -> int:
 def _prompt_text(model: Model, rec: dict, chat: bool, render_chat) -> str:
   if "messages" in rec:
     msgs = rec["messages"]
+    if isinstance(msgs, list) and any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in msgs):
+      raise DatagenError("a message's 'content' is a list of content parts, which are not supported: give "
+                         "its text as a string")
     if not isinstance(msgs, list) or not msgs or not all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
         for m in msgs):
