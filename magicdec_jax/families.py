@@ -100,9 +100,12 @@ def _rope(d: Mapping[str, Any], get, layer_type: str | None = None,
       _refuse("rope_parameters", dict(params), "one set for every layer where the family has one per layer "
               "type (full_attention / sliding_attention); which the local layers take is ambiguous")
     params = params.get(layer_type)
-  if isinstance(params, Mapping) and "rope_theta" in params:
-    return float(params["rope_theta"]), rope_scaling_from_hf(params, "rope_parameters")
   scaling = d.get("rope_scaling") if layer_type in (None, FULL) else None
+  if isinstance(params, Mapping) and "rope_theta" in params:
+    given = rope_scaling_from_hf(params, "rope_parameters")
+    if scaling and rope_scaling_from_hf(scaling) != given:
+      _refuse("rope_scaling", dict(scaling), "differs from rope_parameters beside it; give one")
+    return float(params["rope_theta"]), given
   return float(get(legacy_theta)), rope_scaling_from_hf(scaling)
 
 
@@ -203,6 +206,11 @@ def config_from_hf(d: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
     _refuse("attn_logit_softcapping", d["attn_logit_softcapping"], "Gemma 3 has none and transformers' "
             "Gemma3Attention does not apply it; refusing rather than guessing")
   bias = bool(get("attention_bias")) if family in ("llama", "qwen3") or gemma else False
+  bos = d.get("bos_token_id")
+  if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int)):
+    _refuse("bos_token_id", bos, "one token id (an integer) or null")
+  if gemma and not isinstance(get("query_pre_attn_scalar"), (int, float)):
+    _refuse("query_pre_attn_scalar", get("query_pre_attn_scalar"), "Gemma scales its queries by it: a number")
   windows = _windows(d, get, family, n)
   theta, scaling = _rope(d, get, FULL if family == "gemma3_text" else None)
   local_theta, local_scaling = (_rope(d, get, SLIDING, legacy_theta="rope_local_base_freq")
@@ -213,7 +221,7 @@ def config_from_hf(d: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
       head_dim=int(d.get("head_dim") or defaults.get("head_dim") or hidden // n_heads), rope_theta=theta,
       rope_scaling=scaling, rms_norm_eps=float(get("rms_norm_eps")),
       tie_embeddings=bool(get("tie_word_embeddings")),
-      max_position_embeddings=int(need("max_position_embeddings")), bos_token_id=d.get("bos_token_id"),
+      max_position_embeddings=int(need("max_position_embeddings")), bos_token_id=bos,
       eos_token_ids=eos_ids(d.get("eos_token_id")), dtype=dtype,
       qkv_bias=bias or family == "qwen2", o_bias=bias, qk_norm=family in ("qwen3", "gemma3_text"),
       norm_plus_one=gemma, post_norms=gemma, activation=ACTIVATIONS[act], embed_scale=gemma,
@@ -357,8 +365,8 @@ def config_from_gguf(reader, dtype: str = "float32") -> ModelConfig:
       vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(need(f"{arch}.feed_forward_length")),
       num_layers=n, num_heads=n_heads, num_kv_heads=int(get(f"{arch}.attention.head_count_kv", n_heads)),
       head_dim=head_dim, rope_theta=theta, rope_scaling=_gguf_rope(get, need, arch, tensors, head_dim, theta),
-      rms_norm_eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-      tie_embeddings="output.weight" not in tensors, max_position_embeddings=int(get(f"{arch}.context_length", 4096)),
+      rms_norm_eps=float(need(f"{arch}.attention.layer_norm_rms_epsilon")),     # llama.cpp requires both
+      tie_embeddings="output.weight" not in tensors, max_position_embeddings=int(need(f"{arch}.context_length")),
       bos_token_id=None if bos is None else int(bos), eos_token_ids=eos_ids(*eos), dtype=dtype,
       qkv_bias="blk.0.attn_q.bias" in tensors, o_bias="blk.0.attn_output.bias" in tensors,
       qk_norm="blk.0.attn_q_norm.weight" in tensors, norm_plus_one=gemma, post_norms=gemma,

@@ -22,24 +22,27 @@ def _permute(w, n_heads):
   return out
 
 
-def write_gguf(path, model, arch, metadata=None, pattern=False, tokenizer=None, eos=5):
+def write_gguf(path, model, arch, metadata=None, pattern=False, tokenizer=None, eos=5, extra=None, omit=()):
   """An F32 GGUF of an HF model as convert_hf_to_gguf.py writes one: the llama architecture's q/k rows
   interleaved (qwen and gemma use rotate-half RoPE: as HF), Gemma norms stored as 1 + w, the global RoPE
   base (Gemma 3: linear scaling of the global layers; with `pattern`, `rope.freq_base_swa` for the local ones
-  and the sliding layers), the sliding window and Gemma 2's soft-caps."""
+  and the sliding layers), the sliding window and Gemma 2's soft-caps. extra: further tensors {name: array};
+  omit: metadata left out ("context_length", "layer_norm_rms_eps")."""
   c = model.config
   gemma = arch.startswith("gemma")
   rope = c.rope_parameters.get("full_attention", c.rope_parameters)
   w = gguf.GGUFWriter(str(path), arch)
   w.add_block_count(c.num_hidden_layers)
-  w.add_context_length(c.max_position_embeddings)
+  if "context_length" not in omit:
+    w.add_context_length(c.max_position_embeddings)
   w.add_embedding_length(c.hidden_size)
   w.add_feed_forward_length(c.intermediate_size)
   w.add_head_count(c.num_attention_heads)
   w.add_head_count_kv(c.num_key_value_heads)
   w.add_key_length(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
   w.add_rope_freq_base(float(rope["rope_theta"]))
-  w.add_layer_norm_rms_eps(c.rms_norm_eps)
+  if "layer_norm_rms_eps" not in omit:
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
   w.add_eos_token_id(eos)
   if gemma:
     w.add_sliding_window(c.sliding_window)
@@ -77,6 +80,8 @@ def write_gguf(path, model, arch, metadata=None, pattern=False, tokenizer=None, 
   w.add_tensor("output_norm.weight", shift("norm.weight", sd["model.norm.weight"]))
   if not c.tie_word_embeddings:
     w.add_tensor("output.weight", sd["lm_head.weight"])
+  for name, t in (extra or {}).items():
+    w.add_tensor(name, t)
   w.write_header_to_file()
   w.write_kv_data_to_file()
   w.write_tensors_to_file()

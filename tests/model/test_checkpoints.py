@@ -109,7 +109,46 @@ def test_shape_mismatch_raises(tmp_path):
   cfg = json.loads((tmp_path / "config.json").read_text())
   cfg["intermediate_size"] = 64
   (tmp_path / "config.json").write_text(json.dumps(cfg))
-  with pytest.raises(ValueError, match="shapes do not match"):
+  with pytest.raises(ValueError, match=r"layers.0.mlp.gate_proj.weight has shape \(48, 32\); .* needs \(64, 32\)"):
+    load_model(str(tmp_path))
+
+
+def _edit_tensors(path, edit):
+  from safetensors.numpy import load_file, save_file
+  tensors = load_file(str(path / "model.safetensors"))
+  edit(tensors)
+  save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("case,edit,words", [
+    ("transposed", lambda t: t.update({"model.layers.1.self_attn.k_proj.weight":
+                                       t["model.layers.1.self_attn.k_proj.weight"].T.copy()}),
+     r"layers.1.self_attn.k_proj.weight has shape \(32, 16\); .* needs \(16, 32\)"),
+    ("stray", lambda t: t.update({"model.foo.weight": np.zeros(3, np.float32)}),
+     "1 tensor\\(s\\) the config does not use: model.foo.weight"),
+    ("bias_off", lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": np.ones(32, np.float32)}),
+     "does not use: model.layers.0.self_attn.q_proj.bias"),
+    ("twice", lambda t: t.update({"layers.0.input_layernorm.weight": t["model.layers.0.input_layernorm.weight"]}),
+     "holds tensor 'layers.0.input_layernorm.weight' twice"),
+    ("int8", lambda t: t.update({"model.norm.weight": np.ones(32, np.int8)}), "'model.norm.weight' is I8"),
+    ("tied_head", lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] + 1}),
+     "tie_word_embeddings=true, but the checkpoint's 'lm_head.weight' differs"),
+])
+def test_tensors_that_do_not_fit_are_refused_by_name(tmp_path, case, edit, words):
+  """transformers refuses a transposed tensor by its shape (ours passed a reshape), lists stray ones, and
+  unties a differing lm_head: each is a ValueError naming the tensor here, never a silent load."""
+  hf_tiny(tied=True).save_pretrained(tmp_path)
+  load_model(str(tmp_path))                       # as saved: loads
+  _edit_tensors(tmp_path, edit)
+  with pytest.raises(ValueError, match=words):
+    load_model(str(tmp_path))
+
+
+def test_fewer_layers_in_the_config_than_in_the_checkpoint_is_refused(tmp_path):
+  hf_tiny().save_pretrained(tmp_path)
+  cfg = json.loads((tmp_path / "config.json").read_text())
+  (tmp_path / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=2)))
+  with pytest.raises(ValueError, match="does not use: model.layers.2."):
     load_model(str(tmp_path))
 
 
@@ -237,6 +276,12 @@ def test_convert_cli(tmp_path, capsys):
                back.params, ref.params)
   assert convert_main(["--src", "no-such-model", "--dst", str(tmp_path / "x")]) == 2
   assert "no-such-model" in capsys.readouterr().err
+  # nothing is overwritten, and the check comes before loading: exit 2 naming dst
+  (tmp_path / "file").write_text("x")
+  for dst, words in ((tmp_path / "out", "exists and is not empty"), (tmp_path / "file", "exists and is a file"),
+                     (tmp_path / "hf" / "ck", "is inside src")):
+    assert convert_main(["--src", str(tmp_path / "hf"), "--dst", str(dst)]) == 2
+    assert words in capsys.readouterr().err
 
 
 def test_convert_cli_takes_absl_flags(tmp_path, capsys):

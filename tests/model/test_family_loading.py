@@ -3,8 +3,10 @@ llama.cpp's converter lays them out (qwen2 / qwen3 / gemma2 / gemma3; logits aga
 written from), Gemma3ForConditionalGeneration's text model, an HF tokenizer.json + chat template (against
 transformers' own tokenizer), the partition rules of the new params, and every refusal naming its field."""
 import json
+import re
 
 import jax
+import numpy as np
 import pytest
 
 from magicdec_jax import generate, logits
@@ -72,6 +74,17 @@ def test_gguf_refusals(arch, metadata, field, tmp_path):
   hf = hf_model(family, seed=10, **({"query_pre_attn_scalar": 16} if arch == "gemma3" else {}))
   write_gguf(tmp_path / "x.gguf", hf, arch, metadata=metadata)
   with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+    load_model(str(tmp_path / "x.gguf"))
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(extra={"blk.0.foo.weight": np.zeros(4, np.float32)}), "1 tensor(s) the model does not use: blk.0.foo"),
+    (dict(omit=("context_length",)), "lacks required metadata 'qwen2.context_length'"),
+    (dict(omit=("layer_norm_rms_eps",)), "lacks required metadata 'qwen2.attention.layer_norm_rms_epsilon'")])
+def test_gguf_tensors_and_metadata_it_does_not_fit(kw, words, tmp_path):
+  """A stray tensor is refused by name, and so is missing metadata llama.cpp requires (it was defaulted)."""
+  write_gguf(tmp_path / "x.gguf", hf_model("qwen2.5-tied", seed=10), "qwen2", **kw)
+  with pytest.raises(ValueError, match=re.escape(words)):
     load_model(str(tmp_path / "x.gguf"))
 
 
@@ -144,6 +157,12 @@ REFUSALS = [  # (family, config.json edits, the field the error names)
     ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ("gemma2", {"is_causal": False}, "is_causal"),
     ("qwen2", {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"]}, "unsupported architecture"),
+    # legacy rope_scaling beside transformers 5's rope_parameters: transformers applies it, so it is read
+    ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+     "rope_scaling.rope_type='yarn'"),
+    ("qwen3", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling=.* differs from rope_parameters"),
+    ("mistral", {"bos_token_id": [1, 2]}, r"bos_token_id=\[1, 2\]"),
+    ("gemma2", {"query_pre_attn_scalar": None}, "query_pre_attn_scalar=None"),
 ]
 
 
