@@ -15,39 +15,42 @@ class DatagenError(ValueError):
   """Bad input, output or settings; the message says which and where."""
 
 
+def _record_keys(line: bytes) -> list[tuple[str, int]]:
+  """The (key, sample) pairs a whole output line holds; ValueError (or KeyError, ...) if it is not a record."""
+  rec = json.loads(line.decode("utf-8"))
+  if "custom_id" in rec:
+    return openai_batch.record_keys(rec)
+  if not isinstance(rec.get("token_ids"), list):
+    raise ValueError("no token_ids")
+  return [(json.dumps(rec["id"]), int(rec["sample"]))]
+
+
 def repair_output(path: str) -> tuple[set[tuple[str, int]], int]:
   """Truncate `path` to its longest prefix of complete valid records -> (done (key, sample) set, bytes cut).
   Only a torn last line is cut: a bad line with others after it (which no crash leaves: a record is one
-  write) is a DatagenError naming it, so that no record past it is thrown away unseen."""
+  write) is a DatagenError naming it, so that no record past it is thrown away unseen. The file is read a
+  line at a time (a resume holds the keys, not the output)."""
   if not os.path.exists(path):
     return set(), 0
+  done, good_end, number = set(), 0, 0
   with open(path, "rb") as f:
-    data = f.read()
-  done, good_end, pos = set(), 0, 0
-  while True:
-    nl = data.find(b"\n", pos)
-    if nl < 0:
-      break
-    try:
-      rec = json.loads(data[pos:nl].decode("utf-8"))
-      if "custom_id" in rec:
-        keys = openai_batch.record_keys(rec)
-      else:
-        keys = [(json.dumps(rec["id"]), int(rec["sample"]))]
-        if not isinstance(rec.get("token_ids"), list):
-          raise ValueError
-      if any(k in done for k in keys):
-        raise ValueError
-    except (ValueError, KeyError, TypeError, AttributeError):
-      after, line = data.count(b"\n", nl + 1), data.count(b"\n", 0, pos) + 1
-      if after:
-        raise DatagenError(f"{path}: line {line} is not a whole, new record, and "
-                           f"{after} line(s) follow it: not a torn last line; fix or remove that line (or use "
-                           "another output)") from None
-      break
-    done.update(keys)
-    good_end = pos = nl + 1
-  cut = len(data) - good_end
+    for line in f:
+      number += 1
+      if not line.endswith(b"\n"):            # a torn tail
+        break
+      try:
+        keys = _record_keys(line[:-1])
+        if any(k in done for k in keys):
+          raise ValueError("a key already written")
+      except (ValueError, KeyError, TypeError, AttributeError):
+        after = sum(1 for rest in f if rest.endswith(b"\n"))
+        if after:
+          raise DatagenError(f"{path}: line {number} is not a whole, new record, and {after} line(s) follow "
+                             "it: not a torn last line; fix or remove that line (or use another output)") from None
+        break
+      done.update(keys)
+      good_end += len(line)
+  cut = os.path.getsize(path) - good_end
   if cut:
     with open(path, "r+b") as f:
       f.truncate(good_end)
