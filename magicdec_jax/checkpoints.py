@@ -401,7 +401,8 @@ def known_model_path(name: str) -> str:
 def load_model(path_or_name: str, dtype: str = "float32", revision: str | None = None) -> Model:
   """An orbax dir (magicdec_config.json), an HF dir (config.json), a .gguf file, a known name, or a Hugging
   Face Hub id ("org/name", fetched into the Hub cache, or only looked up there with HF_HUB_OFFLINE set; at
-  `revision`, default main). `revision` is only for Hub ids."""
+  `revision`, default main). `revision` is only for Hub ids. The weights come in `dtype` whatever the
+  source, an orbax dir saved in bfloat16 too (load_orbax(dir) keeps the saved dtype)."""
   if not isinstance(path_or_name, (str, os.PathLike)):
     raise ValueError(f"load_model expects a path or a model name, got {path_or_name!r}")
   src = os.fspath(path_or_name)
