@@ -116,12 +116,18 @@ def params_from_hf_state_dict(cfg: ModelConfig, tensors: Mapping[str, Any]) -> d
     raise ValueError(f"tie_word_embeddings=true, but the checkpoint's {heads[0]!r} differs from its "
                      "embed_tokens (transformers would untie them and use it): set tie_word_embeddings=false")
   params = _assemble(cfg, embed, layers, get("norm.weight"), head)
-  unused = sorted(n for n in set(tensors) - used if not n.endswith(HF_NOT_WEIGHTS) and not n.startswith(HF_VISION))
-  if unused:
-    raise ValueError(f"checkpoint has {len(unused)} tensor(s) the config does not use: {', '.join(unused[:3])}"
-                     f"{' ...' if len(unused) > 3 else ''} (a bias with attention_bias false, a layer past "
-                     "num_hidden_layers, another family's tensor?): refused rather than ignored")
+  _refuse_unused("checkpoint", "config",
+                 [n for n in set(tensors) - used if not n.endswith(HF_NOT_WEIGHTS) and not n.startswith(HF_VISION)],
+                 " (a bias with attention_bias false, a layer past num_hidden_layers, another family's tensor?)")
   return params
+
+
+def _refuse_unused(source: str, reader: str, unused, hint: str = "") -> None:
+  """ValueError naming the tensors of `source` that `reader` does not use (none: nothing)."""
+  unused = sorted(unused)
+  if unused:
+    raise ValueError(f"{source} has {len(unused)} tensor(s) the {reader} does not use: {', '.join(unused[:3])}"
+                     f"{' ...' if len(unused) > 3 else ''}{hint}: refused rather than ignored")
 
 
 def _assemble(cfg: ModelConfig, embed, layers: list[dict], final_norm, head) -> dict:
@@ -284,10 +290,7 @@ def _load_gguf_parts(path: str, dtype: str, stamp: tuple = ()):
   layers = [_hf_layer(cfg, functools.partial(hf_tensor, i), i) for i in range(cfg.num_layers)]
   head = None if cfg.tie_embeddings else get("output.weight").T
   params = _assemble(cfg, get("token_embd.weight"), layers, get("output_norm.weight"), head)
-  unused = sorted(set(tensors) - used)
-  if unused:
-    raise ValueError(f"GGUF file {path!r} has {len(unused)} tensor(s) the model does not use: "
-                     f"{', '.join(unused[:3])}{' ...' if len(unused) > 3 else ''}: refused rather than ignored")
+  _refuse_unused(f"GGUF file {path!r}", "model", set(tensors) - used)
   return cfg, params, tok_lib.tokenizer_from_gguf(reader), tok_lib.gguf_chat_template(reader)
 
 

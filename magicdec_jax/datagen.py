@@ -34,7 +34,7 @@ from magicdec_jax.plan import DecodePlan, bucket, eos_ids, make_plan
 from magicdec_jax.row_features import Run
 from magicdec_jax.settings import DecodeSettings, decode_settings
 from magicdec_jax.datagen_files import (DatagenError, atomic_write, check_config, open_output,
-                                       repair_output, shard_path, split, write_line)
+                                       repair_output, shard_path, split, write_errors, write_line)
 from magicdec_jax.stream import Request, generate_stream, with_features
 
 # settings that only steer gamma / tree = "auto": the fingerprint holds the draft and tree auto chose instead
@@ -283,7 +283,6 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
               dict(batch_size=batch_size, refill_at=refill_at), dict(mesh=mesh, device_memory=device_memory))
     stats = fmt.generate(job)
   except DatagenError:
-    out_f.close()
     if not existed and os.path.getsize(output_path) == 0:    # refused before any record: leave no file
       os.remove(output_path)
     raise
@@ -399,7 +398,7 @@ class NativeFormat:
   def refuse_bad_lines(input_path: str, errors: list, on_error: str, err_path: str) -> None:
     """on_error="fail": a DatagenError naming the first bad lines; every one is written to err_path."""
     if errors and on_error == "fail":
-      atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
+      write_errors(err_path, errors)
       shown = "; ".join(f"line {e['line']}: {e['reason']}" for e in errors[:5])
       more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
       raise DatagenError(f"{input_path}: {len(errors)} bad line(s): {shown}{more}; all in {err_path}")
@@ -407,7 +406,7 @@ class NativeFormat:
   @staticmethod
   def record_bad_lines(err_path: str, errors: list, on_error: str) -> None:
     if on_error == "skip":
-      atomic_write(err_path, "".join(json.dumps(e) + "\n" for e in errors))
+      write_errors(err_path, errors)
 
   @staticmethod
   def settings(st: DecodeSettings, items: list, model: Model) -> DecodeSettings:

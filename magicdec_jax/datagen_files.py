@@ -76,14 +76,30 @@ def write_line(out_f, line: str):
   os.fsync(out_f.fileno())
 
 
+def _read_json(path: str) -> dict | None:
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def _differences(old: dict | None, new: dict | None) -> list[str]:
+  """The keys whose values differ between two settings dicts (a missing one counts as empty)."""
+  old, new = old or {}, new or {}
+  return [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
+def write_errors(path: str, errors: list) -> None:
+  """The bad input lines ({'line', 'id', 'reason', 'text'}) as JSON lines at `path`."""
+  atomic_write(path, "".join(json.dumps(e) + "\n" for e in errors))
+
+
 def check_config(path: str, config: dict):
   """Refuse to resume an output produced with different generation settings, naming each difference."""
   cpath = path + ".config.json"
   config = json.loads(json.dumps(config))        # as it reads back from the file (tuples become lists)
-  if os.path.exists(cpath) and os.path.exists(path) and os.path.getsize(path) > 0:
-    with open(cpath) as f:
-      old = json.load(f)
-    diff = [k for k in sorted(set(old) | set(config)) if old.get(k) != config.get(k)]
+  if os.path.exists(path) and os.path.getsize(path) > 0 and (old := _read_json(cpath)) is not None:
+    diff = _differences(old, config)
     if diff:
       changes = ", ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
       raise DatagenError(f"{path} was produced with different settings ({changes}); use another --output "
@@ -124,13 +140,6 @@ def input_order(input_path: str) -> dict[str, int]:
   return order
 
 
-def _read_json(path: str) -> dict | None:
-  if not os.path.exists(path):
-    return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
-
-
 def merge_shards(output: str, input_path: str, count: int) -> dict:
   """Concatenate the `count` shards of `output` into `output`, in input order then sample, with their error
   lines into `output`.errors.jsonl; returns a summary. Each shard is first repaired (a torn tail dropped).
@@ -142,9 +151,8 @@ def merge_shards(output: str, input_path: str, count: int) -> dict:
     path = shard_path(output, i, count)
     if not os.path.exists(path):
       raise DatagenError(f"merge: shard {path} is missing (did process {i} finish?)")
-    other = _read_json(path + ".config.json")
-    if other != config:
-      diff = sorted(k for k in set(config or {}) | set(other or {}) if (config or {}).get(k) != (other or {}).get(k))
+    diff = _differences(config, _read_json(path + ".config.json"))
+    if diff:
       raise DatagenError(f"merge: shard {path} was produced with other settings than shard 0 ({', '.join(diff)})")
     repair_output(path)
     n = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 from typing import Any
 
@@ -189,7 +190,7 @@ def _logprobs(res, model, chat: bool) -> dict | None:
   return {"tokens": tokens, "token_logprobs": [c["logprob"] for c in content],
           "top_logprobs": None if top is None else [{e["token"]: e["logprob"] for e in c["top_logprobs"]}
                                                    for c in content],
-          "text_offset": [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]}
+          "text_offset": list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0))[:len(tokens)]}
 
 
 def output_line(model, custom_id: str, options: OpenAIOptions, prompt_tokens: int, index: int, res,

@@ -105,10 +105,13 @@ class DecodeSettings:
       raise ValueError(f"tree={self.tree!r:.60} needs a draft (plain decoding speculates nothing)")
     if self.tree is not None and self.gamma not in (None, "auto"):
       raise ValueError(f"gamma={self.gamma} and tree={self.tree!r:.60}: the tree is what is speculated; give one")
-    if "auto" not in (self.gamma, self.tree) and (self.hardware is not None or self.acceptance is not None):
+    if self.hardware is not None or self.acceptance is not None:
       given = "hardware" if self.hardware is not None else "acceptance"
-      raise ValueError(f"{given}= is read by gamma='auto' / tree='auto' only (got gamma={self.gamma!r}, "
-                       f"tree={self.tree!r:.40})")
+      if "auto" not in (self.gamma, self.tree):
+        raise ValueError(f"{given}= is read by gamma='auto' / tree='auto' only (got gamma={self.gamma!r}, "
+                         f"tree={self.tree!r:.40})")
+      if self.schedule is not None:
+        raise ValueError(f"{given}= prices gamma='auto'; a forced schedule is not priced (give one)")
     if self.attention_impl not in IMPLS:
       raise ValueError(f"attention_impl must be one of {IMPLS}, got {self.attention_impl!r}")
     if self.sampling not in SAMPLING_MODES:
@@ -131,9 +134,6 @@ class DecodeSettings:
         raise ValueError("schedule needs a draft and a chain (gamma), not a tree")
       if self.gamma not in (None, "auto"):
         raise ValueError(f"gamma={self.gamma} and a schedule: the schedule's pairs say which chains run; give one")
-      if self.hardware is not None or self.acceptance is not None:
-        given = "hardware" if self.hardware is not None else "acceptance"
-        raise ValueError(f"{given}= prices gamma='auto'; a forced schedule is not priced (give one)")
     if not isinstance(self.logprobs, bool):
       raise ValueError(f"logprobs must be True or False, got {self.logprobs!r}")
     check_number("top_logprobs", self.top_logprobs)
