@@ -97,7 +97,10 @@ def _prompt_text(model: Model, rec: dict, chat: bool, render_chat) -> str:
       raise DatagenError("'messages' must be a non-empty list of {\"role\": str, \"content\": str}")
     if not any(m["content"].strip() for m in msgs):
       raise DatagenError("empty prompt (every message is empty)")
-    return render_chat(model, msgs)
+    try:
+      return render_chat(model, msgs)
+    except ValueError as e:                     # an unknown role, or the template's own refusal
+      raise DatagenError(str(e)) from e
   p = rec["prompt"]
   if not isinstance(p, str):
     raise DatagenError(f"'prompt' must be a string, got {type(p).__name__}")

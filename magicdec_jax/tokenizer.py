@@ -94,6 +94,9 @@ def _raise(message: str):
   raise ValueError(f"chat template error: {message}")
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")   # OpenAI's chat roles
+
+
 def render_chat(chat_template: str, messages: Sequence[Mapping[str, Any]],
                 add_generation_prompt: bool = True, **extra: Any) -> str:
   """Render `messages` ([{'role': ..., 'content': ...}]) with a HF-style jinja2 chat template."""
@@ -107,6 +110,9 @@ def render_chat(chat_template: str, messages: Sequence[Mapping[str, Any]],
   for i, m in enumerate(messages):
     if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
       raise ValueError(f"message {i} must be a mapping with 'role' and 'content', got {m!r:.80}")
+    if m["role"] not in CHAT_ROLES:
+      raise ValueError(f"message {i}: role {m['role']!r} is not one of {', '.join(CHAT_ROLES)} (a template "
+                       "would render an unknown role as it is, e.g. a misspelt 'system' as a user turn)")
   env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                       extensions=["jinja2.ext.loopcontrols"])
   env.globals["raise_exception"] = _raise

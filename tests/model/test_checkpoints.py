@@ -239,6 +239,8 @@ def test_render_chat_errors():
     render_chat(tpl, [{"role": "system", "content": "x"}])
   with pytest.raises(ValueError, match="message 0"):
     render_chat(tpl, [{"text": "x"}])
+  with pytest.raises(ValueError, match="message 1: role 'sytem' is not one of system"):
+    render_chat(tpl, [{"role": "user", "content": "x"}, {"role": "sytem", "content": "y"}])
 
 
 def test_orbax_round_trip(tmp_path):

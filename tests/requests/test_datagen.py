@@ -62,6 +62,8 @@ BAD_CASES = [
     ("bad_messages", [{"id": "m", "messages": "hi"}], "'messages' must be", 1),
     ("content_parts", [{"id": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}],
      "a list of content parts, which are not supported", 1),
+    ("unknown_role", [GOOD[0], {"id": "m", "messages": [{"role": "sytem", "content": "hi"}]}],
+     "message 0: role 'sytem' is not one of", 2),
     ("not_object", [GOOD[0], "[1, 2]"], "expected a JSON object", 2),
     ("both_fields", [{"id": "b", "prompt": "a", "messages": []}], "exactly one of 'prompt' or 'messages'", 1),
     ("bad_id_type", [{"id": None, "prompt": "a"}], "'id' must be", 1),
