@@ -18,6 +18,7 @@ import itertools
 import json
 from typing import Any
 
+from magicdec_jax.constraints.vocabulary import token_bytes
 from magicdec_jax.options import SEED_LIMIT, OptionError, RequestOptions
 
 URLS = {"/v1/chat/completions": ("messages", "chat.completion", "chatcmpl-"),
@@ -177,13 +178,14 @@ def _logprobs(res, model, chat: bool) -> dict | None:
   if lp is None:
     return None
   top = getattr(res, "top_logprobs", None)
-  content = []
-  for i, (t, p) in enumerate(zip(res.tokens, lp)):
-    entry = {"token": model.tokenizer.decode([t], skip_special_tokens=False), "logprob": float(p)}
-    entry["top_logprobs"] = [] if top is None else [
-        {"token": model.tokenizer.decode([int(a)], skip_special_tokens=False), "logprob": float(b)}
-        for a, b in top[i]]
-    content.append(entry)
+  tok = model.tokenizer
+
+  def entry(t, p) -> dict:
+    e = {"token": tok.decode([int(t)], skip_special_tokens=False), "logprob": float(p)}
+    return dict(e, bytes=list(token_bytes(tok, t))) if chat else e
+
+  content = [dict(entry(t, p), top_logprobs=[] if top is None else [entry(a, b) for a, b in top[i]])
+             for i, (t, p) in enumerate(zip(res.tokens, lp))]
   if chat:
     return {"content": content}
   tokens = [c["token"] for c in content]

@@ -93,6 +93,24 @@ def _piece_bytes(piece: str, steps: list[dict]) -> bytes | None:
   return piece.encode("utf-8")
 
 
+@functools.lru_cache(maxsize=8)
+def _steps_or_none(tokenizer) -> list[dict] | None:
+  try:
+    return _decoder_steps(tokenizer)
+  except ConstraintError:
+    return None
+
+
+def token_bytes(tokenizer, token_id: int) -> bytes:
+  """The bytes decoding emits for `token_id` mid-text: a byte-level piece's bytes (part of a character,
+  perhaps), else its text's UTF-8 (added and special tokens, decoders not modelled here). Why: a token's
+  text alone loses the bytes of a character split across tokens, which OpenAI's `bytes` field keeps."""
+  added = tokenizer.get_added_tokens_decoder()
+  piece, steps = tokenizer.id_to_token(int(token_id)), _steps_or_none(tokenizer)
+  raw = None if piece is None or steps is None or int(token_id) in added else _piece_bytes(piece, steps)
+  return raw if raw is not None else tokenizer.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
+
+
 def build_vocabulary(tokenizer, eos_ids: Sequence[int], vocab_size: int | None = None) -> TokenVocabulary:
   """`tokenizer` (a `tokenizers.Tokenizer`) -> its TokenVocabulary; vocab_size defaults to the tokenizer's
   size. Not cached: `token_vocabulary` is."""

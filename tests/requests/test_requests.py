@@ -213,11 +213,22 @@ def test_openai_logprobs_are_plain_decodings(tmp_path):
   inp = _write(tmp_path / "in.jsonl", [_line("lp", COMP, {"prompt": "Hello world", "max_tokens": 6,
                                                            "logprobs": True, "top_logprobs": 2}),
                                        _line("legacy", COMP, {"prompt": "Hello world", "max_tokens": 6,
-                                                              "logprobs": 2})])      # the completions API's form
+                                                              "logprobs": 2}),      # the completions API's form
+                                       _line("chat", CHAT, {"messages": MSGS, "max_tokens": 6, "logprobs": True,
+                                                            "top_logprobs": 2})])
   out = str(tmp_path / "out.jsonl")
   datagen.run(model, inp, out, max_new_tokens=6, batch_size=2, seed=3, progress=False,
               draft=md.StreamingDraft(sink=1, window=4), gamma=2)
   recs = {r["custom_id"]: r for r in (json.loads(x) for x in open(out).read().splitlines())}
+  # chat: each token's bytes, joined, are the tokens' text (decoded as a whole, not token by token), and a
+  # token's own bytes its text wherever they are whole characters
+  choice = recs.pop("chat")["response"]["body"]["choices"][0]
+  content, text = choice["logprobs"]["content"], choice["message"]["content"]
+  whole = bytes(b for c in content for b in c["bytes"]).decode("utf-8", errors="replace")
+  assert whole == text or (choice["finish_reason"] == "stop" and whole == text + content[-1]["token"])
+  for e in [c for c in content] + [a for c in content for a in c["top_logprobs"]]:
+    if "\ufffd" not in e["token"]:
+      assert bytes(e["bytes"]) == e["token"].encode("utf-8")
   ref = generate(model, ["Hello world"], max_new_tokens=6, logprobs=True, top_logprobs=2)
   for rec in recs.values():
     lp = rec["response"]["body"]["choices"][0]["logprobs"]
