@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from magicdec_jax import datagen, datagen_files, generation, prefilled
+from magicdec_jax import datagen, datagen_formats, datagen_files, generation, prefilled
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax import testing
 from magicdec_jax.drafts import StreamingDraft
@@ -183,9 +183,9 @@ def test_truncate_left_keeps_last_tokens(tmp_path):
 
 
 def test_stream_id_stable():
-  assert datagen.stream_id("a", 0) == datagen.stream_id("a", 0) != datagen.stream_id("a", 1)
-  assert datagen.stream_id(1, 0) != datagen.stream_id("1", 0)
-  assert all(0 <= datagen.stream_id(i, s) < 2**31 for i in range(50) for s in range(3))
+  assert datagen_formats.stream_id("a", 0) == datagen_formats.stream_id("a", 0) != datagen_formats.stream_id("a", 1)
+  assert datagen_formats.stream_id(1, 0) != datagen_formats.stream_id("1", 0)
+  assert all(0 <= datagen_formats.stream_id(i, s) < 2**31 for i in range(50) for s in range(3))
 
 
 @pytest.mark.heavy

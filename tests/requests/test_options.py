@@ -13,7 +13,7 @@ import json
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import datagen, openai_batch, testing
+from magicdec_jax import datagen, datagen_formats, openai_batch, testing
 from magicdec_jax.options import FIELDS, OptionError, RequestOptions
 from magicdec_jax.stream import Request, generate_stream
 
@@ -89,7 +89,7 @@ def test_a_constraint_that_cannot_compile_is_refused_by_name_and_the_rest_is_kep
   assert reason in err["reason"]
   (rec,) = [json.loads(x) for x in open(tmp_path / "out.jsonl")]
   alone = next(iter(generate_stream(tiny(), [Request(rec_prompt_ids(tiny(), "Hello"),
-                                                     stream_ids=[datagen.stream_id("ok", 0)])],
+                                                     stream_ids=[datagen_formats.stream_id("ok", 0)])],
                                     batch_size=1, max_new_tokens=4)))
   assert rec["id"] == "ok" and rec["token_ids"] == alone.tokens
 

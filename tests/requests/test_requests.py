@@ -14,7 +14,7 @@ import time
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import datagen, openai_batch, testing
+from magicdec_jax import datagen, datagen_formats, openai_batch, testing
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.generation import generate
 from magicdec_jax.stream import Request, generate_stream, overflow_stream
@@ -164,10 +164,10 @@ def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path):
   dec = lambda toks: model.tokenizer.decode(toks[:-1] if toks and toks[-1] == 256 else toks,   # noqa: E731
                                             skip_special_tokens=False)
   chat_prompt = tok_lib.chat_prompt(model, MSGS)
-  refs = {"g1": _ref("Hello world", max_new_tokens=6, stream_ids=[datagen.stream_id("g1", 0)], seed=3),
+  refs = {"g1": _ref("Hello world", max_new_tokens=6, stream_ids=[datagen_formats.stream_id("g1", 0)], seed=3),
           "s1": _ref(chat_prompt, 2, max_new_tokens=9, temperature=0.8, seed=4),
           "s2": _ref("To be", 2, max_new_tokens=10, temperature=0.8, seed=3,
-                     stream_ids=[datagen.stream_id("s2", s) for s in range(2)])}
+                     stream_ids=[datagen_formats.stream_id("s2", s) for s in range(2)])}
   for (cid, s), r in choices.items():
     body = r["response"]["body"]
     assert isinstance(body["created"], int) and t0 <= body["created"] <= t1   # OpenAI's objects require it
@@ -295,7 +295,7 @@ def test_native_records_carry_their_own_settings(tmp_path):
   got = {r["id"]: r for r in map(json.loads, open(out).read().splitlines())}
   for rec in recs:
     own = {k: v for k, v in rec.items() if k not in ("id", "prompt")}
-    want = _ref(rec["prompt"], stream_ids=[datagen.stream_id(rec["id"], 0)], **dict(dict(max_new_tokens=10,
+    want = _ref(rec["prompt"], stream_ids=[datagen_formats.stream_id(rec["id"], 0)], **dict(dict(max_new_tokens=10,
                                                                                           seed=3), **own))
     assert got[rec["id"]]["token_ids"] == want.tokens[0], rec["id"]
   bad = [{"id": "u", "prompt": "x", "meta": 1}, {"id": "v", "prompt": "x", "top_p": 0},
