@@ -180,15 +180,21 @@ class DecodePlan:
     return self.whole_rows(bucket(n, 1))
 
   # ---- checks (host, before anything compiles) ---------------------------------------------------------
-  def check_prompts(self, ids: Sequence[Sequence[int]], first: int = 0) -> None:
-    """Each prompt fits the context with max_new_tokens, and suits the draft (SnapKV's minimum length)."""
-    limit, new = self.cfg.max_position_embeddings, self.max_new_tokens
+  def check_prompts(self, ids: Sequence[Sequence[int]], max_new_tokens: int | None = None, *, first: int = 0,
+                    label: str = "prompt") -> None:
+    """Each prompt fits the context with max_new_tokens (None: the plan's), and suits the draft (SnapKV's
+    minimum length). Errors name the prompt as f"{label} {index}" (index from `first`)."""
+    limit = self.cfg.max_position_embeddings
+    new = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
     for i, p in enumerate(ids, first):
       if len(p) + new > limit:
-        raise ValueError(f"prompt {i}: {len(p)} prompt tokens + max_new_tokens={new} exceed the model's "
+        raise ValueError(f"{label} {i}: {len(p)} prompt tokens + max_new_tokens={new} exceed the model's "
                          f"context of {limit}")
     if self.spec is not None and ids:
-      self.spec.check_prompts(ids)
+      try:
+        self.spec.check_prompts(ids)
+      except ValueError as e:
+        raise ValueError(f"{label} {first}: {e}" if len(ids) == 1 else str(e)) from None
 
   def check_memory(self, batch: int, num_slots: int, prompt_bucket: int) -> None:
     """Refuse (ValueError naming the figures) a configuration the memory planner says does not fit."""
@@ -236,6 +242,8 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
     if st.tree == "auto":
       draft.spec.check_tree("auto")              # (before the cost model picks a tree it cannot propose)
   check_attention_impl(st.attention_impl)
+  if st.logprobs and st.top_logprobs > cfg.vocab_size:
+    raise ValueError(f"top_logprobs={st.top_logprobs} exceeds the model's vocabulary of {cfg.vocab_size} tokens")
   options = {} if draft is None else draft.xla_options()
   fixed = cfg.fixed.compiler_options() if cfg.invariant else {}
   options = compiling.engine_options({**options, **fixed, **(st.xla_options or {})})

@@ -14,16 +14,17 @@ import numpy as np
 from magicdec_jax.model import Model
 
 
-def tokenize_prompts(model: Model, prompts) -> list[list[int]]:
-  """Strings (needs a tokenizer) or lists of token ids -> validated lists of ids."""
+def tokenize_prompts(model: Model, prompts, *, first: int = 0, label: str = "prompt") -> list[list[int]]:
+  """Strings (needs a tokenizer) or lists of token ids -> validated lists of ids; errors name a prompt as
+  f"{label} {index}" (index from `first`)."""
   if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
     raise ValueError(f"prompts must be a non-empty list of strings or of token-id lists, got {prompts!r:.80}")
   out = []
   vocab = model.config.vocab_size
-  for i, p in enumerate(prompts):
+  for i, p in enumerate(prompts, first):
     if isinstance(p, str):
       if model.tokenizer is None:
-        raise ValueError(f"prompt {i} is text but model {model.name!r} has no tokenizer; pass token ids")
+        raise ValueError(f"{label} {i} is text but model {model.name!r} has no tokenizer; pass token ids")
       ids = model.tokenizer.encode(p).ids
     else:
       try:
@@ -31,12 +32,12 @@ def tokenize_prompts(model: Model, prompts) -> list[list[int]]:
           raise TypeError
         ids = [int(t) for t in p]
       except (TypeError, ValueError):
-        raise ValueError(f"prompt {i} must be a string or a list of token ids, got {p!r:.80}") from None
+        raise ValueError(f"{label} {i} must be a string or a list of token ids, got {p!r:.80}") from None
     if not ids:
-      raise ValueError(f"prompt {i} is empty")
+      raise ValueError(f"{label} {i} is empty")
     bad = [t for t in ids if not 0 <= t < vocab]
     if bad:
-      raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
+      raise ValueError(f"{label} {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
     out.append(ids)
   return out
 
@@ -94,7 +95,7 @@ def array_prompts(model: Model, ids, lengths=None, attention_mask=None) -> list[
     row = a[i, s:e]
     bad = np.flatnonzero((row < 0) | (row >= vocab))
     if bad.size:
-      raise ValueError(f"prompt {i} has token id {row[bad[0]]} (at [{i}, {s + bad[0]}]) outside the "
+      raise ValueError(f"{label} {i} has token id {row[bad[0]]} (at [{i}, {s + bad[0]}]) outside the "
                        f"vocabulary [0, {vocab})")
     out.append(row.astype(np.int64).tolist())
   return out

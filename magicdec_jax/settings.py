@@ -218,6 +218,10 @@ class DecodeSettings:
 
 def decode_settings(settings: DecodeSettings | None = None, **kwargs) -> DecodeSettings:
   """A DecodeSettings from an existing one and/or keyword arguments (the keywords win)."""
+  unknown = sorted(set(kwargs) - {f.name for f in dataclasses.fields(DecodeSettings)})
+  if unknown:
+    raise ValueError(f"unknown decoding setting(s) {', '.join(map(repr, unknown))}: not fields of DecodeSettings "
+                     "(a request's own stop strings, stop ids and samples are a stream Request's)")
   if settings is None:
     return DecodeSettings(**kwargs)
   if not isinstance(settings, DecodeSettings):

@@ -12,7 +12,7 @@ def find_stop(decode, toks: list[int], stop: Sequence[str], stop_ids, keep: bool
   completed; of those, the earliest in the text); a stop id at that id. decode: token ids -> text."""
   k_id = next((i + 1 for i in range(start, len(toks)) if toks[i] in stop_ids), None)
   end = len(toks) if k_id is None else k_id
-  if stop and any(s in decode(toks[:end]) for s in stop):
+  if stop and _in_tail(decode, toks[:end], stop, start) and any(s in decode(toks[:end]) for s in stop):
     for k in range(start + 1, end + 1):
       text = decode(toks[:k])
       found = [(text.find(s), -len(s)) for s in stop if s in text]
@@ -22,6 +22,21 @@ def find_stop(decode, toks: list[int], stop: Sequence[str], stop_ids, keep: bool
   if k_id is None:
     return None
   return k_id, decode(toks[:k_id if keep else k_id - 1])
+
+
+def _in_tail(decode, toks: list[int], stop: Sequence[str], start: int) -> bool:
+  """Whether a stop string may have completed past the first `start` tokens: searched in the text of the
+  tokens from TAIL_TOKENS_PER_CHAR tokens per character of the longest stop (and a margin) before `start`.
+  Why: decoding the whole output at every check costs time quadratic in its length. A false alarm is
+  harmless (the caller searches the whole text); none is missed, since a character spans at most 4
+  tokens and decoding a suffix alters only its first characters."""
+  w = max(0, start - TAIL_TOKENS_PER_CHAR * max(map(len, stop)) - TAIL_MARGIN)
+  return w == 0 or any(s in decode(toks[w:]) for s in stop)
+
+
+TAIL_TOKENS_PER_CHAR = 4     # UTF-8 bytes per character: byte-level tokens per character at most
+TAIL_MARGIN = 16             # tokens more: a suffix's first characters (cut mid-character, a stripped
+                             #   space) lie before any stop that may have completed
 
 
 def cut_result(res, cut):

@@ -157,7 +157,8 @@ class _Board:
   seen_rounds: np.ndarray = None  # [B] int64: each row's rounds at the last decode call
   checked: np.ndarray = None     # [B] int64: tokens of a row already searched for stop strings
   queue: collections.deque = dataclasses.field(default_factory=collections.deque)   # jobs to prefill
-  exhausted: bool = False        # the requests iterator is used up
+  exhausted: bool = False        # the requests iterator is used up (or a bad request ended it)
+  error: Exception | None = None  # that bad request's error, raised once the rows before it finish
   state: Any = None              # loop.LoopState, or None before the first prefill (and when rebuilt)
   p_cap: int = 0                 # the state's prompt bucket
   pre: Any = None                # the last prefill's (target, ring, tokens, lengths)
@@ -195,11 +196,13 @@ class Generator:
       raise ValueError(f"decode_plan must be a plan.DecodePlan (plan.make_plan), got {decode_plan!r:.80}")
     if refill_at > batch_size:
       raise ValueError(f"refill_at={refill_at} is larger than batch_size={batch_size}")
-    if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)) and max_prompt_tokens is None:
-      max_prompt_tokens = max((len(self._ids(model, r, i)) for i, r in enumerate(requests)), default=1)
+    listed = isinstance(requests, Sequence)
+    ids = [self._ids(model, r, i) for i, r in enumerate(requests)] if listed else None
+    if listed and max_prompt_tokens is None:
+      max_prompt_tokens = max(map(len, ids), default=1)
     if decode_plan is None:
       st = decode_settings(settings, **kwargs)
-      if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)):
+      if listed:
         st = with_features(st, request_options(requests), model)
       longest = max_prompt_tokens or model.config.max_position_embeddings - st.max_new_tokens
       decode_plan = make_plan(model, st, batch=batch_size, shortest=1, longest=max(longest, 1), mesh=mesh,
@@ -209,7 +212,7 @@ class Generator:
     st = decode_plan.settings
     self.plan, self.settings = decode_plan, st
     self.engine = engine.Engine(model, decode_plan)
-    if isinstance(requests, Sequence) and not isinstance(requests, (str, bytes)):
+    if listed:
       self.engine.fit([o for o in request_options(requests) if self._servable(o)])
     self.model, self.seed = model, int(st.seed)
     self.batch = self.plan.whole_rows(batch_size)     # whole rows on every data shard
@@ -217,7 +220,10 @@ class Generator:
     self.stop_check_rounds = int(stop_check_rounds)
     self.prefill_batch = int(prefill_batch or min(self.batch, bucket(-(-refill_at // num_samples), 1)))
     self.max_prompt_tokens = max_prompt_tokens
-    self._requests = enumerate(requests)
+    if listed:          # every request checked now, before anything compiles
+      self._jobs = iter([self._make_job(i, r, p) for i, (r, p) in enumerate(zip(requests, ids))])
+    else:               # each as it is read
+      self._jobs = (self._make_job(i, r, self._ids(model, r, i)) for i, r in enumerate(requests))
     self.stats = dict(records=0, new_tokens=0, rounds=0, row_rounds=0, active_row_rounds=0, slot_utilization=None,
                       prefills=0, prefill_s=0.0, insert_s=0.0, decode_s=0.0, compile_s=0.0, decode_calls=0,
                       wall_s=0.0, tokens_per_s=None)
@@ -234,10 +240,7 @@ class Generator:
   @staticmethod
   def _ids(model: Model, r, i: int) -> list[int]:
     prompt = r.prompt if isinstance(r, Request) else r
-    try:
-      return tokenize_prompts(model, [prompt])[0]
-    except ValueError as e:
-      raise ValueError(f"request {i}: {e}") from None
+    return tokenize_prompts(model, [prompt], first=i, label="request")[0]
 
   def _servable(self, o: RequestOptions) -> bool:
     """Whether the row features compiled in serve these options (a bad one is refused when it is read)."""
@@ -247,21 +250,15 @@ class Generator:
     except ValueError:
       return False
 
-  def _next_job(self) -> _Job | None:
-    try:
-      i, r = next(self._requests)
-    except StopIteration:
-      return None
-    ids = self._ids(self.model, r, i)
-    try:
-      self.plan.check_prompts([ids])
-    except ValueError as e:
-      raise ValueError(f"request {i}: {e}") from None
+  def _make_job(self, i: int, r, ids: list[int]) -> _Job:
+    """Request i (its prompt's ids read already) as a job, checked: ValueError naming the request."""
     r = r if isinstance(r, Request) else Request(r)
     try:
-      return self._job(i, ids, r)
+      job = self._job(i, ids, r)
     except ValueError as e:
       raise ValueError(f"request {i}: {e}") from None
+    self.plan.check_prompts([ids], job.max_new, first=i, label="request")
+    return job
 
   def _job(self, i: int, ids: list[int], r: Request) -> _Job:
     """The request's own options, checked (alone, then against the run), with the run's as defaults."""
@@ -377,11 +374,16 @@ class Generator:
         self._update_stats(results, t_start)
         yield from results
     self._update_stats([], t_start)
+    if board.error is not None:
+      raise board.error
 
   def _top_up(self, board: "_Board") -> None:
     """Pull requests into the queue until it holds a prefill's worth (or the requests run out)."""
     while not board.exhausted and len(board.queue) < self.prefill_batch:
-      job = self._next_job()
+      try:
+        job = next(self._jobs, None)
+      except ValueError as e:             # a bad request: the ones read before it finish, then it raises
+        board.error, job = e, None
       if job is None:
         board.exhausted = True
       else:
@@ -490,7 +492,10 @@ def generate_stream(model: Model, requests: Iterable, *, batch_size: int = 8, re
                     **kwargs) -> Generator:
   """Continuous-batching generation: yields a StreamResult per (request, sample) as soon as it finishes.
 
-  requests: any iterable (consumed lazily) of prompts (text or token-id lists) or `Request`s.
+  requests: any iterable (consumed lazily) of prompts (text or token-id lists) or `Request`s. A list is
+  checked whole before anything compiles (ValueError naming the request); a bad request of any other
+  iterable ends the stream when it is read: the requests read before it finish and are yielded, then its
+  ValueError is raised, and nothing after it is read.
   batch_size: decode slots. refill_at: the loop returns to the host to refill once this many rows have
   finished (batch_size: static batching). prefill_batch: rows per prefill call (default: enough for
   refill_at finished rows). num_samples: samples per request (one prefill, n slots, n streams).

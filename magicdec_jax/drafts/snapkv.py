@@ -49,8 +49,9 @@ class SnapKVDraft(TargetWeightCopy, RingDraft, Draft):
     need = max(self.budget + self.window, self.observation_window) + 1
     short = min((len(p) for p in ids), default=need)
     if short < need:
-      raise ValueError(f"SnapKVDraft budget={self.budget} + window={self.window} is larger than the "
-                       f"shortest prompt ({short} tokens; needs >= {need})")
+      raise ValueError(f"SnapKVDraft needs prompts of at least max(budget={self.budget} + window={self.window}, "
+                       f"observation_window={self.observation_window}) + 1 = {need} tokens; the shortest is "
+                       f"{short} tokens")
 
   def prefill_ring(self, ring: RingCache, p: Prefill) -> RingCache:
     """The observation window's queries score every prompt slot; the top `budget` per (layer, KV head)

@@ -14,7 +14,7 @@ from magicdec_jax import datagen, loop, prefilled
 from magicdec_jax.drafts import ModelDraft, PromptLookupDraft, SnapKVDraft, StreamingDraft, truncate_layers
 from magicdec_jax.generation import generate, logits, prompt_logprobs
 from magicdec_jax.settings import DecodeSettings
-from magicdec_jax.stream import generate_stream
+from magicdec_jax.stream import Request, generate_stream
 from magicdec_jax.trees import Tree
 
 from conftest import compile_count, tiny_model
@@ -141,6 +141,23 @@ def test_draft_vocabulary_mismatch(model):
   other = tiny_model(1, vocab=32)
   with raises("vocabulary", 32, 64):
     generate(model, [PROMPT], max_new_tokens=4, draft=ModelDraft(other, sink=1, window=4))
+
+
+def test_unknown_settings_and_top_logprobs_beyond_the_vocabulary(model):
+  with raises("unknown decoding setting(s) 'stop'", "Request"):
+    generate(model, [PROMPT], max_new_tokens=4, stop=["x"])
+  with raises("unknown decoding setting(s) 'stop', 'temp'"):
+    generate_stream(model, [PROMPT], max_new_tokens=4, stop=["x"], temp=1.0)
+  with raises("top_logprobs=17", "vocabulary of 16"):
+    generate(tiny_model(0, vocab=16), [PROMPT], max_new_tokens=4, logprobs=True, top_logprobs=17)
+
+
+def test_a_listed_stream_checks_every_request_before_compiling(model):
+  limit = model.config.max_position_embeddings
+  with raises("request 2:", f"{limit - 2} prompt tokens + max_new_tokens=4 exceed"):
+    generate_stream(model, [PROMPT, PROMPT, [1] * (limit - 2)], max_new_tokens=4)
+  with raises("request 1: max_new_tokens must be an integer in [1, 4]", "got 9"):
+    generate_stream(model, [PROMPT, Request(PROMPT, max_new_tokens=9)], max_new_tokens=4)
 
 
 def test_snapkv_budget_larger_than_prompt(model):

@@ -11,9 +11,11 @@ import functools
 import json
 import time
 
+import numpy as np
 import pytest
 
 import magicdec_jax as md
+from magicdec_jax import stops as stops_lib
 from magicdec_jax import datagen, datagen_formats, openai_batch, testing
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.generation import generate
@@ -318,3 +320,40 @@ def test_a_row_ended_by_its_stop_id_has_that_ids_text_left_out():
   want = tiny().tokenizer.decode(free[:k], skip_special_tokens=False)
   assert res.tokens[0] == streamed.tokens == free[:k + 1] and res.finish_reasons[0] == streamed.finish_reason == "eos"
   assert res.texts[0] == streamed.text == want
+
+
+def test_stop_search_reads_a_bounded_tail_and_cuts_where_a_whole_text_search_does():
+  """find_stop, called as a stream calls it (a few new tokens at a time), cuts where a plain search of
+  each whole prefix's text first finds a stop, over random byte-token text with characters split across
+  tokens; and a check that finds nothing decodes a bounded tail, not the whole output."""
+  tok = testing.byte_tokenizer()
+  decode = lambda t: tok.decode(t, skip_special_tokens=False)      # noqa: E731
+  rng = np.random.default_rng(0)
+  chars = list("ab é€😀\n")
+  for trial in range(60):
+    text = "".join(rng.choice(chars, size=160))
+    toks = tok.encode(text).ids
+    at = int(rng.integers(100, 150))
+    stops = [text[at:at + int(rng.integers(1, 4))], "".join(rng.choice(chars, size=3))]
+    keep = bool(trial % 2)
+    want = None
+    for k in range(1, len(toks) + 1):                       # the reference: every prefix's whole text
+      t = decode(toks[:k])
+      hits = [(t.find(s), -len(s)) for s in stops if s in t]
+      if hits:
+        pos, neg = min(hits)
+        want = (k, t[:pos - neg if keep else pos])
+        break
+    got, start, lengths = None, 0, []
+    while got is None and start < len(toks):
+      end = min(len(toks), start + int(rng.integers(1, 6)))
+      got = stops_lib.find_stop(lambda t: lengths.append(len(t)) or decode(t), toks[:end], stops, frozenset(),
+                                keep, start)
+      start = end
+    assert got == want, (trial, stops)
+  lengths = []
+  toks = tok.encode("ab" * 2000).ids
+  for start in range(0, len(toks), 3):
+    assert stops_lib.find_stop(lambda t: lengths.append(len(t)) or decode(t), toks[:start + 3], ["zz", "ba a"],
+                               frozenset(), False, start) is None
+  assert max(lengths) <= 3 + 4 * 4 + 16

@@ -119,8 +119,23 @@ def test_prompt_at_context_limit_and_fewer_prompts_than_slots(model):
   got = _by_key(g)
   assert [got[i, 0].tokens for i in range(2)] == ref
   assert g.stats["records"] == 2 and 0 < g.stats["slot_utilization"] <= 2 / 8
-  with pytest.raises(ValueError, match="request 0: prompt 0: 501 prompt tokens"):
+  with pytest.raises(ValueError, match="request 0: 501 prompt tokens"):
     list(generate_stream(model, [[1] * (limit - NEW + 1)], max_new_tokens=NEW))
+
+
+def test_a_bad_request_of_a_lazy_stream_raises_after_the_ones_before_it(model, prompts):
+  """A request's own budget sizes its context check; a bad request read lazily ends the stream only
+  after the requests read before it have finished (each as `generate` gives it) and been yielded."""
+  limit = model.config.max_position_embeddings
+  long = [3] * (limit - 4)                                  # fits its own budget of 4, not the run's NEW
+  reqs = [Request(prompts[0]), Request(prompts[1]), Request(long, max_new_tokens=4)]
+  got = []
+  with pytest.raises(ValueError, match=f"request 3: {limit - 4} prompt tokens \\+ max_new_tokens={NEW} exceed"):
+    for r in generate_stream(model, iter(reqs + [Request(long)] + reqs[:1]), max_new_tokens=NEW, batch_size=2):
+      got.append(r)
+  ref = reference_greedy(model, prompts[:2], NEW) + reference_greedy(model, [long], 4)
+  assert sorted(r.index for r in got) == [0, 1, 2]
+  assert [r.tokens for r in sorted(got, key=lambda r: r.index)] == ref
 
 
 def test_more_samples_than_slots_one_prefill(model, prompts):
@@ -148,7 +163,7 @@ def test_bad_arguments(model, prompts):
     generate_stream(model, prompts, max_new_tokens=4, batch_size=4, refill_at=5)
   with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
     generate_stream(model, prompts, max_new_tokens=4, batch_size=0)
-  with pytest.raises(ValueError, match="request 1: prompt 0 has token id 99"):
+  with pytest.raises(ValueError, match="request 1 has token id 99"):
     list(generate_stream(model, iter([[1, 2], [99]]), max_new_tokens=4))
   with pytest.raises(ValueError, match="request 0: stream_ids"):
     list(generate_stream(model, [Request([1, 2], stream_ids=[])], max_new_tokens=4))
