@@ -22,6 +22,7 @@ import logging
 import sys
 import time
 
+import jax
 from absl import app, flags
 
 from magicdec_jax import compile as compiling
@@ -65,7 +66,7 @@ def run_mode(argv):
   cache_dir = compiling.enable_persistent_cache(FLAGS.compilation_cache_dir)   # None: the env var / default
   log(f"persistent compilation cache: {cache_dir or 'off'}")
   mesh = cli_flags.setup_mesh(FLAGS)          # None without --mesh
-  with mesh if mesh is not None else contextlib.nullcontext():
+  with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
     modes.MODES[FLAGS.mode].run(FLAGS, log)
   log(f"--mode={FLAGS.mode} done in {time.perf_counter() - t:.1f}s")
 

@@ -234,6 +234,9 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
     check_count("device_memory (bytes)", device_memory, 1)
   if mesh is not None and (not isinstance(mesh, jax.sharding.Mesh) or set(mesh.axis_names) != set(meshes.AXES)):
     raise ValueError(f"mesh must be a ('data', 'model') jax Mesh (sharding.make_mesh), got {mesh!r:.80}")
+  if mesh is not None and any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
+    raise ValueError(f"mesh axes must be Auto, got axis_types={mesh.axis_types} (jax.make_mesh makes Explicit "
+                     "axes unless told otherwise: use sharding.make_mesh, or axis_types=(AxisType.Auto,) * 2)")
   st = settings
   cfg = dataclasses.replace(model.config, numerics=st.numerics, fixed=st.fixed_shapes)
   draft = st.draft

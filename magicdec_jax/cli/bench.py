@@ -33,9 +33,6 @@ def validate(fv) -> None:
   for name, low in GRID:
     cli_flags.int_list(fv, name, low)
   cli_flags.refuse_no_draft(fv, "compares against a draft")
-  if fv.mesh:
-    raise app.UsageError("--mode=bench measures on one device (prefill once, decode each way); "
-                         "--mesh is for --mode=generate / datagen")
   if fv.tree:
     raise app.UsageError("--mode=bench sweeps chains (--gammas); --tree is for --mode=generate")
 

@@ -13,7 +13,7 @@ from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.sharding import distributed
 
 OWN_FLAGS = ("input", "output", "batch_size", "refill_at", "num_samples_per_prompt", "on_error", "input_format",
-             "truncate", "chat")
+             "truncate", "chat", "mesh", "device_memory_gb")
 
 
 def validate(fv) -> None:

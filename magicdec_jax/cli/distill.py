@@ -14,7 +14,7 @@ from magicdec_jax.cli import draft_flags, flags as cli_flags
 from magicdec_jax.training import distill, distill_data, distill_feature
 
 OWN_FLAGS = ("distill_data", "distill_out", "draft_config", "distill_steps", "lr", "warmup_steps", "batch",
-             "seq_len", "checkpoint_every", "eval_every", "distill_loss", "distill_heldout")
+             "seq_len", "checkpoint_every", "eval_every", "distill_loss", "distill_heldout", "mesh")
 
 
 def validate(fv) -> None:

@@ -76,7 +76,7 @@ def define_model_flags(d: dict) -> None:
                       "$MAGICDEC_COMPILATION_CACHE, else ~/.cache/magicdec_jax/xla; empty = off). A directory "
                       "set through jax's own config is left alone.", **d)
   flags.DEFINE_float("device_memory_gb", None, "Memory per device for the planner's fit check (default: "
-                     "what the device reports; CPU reports nothing, so no check).", lower_bound=0.0, **d)
+                     "what the device reports; CPU reports nothing, so no check).", lower_bound=1e-9, **d)
 
 
 def define_multi_host_flags(d: dict) -> None:

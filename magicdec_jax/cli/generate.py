@@ -11,7 +11,7 @@ from magicdec_jax import generation
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.constraints import Constraint
 
-OWN_FLAGS = ("prompt", "prompts_file", "json_schema", "chat")
+OWN_FLAGS = ("prompt", "prompts_file", "json_schema", "chat", "mesh", "device_memory_gb")
 
 
 def json_schema(fv) -> dict | None:

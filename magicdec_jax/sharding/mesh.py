@@ -64,6 +64,8 @@ def make_mesh(spec: str | dict | None = None, devices: Sequence[jax.Device] | No
   spec: "data:D,model:M" (either may be omitted), a {"data": D, "model": M} dict, or None (1 x all).
   """
   devices = list(jax.local_devices() if devices is None else devices)
+  if not devices or not all(isinstance(d, jax.Device) for d in devices) or len(set(devices)) != len(devices):
+    raise ValueError(f"devices must be distinct jax devices, at least one, got {devices!r:.120}")
   if spec is None:
     sizes = {DATA: 1, MODEL: len(devices)}
   elif isinstance(spec, dict):

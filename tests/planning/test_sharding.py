@@ -179,6 +179,13 @@ def test_mesh_spec_errors():
   assert sharding.parse_mesh(" data:8 ", 8) == {"data": 8, "model": 1}
   mesh = sharding.make_mesh("data:1,model:1")
   assert mesh.axis_types == (jax.sharding.AxisType.Auto,) * 2
+  d = jax.devices()[0]
+  for devices in ([], [d, d], ["cpu:0"]):
+    with pytest.raises(ValueError, match="devices must be distinct jax devices"):
+      sharding.make_mesh("data:1", devices=devices)
+  explicit = jax.make_mesh((1, 1), ("data", "model"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  with pytest.raises(ValueError, match="mesh axes must be Auto"):
+    generate(testing.random_tiny_model(0), [[1, 2, 3]], max_new_tokens=2, mesh=explicit)
 
 
 def test_layouts_for_any_model_axis():

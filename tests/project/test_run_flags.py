@@ -87,7 +87,9 @@ def usage_cases(tmp_path):
       (["--mode=bench", "--gammas=0"], "--gammas=0: each value must be an integer >= 1"),
       (["--mode=bench", "--draft=none"], "--draft=none is not allowed"),
       (["--mode=bench", "--tree=sequoia16"], "--tree is for --mode=generate"),
-      (["--mode=bench", "--mesh=data:2"], "--mesh is for --mode=generate"),
+      (["--mode=bench", "--mesh=data:2"], "--mesh is for --mode=generate|datagen|distill, not --mode=bench"),
+      (["--mesh=data:2"], "--mesh is for --mode=generate|datagen|distill, not --mode=demo"),
+      (["--mode=plan", "--device_memory_gb=8"], "--device_memory_gb is for --mode=generate|datagen"),
       (["--mode=bench", "--bench_preset=long_context"], None),
       (["--draft=none"], "--mode=demo compares against a draft"),
       (["--prompt_tokens=512", "--shared_tokens=512"], "--shared_tokens=512 must be below --prompt_tokens=512"),
@@ -121,6 +123,11 @@ def usage_cases(tmp_path):
       (["--mode=generate", "--prompt=hi", "--shrink_batch"], None),
       ([], None),
   ]
+
+
+def test_device_memory_must_be_positive():
+  with pytest.raises(flags.IllegalFlagValueError, match="device_memory_gb.*0.0 is not number >= 1e-09"):
+    parse(["--mode=generate", "--prompt=hi", "--device_memory_gb=0"])
 
 
 def test_usage_errors(tmp_path):
