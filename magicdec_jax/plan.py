@@ -242,8 +242,16 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
   draft = st.draft
   if draft is not None:
     draft.check_compatible(model)
+    ring = draft.spec.footprint(cfg, 0, cfg.max_position_embeddings)
+    if ring.ring is not None and ring.ring_slots > cfg.max_position_embeddings + 1:
+      raise ValueError(f"{draft!r}: its cache of {ring.ring_slots} slots is larger than the model's context of "
+                       f"{cfg.max_position_embeddings} tokens (a window that long keeps every position, and "
+                       "costs its whole size at every step)")
     if st.tree == "auto":
       draft.spec.check_tree("auto")              # (before the cost model picks a tree it cannot propose)
+  if isinstance(st.tree, Tree) and st.tree.max_width > cfg.vocab_size:
+    raise ValueError(f"the tree of {st.tree.num_nodes} nodes has a node of {st.tree.max_width} children, more "
+                     f"than the vocabulary's {cfg.vocab_size} tokens")
   check_attention_impl(st.attention_impl)
   if st.logprobs and st.top_logprobs > cfg.vocab_size:
     raise ValueError(f"top_logprobs={st.top_logprobs} exceeds the model's vocabulary of {cfg.vocab_size} tokens")

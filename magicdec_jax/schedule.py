@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax.trees import AR_TREE, Tree
+from magicdec_jax.trees import AR_TREE, Tree, is_int
 
 AUTO_GAMMAS = (1, 2, 3)     # the chains "auto" switches between (with plain decoding)
 PRIOR_TRIALS = 64           # the prior acceptance (profile or default) counts as this many draft positions
@@ -299,9 +299,12 @@ def pairs(variants: Sequence[Tree], at: np.ndarray, variant: np.ndarray) -> list
 def check_forced(schedule) -> list[tuple[int, int]]:
   """A forced schedule [(from_context, gamma), ...] validated (contexts ascending, gamma >= 0)."""
   try:
-    pairs = [(int(c), int(g)) for c, g in schedule]
+    pairs = [(c, g) for c, g in schedule]
   except (TypeError, ValueError):
-    raise ValueError(f"schedule must be a list of (from_context, gamma) pairs, got {schedule!r:.80}") from None
+    pairs = None
+  if pairs is None or not all(is_int(c) and is_int(g) for c, g in pairs):
+    raise ValueError(f"schedule must be a list of (from_context, gamma) integer pairs, got {schedule!r:.80}")
+  pairs = [(int(c), int(g)) for c, g in pairs]
   if not pairs or any(g < 0 or c < 0 for c, g in pairs) or any(a[0] >= b[0] for a, b in zip(pairs, pairs[1:])):
     raise ValueError(f"schedule needs (from_context >= 0, gamma >= 0) pairs with contexts ascending, got {pairs}")
   return pairs

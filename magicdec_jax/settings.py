@@ -45,9 +45,9 @@ class DecodeSettings:
   learn_acceptance: gamma="auto" re-plans a call from the acceptance its chain rounds have had and the
   measured speed of settings the cost model cannot separate (schedule.Learning; not with a forced
   schedule or tree="auto"). numerics: "invariant" (every dot of the target one fixed shape, so a row's
-  logits at a position are bitwise the same in a one-token step and a chain's verify pass, whatever the
-  batch, slot, refill, draft or gamma: greedy and invariant sampling of a chain then give plain decoding's
-  tokens exactly, in bfloat16 too; a tree's only to rounding) or "fast"
+  logits at a position are bitwise the same in a one-token step, a chain's verify pass and a tree's node,
+  whatever the batch, slot, refill, draft, gamma or tree: greedy and invariant sampling then give plain
+  decoding's tokens exactly, in bfloat16 too) or "fast"
   (the backend's own shapes: equal to rounding; layers/invariant.py); None: the backend's default
   (backend.default_numerics). The value is decided when the settings are made, so `settings.numerics` is
   always one of the two. fixed_shapes: the shapes invariant numerics compute at (None: the backend's,

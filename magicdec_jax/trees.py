@@ -37,6 +37,11 @@ def _readonly(a: np.ndarray) -> np.ndarray:
   return a
 
 
+def is_int(v) -> bool:
+  """An integer (Python's or numpy's), not a bool, a float or a string that reads as one."""
+  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
 @dataclasses.dataclass(frozen=True)
 class Tree:
   """A speculation tree in canonical BFS order.
@@ -50,9 +55,12 @@ class Tree:
 
   def __post_init__(self):
     try:
-      parents = tuple(int(p) for p in self.parents)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"Tree parents must be a sequence of ints, got {self.parents!r}") from e
+      parents = tuple(self.parents)
+    except TypeError:
+      parents = None
+    if parents is None or not all(is_int(p) for p in parents):
+      raise ValueError(f"Tree parents must be a sequence of ints, got {self.parents!r:.120}")
+    parents = tuple(int(p) for p in parents)
     object.__setattr__(self, "parents", parents)
     if not parents:
       raise ValueError("Tree needs at least the root node")
@@ -71,8 +79,8 @@ class Tree:
   @classmethod
   def chain(cls, gamma: int) -> "Tree":
     """A chain of gamma candidates: gamma + 1 nodes, depth gamma."""
-    if gamma < 0:
-      raise ValueError(f"gamma must be >= 0, got {gamma}")
+    if not is_int(gamma) or gamma < 0:
+      raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
     return cls((-1,) + tuple(range(gamma)))
 
   @classmethod
@@ -194,7 +202,7 @@ class Tree:
     d = json.loads(text)
     if isinstance(d, list):
       return cls(tuple(d))
-    if not isinstance(d, dict) or "parents" not in d:
+    if not isinstance(d, dict) or not isinstance(d.get("parents"), list):
       raise ValueError("tree JSON must be a list of parents or an object with a 'parents' list")
     return cls(tuple(d["parents"]))
 
@@ -310,10 +318,11 @@ def _as_cost(fn, what: str) -> Callable[[int], float]:
 
 
 def hardware_aware_tree(acceptance_vector: Sequence[float], sizes: Sequence[int], max_depth: int,
-                        t_draft, t_verify) -> tuple[Tree, dict]:
+                        t_draft, t_verify, min_depth: int = 0) -> tuple[Tree, dict]:
   """Pick the Sequoia tree minimizing predicted time per emitted token.
 
-  For every candidate verify size N in `sizes` and depth bound d <= max_depth, the DP tree T(N, d) costs
+  For every candidate verify size N in `sizes` and depth bound min_depth <= d <= max_depth (min_depth 1:
+  a tree that speculates, never the root alone), the DP tree T(N, d) costs
   sum over its draft levels of t_draft(width) + t_verify(N) seconds per step, and emits expected_tokens(T).
   t_draft: seconds per draft step (a number) or a callable tokens_per_row -> seconds (the number of nodes at a
   level that have children); t_verify: callable or dict N -> seconds (the verify step is charged at the padded
@@ -329,7 +338,7 @@ def hardware_aware_tree(acceptance_vector: Sequence[float], sizes: Sequence[int]
   best = None
   for n in sizes:
     seen = set()
-    for d in range(0, max_depth + 1):
+    for d in range(min_depth, max_depth + 1):
       tree = table.tree(n, d)
       if tree in seen:
         continue

@@ -98,8 +98,8 @@ def define_sampling_flags(d: dict) -> None:
                     "invariant = drafter-invariant sampling (the samples are plain decoding's whatever the draft, "
                     "gamma, tree or batch: Gumbel-max with noise per seed, stream and position).", **d)
   flags.DEFINE_enum("numerics", None, list(config.NUMERICS), "invariant = every dot of the target one "
-                    "fixed shape, so greedy and invariant sampling of a chain give plain decoding's tokens bit for "
-                    "bit (bfloat16 too) whatever the draft, batch or slot (a tree: to rounding); fast = the "
+                    "fixed shape, so greedy and invariant sampling give plain decoding's tokens bit for bit "
+                    "(bfloat16 too) whatever the draft, gamma, tree, batch or slot; fast = the "
                     "backend's own shapes (equal to rounding). Default: invariant on CPU, fast on a GPU (where "
                     "fixed shapes measured 2.07x slower).", **d)
   flags.DEFINE_integer("seed", 0, "Random seed.", lower_bound=0, upper_bound=2**31 - 1, **d)

@@ -46,7 +46,7 @@ class PromptLookupDraft(DraftSpec, Draft):
 
   def __post_init__(self):
     for field, v in (("max_ngram", self.max_ngram), ("min_ngram", self.min_ngram)):
-      if not isinstance(v, (int, np.integer)) or v < 1:
+      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
         raise ValueError(f"PromptLookupDraft {field} must be an integer >= 1, got {v!r}")
     if self.min_ngram > self.max_ngram:
       raise ValueError(f"PromptLookupDraft min_ngram={self.min_ngram} is larger than max_ngram={self.max_ngram}")
@@ -68,7 +68,7 @@ class PromptLookupDraft(DraftSpec, Draft):
     b, s = h.shape
     j = jnp.arange(s)[None, :]
     start = jnp.full((b,), -1, jnp.int32)
-    for n in range(self.max_ngram, self.min_ngram - 1, -1):
+    for n in range(min(self.max_ngram, s - 1), self.min_ngram - 1, -1):   # (a match needs n <= s - 1)
       suffix = jnp.take_along_axis(h, jnp.maximum(lengths[:, None] - n + jnp.arange(n)[None, :], 0), axis=1)
       hit = jnp.ones((b, s), bool)
       for t in range(n):          # h[:, j + t] == suffix[t] for every window start j

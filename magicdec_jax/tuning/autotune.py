@@ -93,7 +93,8 @@ def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool,
   """
   hw = detect_hardware(hardware)
   vec = _vector(hardware, acceptance_vector)
-  tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens)
+  tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens,
+                       allow_autoregressive)
   if allow_autoregressive and (not _pays(info["speedup"]) or tree.max_depth == 0):   # (depth 0: no speculation)
     return trees.AR_TREE, dict(info, speculate=False)
   return tree, dict(info, speculate=True)
@@ -122,7 +123,14 @@ def _vector(hardware, acceptance_vector):
   """The acceptance vector `choose` prices with: the given one, else a hardware profile's stored one."""
   vec = load_acceptance(acceptance_vector)
   if vec is None and profiles.is_profile_path(hardware):
-    vec = profiles.load_profile(str(hardware))[1].get("acceptance_vector")
+    stored = profiles.load_profile(str(hardware))[1].get("acceptance_vector")
+    if stored is not None:
+      try:
+        if not isinstance(stored, list):
+          raise ValueError(f"'acceptance_vector' must be a list of probabilities, got {stored!r:.80}")
+        vec = load_acceptance(stored)
+      except ValueError as e:
+        raise ValueError(f"hardware profile {hardware}: {e}") from None
   return vec
 
 
@@ -133,11 +141,12 @@ def chain_alpha(hardware=None, acceptance_vector=None) -> float:
   return float(vec[0]) if vec else DEFAULT_ALPHA
 
 
-def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens):
+def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens, allow_autoregressive):
   draft = cost_draft(spec)
-  if want_tree:
+  if want_tree:           # (without plain decoding allowed, the root-only tree is not a choice either)
     vec = vec or trees.DEFAULT_ACCEPTANCE_VECTOR
-    tree, info = costmodel.choose_tree(cfg, hw, draft, batch, context, vec, dtype=cfg.dtype)
+    tree, info = costmodel.choose_tree(cfg, hw, draft, batch, context, vec, dtype=cfg.dtype,
+                                       min_depth=0 if allow_autoregressive else 1)
     return tree, dict(info, hardware=hw.name)
   if alpha is None and vec is not None:
     gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, None, max_gamma, dtype=cfg.dtype,

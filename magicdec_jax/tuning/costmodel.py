@@ -319,12 +319,13 @@ def choose_gamma_table(t_ar_s: float, t_draft, t_verify_fn, *, alpha: float | No
 
 def choose_tree(cfg: ModelConfig, hw: Hardware, draft: DraftCost, batch: int, context: int,
                 acceptance_vector: Sequence[float], sizes: Sequence[int] = DEFAULT_TREE_SIZES,
-                max_depth: int = 12, dtype: str = "bfloat16") -> tuple[trees_lib.Tree, dict]:
-  """Hardware-aware Sequoia tree for (batch, context); info gains 'speedup' (vs. autoregressive)."""
+                max_depth: int = 12, dtype: str = "bfloat16", min_depth: int = 0) -> tuple[trees_lib.Tree, dict]:
+  """Hardware-aware Sequoia tree for (batch, context) of depth min_depth..max_depth; info gains 'speedup'
+  (vs. autoregressive)."""
   tree, info = trees_lib.hardware_aware_tree(
       acceptance_vector, sizes, max_depth,
       t_draft=lambda w: t_draft(cfg, hw, draft, batch, context, w, dtype),
-      t_verify=lambda n: t_verify(cfg, hw, batch, context, n, dtype))
+      t_verify=lambda n: t_verify(cfg, hw, batch, context, n, dtype), min_depth=min_depth)
   info = dict(info, speedup=t_ar(cfg, hw, batch, context, dtype) / info["time_per_token"])
   return tree, info
 

@@ -69,6 +69,9 @@ class FittedHardware:
       if len(coef) != len(FEATURES) or any(c < 0 or not math.isfinite(c) for c in coef):
         raise ValueError(f"fitted coefficients{' for ' + dtype + ' weights' if dtype else ''} must be "
                          f"{len(FEATURES)} finite values >= 0, got {coef}")
+      if not any(coef):
+        raise ValueError(f"fitted coefficients{' for ' + dtype + ' weights' if dtype else ''} are all 0: "
+                         "every step would take no time")
 
   def time_step(self, cfg: ModelConfig, batch: int, kv_context: int, new_tokens: int,
                 dtype: str = "bfloat16", weights_dtype: str | None = None) -> float:

@@ -40,15 +40,16 @@ def lookup_reference(seq: list[int], gamma: int, max_ngram: int, min_ngram: int)
   return out
 
 
-@pytest.mark.parametrize("max_ngram,min_ngram", [(3, 1), (2, 2), (1, 1)])
-def test_proposals_match_a_plain_python_lookup(max_ngram, min_ngram):
+@pytest.mark.parametrize("max_ngram,min_ngram,s", [(3, 1, 64), (2, 2, 64), (1, 1, 64), (14, 1, 12)])
+def test_proposals_match_a_plain_python_lookup(max_ngram, min_ngram, s):
+  """(s: the history's slots; an n-gram longer than it never matches)"""
   rng = np.random.default_rng(max_ngram * 10 + min_ngram)
   cfg = tiny_model(0).config
   d = PromptLookupDraft(max_ngram, min_ngram)
-  gamma, s = 4, 64
+  gamma = 4
   rows = []
   for _ in range(24):                       # small alphabets: plenty of repeats, some rows with none
-    length = int(rng.integers(1, 40))
+    length = int(rng.integers(1, min(40, s - gamma)))
     rows.append(rng.integers(0, int(rng.choice([3, 6, 50])), length).tolist())
   b = len(rows)
   hist = np.zeros((b, s), np.int32)

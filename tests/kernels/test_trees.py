@@ -232,3 +232,7 @@ def test_hardware_aware_tree_is_argmin():
   assert big.expected_tokens(p) == pytest.approx(table.value[64, depth])
   none, info = trees.hardware_aware_tree(p, sizes, depth, 100.0, t_verify)
   assert none.num_nodes == 1 and info["expected_tokens"] == 1.0
+  some, info = trees.hardware_aware_tree(p, sizes, depth, 100.0, t_verify, min_depth=1)   # (auto_fallback=False)
+  assert some.max_depth >= 1 and info["time_per_token"] == pytest.approx(min(
+      (sum(100.0 for _ in table.tree(n, d).expanding_per_level) + t_verify(n)) / table.value[n, d]
+      for n in sizes for d in range(1, depth + 1)))

@@ -23,7 +23,7 @@ from magicdec_jax.measure import calibrate as C
 from magicdec_jax import testing
 from magicdec_jax.tuning import costmodel as cm
 from magicdec_jax import trees
-from magicdec_jax.tuning import profiles, shapes, stepfit
+from magicdec_jax.tuning import autotune, profiles, shapes, stepfit
 from magicdec_jax.tuning.draft_cost import DraftCost
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import init_params
@@ -238,6 +238,15 @@ def test_profile_round_trip_and_cost_functions(tmp_path):
   (tmp_path / "bad.json").write_text(json.dumps({"acceptance_vector": [0.5]}))
   with pytest.raises(ValueError, match="not a hardware profile"):
     profiles.load_profile(str(tmp_path / "bad.json"))
+  zero = dict(prof, fit=dict(hw.to_dict(), coef=[0.0] * len(hw.coef)))
+  profiles.save_profile(zero, str(tmp_path / "zero.json"))
+  with pytest.raises(ValueError, match="are all 0"):
+    profiles.load_profile(str(tmp_path / "zero.json"))
+  for stored, words in (([1.5], "entries must be in \\[0, 1\\]"), ("abc", "must be a list of probabilities"),
+                        (0.8, "must be a list of probabilities")):
+    profiles.save_profile(dict(prof, acceptance_vector=stored), str(tmp_path / "acc.json"))
+    with pytest.raises(ValueError, match=f"hardware profile {tmp_path}/acc.json: .*{words}"):
+      autotune.chain_alpha(str(tmp_path / "acc.json"))
 
 
 def test_auto_falls_back_to_autoregressive_when_speculation_is_predicted_to_lose():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import jax
+import numpy as np
 import pytest
 
 from magicdec_jax import datagen, loop, prefilled
@@ -158,6 +159,28 @@ def test_a_listed_stream_checks_every_request_before_compiling(model):
     generate_stream(model, [PROMPT, PROMPT, [1] * (limit - 2)], max_new_tokens=4)
   with raises("request 1: max_new_tokens must be an integer in [1, 4]", "got 9"):
     generate_stream(model, [PROMPT, Request(PROMPT, max_new_tokens=9)], max_new_tokens=4)
+
+
+def test_trees_schedules_and_draft_sizes_of_the_wrong_kind(model, tmp_path):
+  """Values that read as numbers but are not integers are refused, not truncated; a draft cache larger than
+  the context and a tree node wider than the vocabulary are refused before tracing."""
+  for bad in ((-1, 0.7), (-1, False), (-1, "0")):
+    with raises("Tree parents must be a sequence of ints"):
+      Tree(bad)
+  with raises("tree JSON must be"):
+    Tree.from_json('{"parents": 5}')
+  with raises("gamma must be an integer >= 0, got 2.0"):
+    Tree.chain(2.0)
+  with raises("max_ngram must be an integer >= 1, got True"):
+    PromptLookupDraft(max_ngram=True)
+  assert truncate_layers(model, np.int64(1)).config.num_layers == 1
+  for schedule in ([(0, 2.7)], [(0.5, 2)], [(0, True)]):
+    with raises("schedule must be a list of (from_context, gamma) integer pairs"):
+      generate(model, [PROMPT], max_new_tokens=4, draft=StreamingDraft(1, 4), schedule=schedule)
+  with raises("cache of 1048580 slots is larger than the model's context of 512"):
+    generate(model, [PROMPT], max_new_tokens=4, draft=StreamingDraft(4, 1 << 20))
+  with raises("a node of 70 children, more than the vocabulary's 64 tokens"):
+    generate(model, [PROMPT], max_new_tokens=4, draft=StreamingDraft(1, 4), tree=Tree((-1,) + (0,) * 70))
 
 
 def test_snapkv_budget_larger_than_prompt(model):
