@@ -47,6 +47,7 @@ class FixedShapes:
   split_slots: int = 2048          # slots per KV split of the Pallas kernel (a size: a multiple of key_block)
   prefill_tile: tuple[int, int] = (64, 256)   # a prefill chunk's attention: (query tokens, key positions) per tile
   slot_multiple: int = 1           # a linear cache's slot count is a multiple of this (and of key_block)
+  data_shards: int = 1             # the mesh's data axis: a token-wise call's rows are split over it
 
   @property
   def max_depth(self) -> int:
@@ -81,11 +82,11 @@ class FixedShapes:
   def rows(self, prefill: bool, width: int) -> tuple[int, int]:
     """(lo, hi) for the token-wise calls of a prefill chunk or a decode round of a model whose row-wise
     reductions (its norms) run over `width` elements: lo raised where the range would straddle the
-    reduction floor."""
+    reduction floor; both times data_shards, so that each shard's part lies in (lo, hi)."""
     lo, hi = self.prefill_rows if prefill else self.decode_rows
     if self.reduction_floor and lo * width < self.reduction_floor <= hi * width:
       lo = -(-self.reduction_floor // width)
-    return lo, hi
+    return lo * self.data_shards, hi * self.data_shards
 
 
 # XLA:CPU fuses elementwise producers into its YNNPACK dots and reductions by the context they sit in, so

@@ -239,6 +239,9 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
                      "axes unless told otherwise: use sharding.make_mesh, or axis_types=(AxisType.Auto,) * 2)")
   st = settings
   cfg = dataclasses.replace(model.config, numerics=st.numerics, fixed=st.fixed_shapes)
+  data = 1 if mesh is None else meshes.axis_sizes(mesh)[0]
+  if cfg.invariant and data > 1:     # each data shard computes its rows at the fixed shapes
+    cfg = dataclasses.replace(cfg, fixed=dataclasses.replace(cfg.fixed, data_shards=data))
   draft = st.draft
   if draft is not None:
     draft.check_compatible(model)

@@ -1,6 +1,7 @@
 """Subprocess for test_stream.py: generate_stream on 4 CPU devices (meshes data:2,model:2 and data:4,model:1)
 vs single-device `generate`. Prints one line `RESULT {json}`: per mesh and case, whether every sample's
-tokens equal the reference, and the slot utilization."""
+tokens equal the reference, and the slot utilization; whether a chain's and a tree's log-probabilities on
+data:2,model:2 are plain decoding's on that mesh bit for bit."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]      # this checkout's magicdec_jax
 
 import jax  # noqa: E402
 
-from magicdec_jax import sharding  # noqa: E402
+from magicdec_jax import sharding, trees  # noqa: E402
 from magicdec_jax.drafts import StreamingDraft  # noqa: E402
 from magicdec_jax.generation import generate  # noqa: E402
 from magicdec_jax.stream import generate_stream  # noqa: E402
@@ -37,6 +38,14 @@ def main():
       got = {r.index: r.tokens for r in g}
       out[f"{spec}/{name}"] = {"equal": [got[i] == ref[i] for i in range(len(prompts))],
                                "utilization": g.stats["slot_utilization"]}
+  # fixed-shape numerics with a data axis (rows split over it): a chain's and a tree's log-probabilities
+  # are plain decoding's bits on the same mesh
+  mesh = sharding.make_mesh("data:2,model:2")
+  kw = dict(max_new_tokens=6, eos_token_id=[], logprobs=True, mesh=mesh)
+  lp = {name: generate(tiny_model(0), random_prompts((14, 20, 17), 64, seed=0), **kw, **d).logprobs for name, d in (
+      ("ar", {}), ("chain", dict(draft=StreamingDraft(sink=2, window=4), gamma=2)),
+      ("tree", dict(draft=StreamingDraft(sink=2, window=4), tree=trees.default_tree("sequoia16"))))}
+  out["bitwise"] = {name: v == lp["ar"] for name, v in lp.items()}
   print("RESULT " + json.dumps(out), flush=True)
 
 

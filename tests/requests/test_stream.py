@@ -172,14 +172,15 @@ def test_bad_arguments(model, prompts):
 @pytest.mark.heavy
 def test_meshes_same_tokens_as_one_device():
   """generate_stream with mesh= (data:2,model:2 and data:4,model:1 on 4 CPU devices, in a subprocess: this
-  process already started jax with one device) gives single-device generate's tokens."""
+  process already started jax with one device) gives single-device generate's tokens; on data:2,model:2 a chain's
+  and a tree's log-probabilities are plain decoding's bits."""
   env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=4"), JAX_PLATFORMS="cpu")
   r = subprocess.run([sys.executable, os.path.join(HERE, "stream_mesh_worker.py")], env=env, capture_output=True,
                      text=True, cwd=os.path.dirname(HERE), timeout=600)
   lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
   assert r.returncode == 0 and lines, r.stderr[-4000:]
   out = json.loads(lines[-1][len("RESULT "):])
-  assert out.pop("devices") == 4 and len(out) == 6
+  assert out.pop("devices") == 4 and out.pop("bitwise") == {"ar": True, "chain": True, "tree": True} and len(out) == 6
   for case, facts in out.items():
     assert all(facts["equal"]), (case, facts)
     assert 0 < facts["utilization"] <= 1
