@@ -5,8 +5,12 @@ allocator error that names no cause. The planner counts, from shapes and the par
 each device holds; `generate` and run.py refuse a configuration whose total exceeds the device memory
 before anything compiles, naming every figure.
 
-Params, draft params and KV caches are exact (shape x itemsize / the number of devices the rules split
-each array over; a windowed layer's target cache is its ring, cache.ring_sizes). Activations are an
+Params, a draft model's params and KV caches are exact (shape x itemsize / the number of devices the rules
+split each array over; a windowed layer's target cache is its ring, cache.ring_sizes). A weight copy
+(bfloat16, int8, int4) is its bytes per element times its source's bytes, an estimate: its scales and the
+norms a copy keeps in float32 are left out (under 1% at SmolLM2's shape; more on tiny models), and a model
+draft's copy is counted beside that model's own weights, which the caller's Model keeps on the device.
+Activations are an
 estimate: the largest set of transient buffers live at once, the max over prefill (one chunk through one layer, plus a model draft's temporary linear cache and SnapKV's
 scores) and one decode round (tree-wide logits over the vocabulary for target and draft, one layer's
 attention scores over the whole cache, the MLP's hidden columns). XLA's own scratch is not included.
