@@ -95,7 +95,7 @@ def array_prompts(model: Model, ids, lengths=None, attention_mask=None) -> list[
     row = a[i, s:e]
     bad = np.flatnonzero((row < 0) | (row >= vocab))
     if bad.size:
-      raise ValueError(f"{label} {i} has token id {row[bad[0]]} (at [{i}, {s + bad[0]}]) outside the "
+      raise ValueError(f"prompt {i} has token id {row[bad[0]]} (at [{i}, {s + bad[0]}]) outside the "
                        f"vocabulary [0, {vocab})")
     out.append(row.astype(np.int64).tolist())
   return out
