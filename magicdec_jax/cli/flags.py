@@ -20,6 +20,7 @@ from magicdec_jax import backend, checkpoints, config, drafts, pallas, sampling,
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.cli import draft_flags
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.options import SEED_LIMIT
 from magicdec_jax.tuning import profiles, shapes
 
 DRAFTS = ("none",) + tuple(drafts.REGISTRY)
@@ -41,8 +42,8 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
 
 def define_model_flags(d: dict) -> None:
   """Model and draft (d: DEFINE_* keywords, the FlagValues to define into)."""
-  flags.DEFINE_string("model", "smollm2-135m", "Target: 'smollm2-135m', an orbax dir, an HF dir or a .gguf "
-                      f"file ('{RANDOM_PREFIX}[:SEED]': a tiny random model with a byte tokenizer, for tests).", **d)
+  flags.DEFINE_string("model", "smollm2-135m", "Target: 'smollm2-135m', an orbax dir, an HF dir, a .gguf "
+                      f"file or a Hub id 'org/name' ('{RANDOM_PREFIX}[:SEED]': a tiny random model with a byte tokenizer, for tests).", **d)
   flags.DEFINE_enum("draft", "streaming", DRAFTS, "none = autoregressive; streaming = self-speculation "
                     "with a StreamingLLM cache (MagicDec); snapkv = self-speculation with a SnapKV cache; "
                     "model = a separate draft model (--draft_model and/or --draft_layers); feature = a trained feature "
@@ -102,9 +103,10 @@ def define_sampling_flags(d: dict) -> None:
                     "(bfloat16 too) whatever the draft, gamma, tree, batch or slot; fast = the "
                     "backend's own shapes (equal to rounding). Default: invariant on CPU, fast on a GPU (where "
                     "fixed shapes measured 2.07x slower).", **d)
-  flags.DEFINE_integer("seed", 0, "Random seed.", lower_bound=0, upper_bound=2**31 - 1, **d)
+  flags.DEFINE_integer("seed", 0, "Random seed.", lower_bound=0, upper_bound=SEED_LIMIT - 1, **d)
   flags.DEFINE_integer("max_new_tokens", 64, "New tokens per prompt.", lower_bound=1, upper_bound=1 << 20, **d)
-  flags.DEFINE_integer("batch_size", 4, "Rows per generate call (demo); decode slots (datagen).", lower_bound=1,
+  flags.DEFINE_integer("batch_size", 4, "demo: rows (default 8 on a CPU, 32 on a GPU); datagen: decode slots (default 4).",
+                       lower_bound=1,
                        upper_bound=4096, **d)
   flags.DEFINE_integer("refill_at", 1, "datagen: the decode loop returns to refill its slots once this many "
                        "rows have finished (--batch_size: static batching).", lower_bound=1, upper_bound=4096, **d)
@@ -117,7 +119,7 @@ def define_sampling_flags(d: dict) -> None:
   flags.DEFINE_enum("draft_weights", "none", ["none", "bfloat16", "int8", "int4"], "--draft=streaming, snapkv, "
                     "model or feature: the draft's weights: 'none', its own; 'bfloat16', a copy of float32 "
                     "matrices in bfloat16 (half the bytes per draft step); 'int8' (per-channel scales) or "
-                    "'int4' (group-wise scales, packed) quantized copies. The target still verifies with its "
+                    "'int4' quantized copies (docs/drafts.md#draft-weights: the forms per backend). The target still verifies with its "
                     "own weights. The demo uses bfloat16 unless this is given.", **d)
   flags.DEFINE_boolean("shrink_batch", False, "generate / demo: once half the rows are done, go on with the "
                        "rest in a batch half as large, and so on (same tokens; each smaller batch compiles once "
@@ -142,13 +144,15 @@ def define_generate_flags(d: dict) -> None:
 
 def define_bench_flags(d: dict) -> None:
   """bench."""
-  flags.DEFINE_list("batches", ["1", "4"], "bench: batch sizes.", **d)
-  flags.DEFINE_list("contexts", ["256", "1024"], "bench: prompt lengths in tokens.", **d)
+  flags.DEFINE_list("batches", ["1", "4"], "Batch sizes (bench; calibrate and plan have their own defaults: "
+                    "docs/tuning.md).", **d)
+  flags.DEFINE_list("contexts", ["256", "1024"], "Prompt lengths in tokens (bench; calibrate and plan have their "
+                    "own defaults: docs/tuning.md).", **d)
   flags.DEFINE_list("gammas", ["2", "4"], "bench: speculation lengths.", **d)
   flags.DEFINE_string("output_dir", "bench_out", "bench: where the JSON and PNGs go.", **d)
-  flags.DEFINE_enum("bench_preset", "none", ["none", "long_context"], "bench: long_context = the README's "
-                    "long-context sweep (batches 8,4,1 x contexts 1024..8000, gammas 2,3, window 256, 64 new "
-                    "tokens, points up to 33000 batch tokens; ~25 min on a 2-core CPU); flags given explicitly "
+  flags.DEFINE_enum("bench_preset", "none", ["none", "long_context"], "bench: long_context = a long-context "
+                    "sweep (batches 8,4,1 x contexts 1024..8000, gammas 2,3, window 256, 64 new tokens, points "
+                    "up to 33000 batch tokens; ~25 min on a 2-core CPU; the README's figure took 128 new tokens); flags given explicitly "
                     "override it.", **d)
 
 
