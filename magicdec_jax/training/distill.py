@@ -234,7 +234,8 @@ def distill(target: Model, draft: Model, data: np.ndarray, out_dir: str, cfg: Di
     if cfg.batch % d:
       raise ValueError(f"distill batch {cfg.batch} must be a multiple of the mesh's data axis ({d})")
   settings = dict(cfg.settings(), draft_config=json.loads(draft.config.to_json()),
-                  target_vocab=target.config.vocab_size, num_windows=int(data.shape[0]))
+                  target=target.name, target_config=json.loads(target.config.to_json()),
+                  num_windows=int(data.shape[0]), data=trainer.data_digest(data))
   trainer.prepare_out_dir(out_dir, settings)
   out_dir = os.path.abspath(out_dir)
 

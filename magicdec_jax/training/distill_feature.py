@@ -235,8 +235,9 @@ def train(target: Model, head: FeatureHead, data: np.ndarray, out_dir: str,
   data = trainer.check_windows(data, cfg.seq_len, target.config.vocab_size, "feature distill")
   feature_head.check_compatible(head, target.config)
   settings = dict(cfg.settings(), kind="feature_head", layers=list(head.layers),
-                  draft_vocab=None if head.vocab is None else len(head.vocab),
-                  target=json.loads(target.config.to_json()), num_windows=int(data.shape[0]))
+                  draft_vocab=None if head.vocab is None else trainer.data_digest(head.vocab),
+                  target=json.loads(target.config.to_json()), target_name=target.name,
+                  num_windows=int(data.shape[0]), data=trainer.data_digest(data))
   trainer.prepare_out_dir(out_dir, settings)
   out_dir = os.path.abspath(out_dir)
 

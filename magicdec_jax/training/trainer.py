@@ -28,6 +28,7 @@ final save.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import sys
@@ -108,8 +109,15 @@ def check_windows(data, seq_len: int, vocab_size: int, what: str) -> np.ndarray:
   return data
 
 
+def data_digest(data) -> str:
+  """A digest of training windows (int [N, seq_len]): what a resumed run's data must match."""
+  return hashlib.sha256(np.ascontiguousarray(np.asarray(data), np.int64).tobytes()).hexdigest()[:32]
+
+
 def prepare_out_dir(out_dir: str, settings: dict):
-  """Create OUT (or check it); refuse one holding a run of different settings. ValueError if not writable.
+  """Create OUT (or check it); refuse one holding a run of different settings, or files of something else
+  (a model directory, say, which the finished run would overwrite). A run that wrote no checkpoint yet
+  (killed at its first compile) is started over with the new settings. ValueError if not writable.
   Nothing is written but the settings file."""
   out_dir = os.path.abspath(out_dir)
   if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -123,7 +131,13 @@ def prepare_out_dir(out_dir: str, settings: dict):
   elif not os.access(out_dir, os.W_OK):
     raise ValueError(f"distill output {out_dir!r} is not writable")
   path = os.path.join(out_dir, SETTINGS_FILE)
-  if os.path.isfile(path):
+  ckpt = os.path.join(out_dir, CKPT_DIR)
+  trained = os.path.isdir(out_dir) and (bool(set(os.listdir(out_dir)) - {SETTINGS_FILE, CKPT_DIR})
+                                        or os.path.isdir(ckpt) and bool(os.listdir(ckpt)))
+  if os.path.isdir(out_dir) and not os.path.isfile(path) and os.listdir(out_dir):
+    raise ValueError(f"distill output {out_dir!r} holds files that are not a distillation run "
+                     f"({', '.join(sorted(os.listdir(out_dir))[:5])}); use a new or empty directory")
+  if os.path.isfile(path) and trained:
     with open(path) as f:
       old = json.load(f)
     if old != settings:

@@ -189,10 +189,22 @@ def test_bad_inputs_raise_before_compiling(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="seq_len"):
     distill.distill(target, draft, _data()[:, :16], str(tmp_path / "o3"), CFG, progress=False)
   assert not any((tmp_path / d).exists() for d in ("o1", "o2", "o3"))
-  # a rerun with other settings into a dir holding checkpoints is refused
-  trainer.prepare_out_dir(str(tmp_path / "o4"), {"a": 1})
+  # a run that wrote no checkpoint yet (killed at its first compile) starts over with new settings; one that
+  # did refuses other settings, other data among them
+  o4 = tmp_path / "o4"
+  trainer.prepare_out_dir(str(o4), {"a": 1})
+  trainer.prepare_out_dir(str(o4), {"a": 2})
+  assert json.loads((o4 / trainer.SETTINGS_FILE).read_text()) == {"a": 2}
+  (o4 / trainer.CKPT_DIR / "5").mkdir(parents=True)
   with pytest.raises(ValueError, match="other settings"):
-    trainer.prepare_out_dir(str(tmp_path / "o4"), {"a": 2})
+    trainer.prepare_out_dir(str(o4), {"a": 3})
+  assert trainer.data_digest(_data()) != trainer.data_digest(_data()[::-1])
+  # a directory of something else (a model, say) is never written into
+  (tmp_path / "model").mkdir()
+  (tmp_path / "model" / "tokenizer.json").write_text("{}")
+  with pytest.raises(ValueError, match="not a distillation run \\(tokenizer.json\\)"):
+    distill.distill(target, draft, _data(), str(tmp_path / "model"), CFG, progress=False)
+  assert os.listdir(tmp_path / "model") == ["tokenizer.json"]
 
 
 def test_batch_order_is_a_function_of_seed_and_step():

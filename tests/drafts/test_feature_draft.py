@@ -196,6 +196,8 @@ def test_resume_in_pieces_equals_one_run():
     assert r1.stats["acceptance_rate"] == r2.stats["acceptance_rate"]
     with pytest.raises(ValueError, match="other settings"):
       dfm.train(target(), head, data, b, dataclasses.replace(cfg, lr=1e-3), progress=False)
+    with pytest.raises(ValueError, match="other settings.*'data'"):        # other windows: not a resume
+      dfm.train(target(), head, data[::-1], b, cfg, progress=False)
 
 
 @pytest.mark.slow
