@@ -174,6 +174,20 @@ def grid_rows(batches: Sequence[int] = DEFAULT_BATCHES, contexts: Sequence[int] 
   return rows
 
 
+def check_grid(shapes: Sequence[dict]) -> None:
+  """ValueError, before anything is timed, where a fit would get fewer steps than it needs: the target's
+  (and full-weight drafts') fit, and each weight copy's own (fit_profile)."""
+  groups: dict = {}
+  for s in shapes:
+    groups.setdefault(s.get("weights"), []).append(s)
+  for weights, rows in groups.items():
+    if len(rows) < stepfit.MIN_STEPS:
+      what = ("the step-time fit" if weights is None else
+              f"the fit of the draft's {weights} weight copy (batches x calibrate_draft_tokens)")
+      raise ValueError(f"{what} would get {len(rows)} measured steps and needs at least {stepfit.MIN_STEPS}: "
+                       "give more batches, contexts or calibrate tokens / draft tokens")
+
+
 def measure(params, cfg: ModelConfig, shapes: Sequence[dict], drafts: Sequence[DraftUnderTest] = (), *,
             repeats: int = 5, passes: int = 2, log: Callable[[str], None] | None = None) -> list[dict]:
   """Time every grid_rows shape; returns the rows with the timing fields added.
@@ -271,6 +285,7 @@ def calibrate(params, cfg: ModelConfig, *, drafts: Sequence[DraftUnderTest] = ()
   dev = jax.devices()[0]
   load0 = list(os.getloadavg())
   shapes = grid_rows(batches, contexts, tokens, draft_tokens, drafts)
+  check_grid(shapes)
   meas = measure(params, cfg, shapes, drafts, repeats=repeats, passes=passes, log=log)
   name = f"{dev.platform}:{dev.device_kind} (fitted)"
   mem = device_memory_bytes()

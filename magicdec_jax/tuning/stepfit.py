@@ -31,6 +31,8 @@ FEATURE_DOC = {
     "attn_flops": "4 * batch * tokens * (kv_context + tokens) * heads * head_dim * layers",
 }
 
+MIN_STEPS = 3      # measured steps a fit needs at least
+
 
 def step_features(cfg: ModelConfig, batch: int, kv_context: int, new_tokens: int, dtype: str = "bfloat16",
                   tile: int = 128) -> np.ndarray:
@@ -129,8 +131,8 @@ def fit_step_model(name: str, rows: Sequence[StepRow], *, tile: int = 128, memor
   separate. Non-negativity keeps every term a cost, so extrapolation never predicts a step getting cheaper
   with more batch, context or tokens.
   """
-  if len(rows) < 3:
-    raise ValueError("need at least 3 measured steps")
+  if len(rows) < MIN_STEPS:
+    raise ValueError(f"need at least {MIN_STEPS} measured steps")
   use = [FEATURES.index(f) for f in (features or FEATURES)]
   a = np.stack([r.features(tile) for r in rows])[:, use]
   t = np.asarray([r.seconds for r in rows], np.float64)

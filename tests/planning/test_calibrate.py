@@ -223,6 +223,14 @@ def test_choose_gamma_with_vector_equals_alpha_form():
 
 # ---- profiles ------------------------------------------------------------------------------------------
 
+def test_a_grid_too_small_to_fit_is_refused_before_timing():
+  with pytest.raises(ValueError, match="the step-time fit would get 2 measured steps and needs at least 3"):
+    C.check_grid(C.grid_rows([1], [64], [1, 2]))
+  with pytest.raises(ValueError, match="bfloat16 weight copy .* would get 2 measured steps"):
+    C.check_grid(C.grid_rows([1, 2], [64, 128], [1, 2]) + [{"weights": "bfloat16"}] * 2)
+  C.check_grid(C.grid_rows([1], [64, 128], [1, 2]) + [{"weights": "bfloat16"}] * 3)
+
+
 def test_profile_round_trip_and_cost_functions(tmp_path):
   hw = stepfit.FittedHardware("fake", (1e-3, 1e-5, 1e-11, 0.0, 1e-12, 0.0, 3e-10, 1e-12), memory_bytes=80e9)
   prof = {"format": profiles.PROFILE_FORMAT, "fit": hw.to_dict(), "measurements": []}
