@@ -24,6 +24,7 @@ import time
 
 import jax
 from absl import app, flags
+from absl import logging as absl_logging
 
 from magicdec_jax import compile as compiling
 from magicdec_jax.cli import flags as cli_flags, modes
@@ -56,8 +57,9 @@ def main(argv):
 def run_mode(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]} (flags need --name=value)")
-  if not FLAGS["verbosity"].present:          # absl's default verbosity shows jax's INFO chatter
+  if not FLAGS["verbosity"].present:          # absl's default verbosity shows jax's and orbax's INFO chatter
     logging.getLogger("jax").setLevel(logging.WARNING)
+    absl_logging.set_verbosity(absl_logging.WARNING)
   modes.validate(FLAGS)
   t = time.perf_counter()
   if FLAGS.num_processes > 1:                 # before anything touches a device

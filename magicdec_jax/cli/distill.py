@@ -41,6 +41,8 @@ def validate(fv) -> None:
     cli_flags.draft_config_from_flag(fv.draft_config)
   if fv.distill_heldout:
     cli_flags.readable_file("distill_heldout", fv.distill_heldout)
+    if os.path.getsize(fv.distill_heldout) == 0:
+      raise app.UsageError(f"--distill_heldout={fv.distill_heldout}: empty file")
   out = os.path.abspath(fv.distill_out)
   if os.path.exists(out) and not os.path.isdir(out):
     raise app.UsageError(f"--distill_out={fv.distill_out}: exists and is not a directory")

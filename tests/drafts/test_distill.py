@@ -258,6 +258,7 @@ def test_cli_distill_flags_validated(tmp_path):
       ([ok[0], f"--distill_out={tmp_path / 'afile'}", ok[2]], "not a directory"),
       ([ok[0], f"--distill_out={tmp_path / 'no' / 'out'}", ok[2]], "does not exist"),
       (ok + ["--mesh=data:3", "--batch=8"], "--batch=8"),
+      (ok + [f"--distill_heldout={tmp_path / 'empty.txt'}"], "--distill_heldout=" + str(tmp_path / "empty.txt")),
   ]
   for argv, msg in cases:
     with pytest.raises(app.UsageError, match=msg):
