@@ -23,6 +23,7 @@ from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.measure import sweep
 
 OWN_FLAGS = ("batches", "contexts", "gammas", "output_dir", "bench_preset")
+SETTINGS_FLAGS = tuple(f for f in cli_flags.DECODE_FLAGS if f != "tree")     # (decode_settings; chains only)
 
 GRID = (("batches", 1), ("contexts", 16), ("gammas", 1))    # the grid's list flags and their least values
 

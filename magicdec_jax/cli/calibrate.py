@@ -10,6 +10,7 @@ from magicdec_jax.tuning import profiles
 
 OWN_FLAGS = ("batches", "contexts", "output", "calibrate_repeats", "calibrate_tokens", "calibrate_draft_tokens",
              "calibrate_passes")
+SETTINGS_FLAGS = ("acceptance_file",)
 
 
 def validate(fv) -> None:

@@ -14,6 +14,7 @@ from magicdec_jax.sharding import distributed
 
 OWN_FLAGS = ("input", "output", "batch_size", "refill_at", "num_samples_per_prompt", "on_error", "input_format",
              "truncate", "chat", "mesh", "device_memory_gb")
+SETTINGS_FLAGS = cli_flags.DECODE_FLAGS      # (decode_settings)
 
 
 def validate(fv) -> None:

@@ -51,6 +51,7 @@ from magicdec_jax.tuning import profiles
 from magicdec_jax.model import Model
 
 OWN_FLAGS = ("batch_size", "prompt_tokens", "shared_tokens", "demo_repeats", "demo_structured")
+SETTINGS_FLAGS = ("gamma", "max_new_tokens", "numerics", "seed", "temperature")
 
 CPU_SHAPE = (8, 4096)      # batch x prompt tokens: KV 1.5 GB vs 0.54 GB of weights
 CPU_GAMMA = 2              # on a CPU a verify pass pays for its extra tokens in compute: short chains

@@ -15,6 +15,7 @@ from magicdec_jax.training import distill, distill_data, distill_feature
 
 OWN_FLAGS = ("distill_data", "distill_out", "draft_config", "distill_steps", "lr", "warmup_steps", "batch",
              "seq_len", "checkpoint_every", "eval_every", "distill_loss", "distill_heldout", "mesh")
+SETTINGS_FLAGS = ("seed",)
 
 
 def validate(fv) -> None:

@@ -481,6 +481,12 @@ def build_draft(fv, target):
     raise app.UsageError(str(e)) from None
 
 
+# the flags of DecodeSettings (decode_settings reads them all); a mode module lists in SETTINGS_FLAGS those it
+# reads (cli/modes.validate refuses the others), all of them where it runs decode_settings
+DECODE_FLAGS = ("temperature", "top_k", "top_p", "min_p", "sampling", "numerics", "seed", "max_new_tokens", "gamma",
+                "tree", "hardware", "acceptance_file", "learn_acceptance", "attention_impl")
+
+
 def decode_settings(fv, target) -> settings.DecodeSettings:
   """The DecodeSettings every generating mode runs with, from the flags (parsed once, here)."""
   try:

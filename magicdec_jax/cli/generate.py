@@ -12,6 +12,7 @@ from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.constraints import Constraint
 
 OWN_FLAGS = ("prompt", "prompts_file", "json_schema", "chat", "mesh", "device_memory_gb")
+SETTINGS_FLAGS = cli_flags.DECODE_FLAGS      # (decode_settings)
 
 
 def json_schema(fv) -> dict | None:

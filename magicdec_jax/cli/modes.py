@@ -1,6 +1,7 @@
 """The --mode registry: each name's module (cli/<name>.py) has `validate(fv)`, its own cross-flag checks,
 and `run(fv, log)`, and may list in `OWN_FLAGS` the flags only some modes read (that mode and any other
-listing them; `validate` refuses them elsewhere). A new mode is a module with those and one line in MODES;
+listing them; `validate` refuses them elsewhere) and in `SETTINGS_FLAGS` the decoding-settings flags it reads
+(`cli_flags.DECODE_FLAGS`: the others are refused). A new mode is a module with those and one line in MODES;
 `define_flags` gives the `--mode` enum these names, `validate` runs the checks common to every mode, then
 the mode's own."""
 from __future__ import annotations
@@ -41,7 +42,10 @@ def flag_modes() -> dict[str, tuple[str, ...]]:
 def validate(fv) -> None:
   """All of --mode's checks (app.UsageError naming the flag), before any model is loaded: a flag given to a
   mode that does not read it is refused, not ignored."""
-  for flag, readers in flag_modes().items():
+  readers_of = flag_modes()
+  for flag in cli_flags.DECODE_FLAGS:
+    readers_of[flag] = tuple(name for name, m in MODES.items() if flag in getattr(m, "SETTINGS_FLAGS", ()))
+  for flag, readers in readers_of.items():
     if fv[flag].present and fv.mode not in readers:
       raise app.UsageError(f"--{flag} is for --mode={'|'.join(readers)}, not --mode={fv.mode} (which would "
                            "ignore it)")

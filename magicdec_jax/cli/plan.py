@@ -9,6 +9,7 @@ from magicdec_jax.tuning import costmodel, profiles, shapes
 from magicdec_jax.tuning.autotune import detect_hardware
 
 OWN_FLAGS = ("batches", "contexts", "model_shape", "datasheet", "alpha")
+SETTINGS_FLAGS = ("acceptance_file", "hardware")
 
 PLAN_BATCHES = (1, 4, 8, 16, 32, 64)
 PLAN_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)

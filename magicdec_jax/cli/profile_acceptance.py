@@ -13,6 +13,7 @@ from magicdec_jax.sampling import Sampling
 from magicdec_jax.measure import acceptance
 
 OWN_FLAGS = ("input", "output", "chat", "width", "profile_tokens", "profile_windows")
+SETTINGS_FLAGS = ("seed", "temperature", "top_k", "top_p")
 
 
 def validate(fv) -> None:
