@@ -80,8 +80,11 @@ def _data(fv, model, seq_len: int):
   data = distill_data.load_windows(fv.distill_data, model.tokenizer, model.config.vocab_size, seq_len, eos)
   n_eval = min(1024, model.config.max_position_embeddings)
   if fv.distill_heldout:
-    held = distill_data.load_windows(fv.distill_heldout, model.tokenizer, model.config.vocab_size,
-                                     n_eval)[:2].tolist()
+    try:
+      held = distill_data.load_windows(fv.distill_heldout, model.tokenizer, model.config.vocab_size,
+                                       n_eval)[:2].tolist()
+    except ValueError as e:     # (its windows are the held-out measure's n_eval tokens, not --seq_len)
+      raise ValueError(f"--distill_heldout={fv.distill_heldout} (held-out windows of {n_eval} tokens): {e}") from None
   elif model.tokenizer is not None:
     held = textdata.shakespeare_prompts(model.tokenizer, 2, n_eval, held_out=True)
   else:
