@@ -4,8 +4,8 @@ Why this shape: long offline jobs get killed. Generation runs on `stream.generat
 batching: a finished row's slot is refilled at once), and each record is written whole, flushed and
 fsynced as soon as its sample finishes; on start a torn tail (a SIGKILL mid-write) is truncated away and
 every (id, sample) already in the output is skipped, so a resumed run ends with each exactly once. A
-sample's random stream depends only on (seed, id, sample index) (`datagen_formats.stream_id`) and its own round count, so
-what a record holds never depends on which run, slot or neighbours produced it.
+sample's random stream depends only on (seed, id, sample index) (`datagen_formats.stream_id`) and its own
+round count, so what a record holds never depends on which run, slot or neighbours produced it.
 
 Input formats (datagen_formats.py): native lines `{"id", "prompt" | "messages"}`, each with its own
 options by their `options.RequestOptions` names, and OpenAI batch request lines (openai_batch.py: each

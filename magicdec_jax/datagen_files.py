@@ -157,9 +157,8 @@ def merge_shards(output: str, input_path: str, count: int) -> dict:
     repair_output(path)
     n = 0
     with open(path, encoding="utf-8") as f:
-      for line in f:
-        rec = json.loads(line)
-        records.setdefault((json.dumps(rec["id"]), int(rec["sample"])), line)
+      for line in f:                          # (whole records: repaired above)
+        records.setdefault(_record_keys(line.encode("utf-8"))[0], line)
         n += 1
     summary = _read_json(path + ".summary.json") or {}
     if n < summary.get("records_total", 0):

@@ -64,7 +64,8 @@ def _show(v: Any, as_json: bool) -> str:
     return repr(v)
 
 
-def _is_int(v) -> bool:
+def is_int(v) -> bool:
+  """An integer (Python's or numpy's), not a bool, a float or a string that reads as one."""
   return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
@@ -74,14 +75,14 @@ def _is_number(v) -> bool:
 
 # field -> (kind, type check, limits, range check); range checks see values that passed the type check
 NUMBER_CHECKS = {
-    "max_new_tokens": ("an integer", _is_int, ">= 1", lambda v: v >= 1),
-    "seed": ("an integer", _is_int, "in [0, 2**32)", lambda v: 0 <= v < SEED_LIMIT),
-    "num_samples": ("an integer", _is_int, ">= 1", lambda v: v >= 1),
+    "max_new_tokens": ("an integer", is_int, ">= 1", lambda v: v >= 1),
+    "seed": ("an integer", is_int, "in [0, 2**32)", lambda v: 0 <= v < SEED_LIMIT),
+    "num_samples": ("an integer", is_int, ">= 1", lambda v: v >= 1),
     "temperature": ("a finite number", _is_number, ">= 0", lambda v: 0 <= v < float("inf")),
-    "top_k": ("an integer", _is_int, ">= 0", lambda v: v >= 0),
+    "top_k": ("an integer", is_int, ">= 0", lambda v: v >= 0),
     "top_p": ("a number", _is_number, "in (0, 1]", lambda v: 0 < v <= 1),
     "min_p": ("a number", _is_number, "in [0, 1]", lambda v: 0 <= v <= 1),
-    "top_logprobs": ("an integer", _is_int, f"in [0, {MAX_TOP_LOGPROBS}]", lambda v: 0 <= v <= MAX_TOP_LOGPROBS),
+    "top_logprobs": ("an integer", is_int, f"in [0, {MAX_TOP_LOGPROBS}]", lambda v: 0 <= v <= MAX_TOP_LOGPROBS),
 }
 
 
@@ -101,7 +102,7 @@ NUMBER_FIELDS = tuple(NUMBER_CHECKS)
 def check_count(what: str, value: Any, least: int) -> None:
   """ValueError naming `what` unless `value` is an integer (not a bool or a float) >= least: the check of
   every count an entry point takes (batch sizes, budgets, a draft's sink and window)."""
-  if not _is_int(value) or value < least:
+  if not is_int(value) or value < least:
     raise ValueError(f"{what} must be an integer >= {least}, got {value!r}")
 
 
@@ -109,7 +110,7 @@ def check_stream_ids(ids: Any) -> list[int]:
   """Random-stream ids as given (a non-empty list of integers in [0, 2**32)) -> ints; ValueError naming
   stream_ids otherwise (a float or a negative id was truncated or overflowed deep in the PRNG)."""
   if isinstance(ids, (str, bytes)) or not isinstance(ids, (Sequence, np.ndarray, range)) or len(ids) == 0 or \
-      not all(_is_int(s) and 0 <= s < SEED_LIMIT for s in ids):
+      not all(is_int(s) and 0 <= s < SEED_LIMIT for s in ids):
     raise ValueError(f"stream_ids must be a non-empty list of integers in [0, 2**32), got {ids!r:.80}")
   return [int(s) for s in ids]
 
@@ -159,7 +160,7 @@ class RequestOptions(OptionFields):
       object.__setattr__(self, "stop", tuple(stop))
     if self.stop_token_ids is not None:
       ids = self.stop_token_ids
-      if not isinstance(ids, (list, tuple, np.ndarray)) or not all(_is_int(t) and t >= 0 for t in ids):
+      if not isinstance(ids, (list, tuple, np.ndarray)) or not all(is_int(t) and t >= 0 for t in ids):
         raise OptionError("stop_token_ids", ids, "a list of token ids (integers >= 0)", type_error=True)
       object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
     if self.top_logprobs and self.logprobs is False:

@@ -245,9 +245,9 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
   draft = st.draft
   if draft is not None:
     draft.check_compatible(model)
-    ring = draft.spec.footprint(cfg, 0, cfg.max_position_embeddings)
-    if ring.ring is not None and ring.ring_slots > cfg.max_position_embeddings + 1:
-      raise ValueError(f"{draft!r}: its cache of {ring.ring_slots} slots is larger than the model's context of "
+    fp = draft.spec.footprint(cfg, 0, cfg.max_position_embeddings)
+    if fp.ring is not None and fp.ring_slots > cfg.max_position_embeddings + 1:
+      raise ValueError(f"{draft!r}: its cache of {fp.ring_slots} slots is larger than the model's context of "
                        f"{cfg.max_position_embeddings} tokens (a window that long keeps every position, and "
                        "costs its whole size at every step)")
     if st.tree == "auto":

@@ -37,7 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from magicdec_jax.trees import AR_TREE, Tree, is_int
+from magicdec_jax.options import is_int
+from magicdec_jax.trees import AR_TREE, Tree
 
 AUTO_GAMMAS = (1, 2, 3)     # the chains "auto" switches between (with plain decoding)
 PRIOR_TRIALS = 64           # the prior acceptance (profile or default) counts as this many draft positions

@@ -198,12 +198,13 @@ class Generator:
       raise ValueError(f"refill_at={refill_at} is larger than batch_size={batch_size}")
     listed = isinstance(requests, Sequence)
     ids = [self._ids(model, r, i) for i, r in enumerate(requests)] if listed else None
+    own = request_options(requests) if listed else None          # each Request's options, checked
     if listed and max_prompt_tokens is None:
       max_prompt_tokens = max(map(len, ids), default=1)
     if decode_plan is None:
       st = decode_settings(settings, **kwargs)
       if listed:
-        st = with_features(st, request_options(requests), model)
+        st = with_features(st, own, model)
       longest = max_prompt_tokens or model.config.max_position_embeddings - st.max_new_tokens
       decode_plan = make_plan(model, st, batch=batch_size, shortest=1, longest=max(longest, 1), mesh=mesh,
                          device_memory=device_memory)
@@ -213,7 +214,7 @@ class Generator:
     self.plan, self.settings = decode_plan, st
     self.engine = engine.Engine(model, decode_plan)
     if listed:
-      self.engine.fit([o for o in request_options(requests) if self._servable(o)])
+      self.engine.fit([o for o in own if self._servable(o)])
     self.model, self.seed = model, int(st.seed)
     self.batch = self.plan.whole_rows(batch_size)     # whole rows on every data shard
     self.refill_at, self.num_samples = int(refill_at), int(num_samples)

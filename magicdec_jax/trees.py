@@ -18,6 +18,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from magicdec_jax.options import is_int
+
 # Shipped default acceptance vector (Sequoia-style, greedy/top-k drafting on chat data): p[k] is the probability
 # that the k-th ranked child is the accepted one. Sum = 0.92, i.e. 8% of the time no child is accepted.
 DEFAULT_ACCEPTANCE_VECTOR: tuple[float, ...] = (0.63, 0.11, 0.06, 0.04, 0.03, 0.02, 0.02, 0.01)
@@ -35,11 +37,6 @@ DEFAULT_TREES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tr
 def _readonly(a: np.ndarray) -> np.ndarray:
   a.setflags(write=False)
   return a
-
-
-def is_int(v) -> bool:
-  """An integer (Python's or numpy's), not a bool, a float or a string that reads as one."""
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 @dataclasses.dataclass(frozen=True)

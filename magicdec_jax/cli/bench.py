@@ -16,7 +16,6 @@ import time
 
 import jax
 import numpy as np
-from absl import app
 
 from magicdec_jax import textdata
 from magicdec_jax.cli import flags as cli_flags
@@ -34,8 +33,6 @@ def validate(fv) -> None:
   for name, low in GRID:
     cli_flags.int_list(fv, name, low)
   cli_flags.refuse_no_draft(fv, "compares against a draft")
-  if fv.tree:
-    raise app.UsageError("--mode=bench sweeps chains (--gammas); --tree is for --mode=generate")
 
 
 def run(fv, log) -> None:

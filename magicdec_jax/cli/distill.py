@@ -84,7 +84,8 @@ def _data(fv, model, seq_len: int):
       held = distill_data.load_windows(fv.distill_heldout, model.tokenizer, model.config.vocab_size,
                                        n_eval)[:2].tolist()
     except ValueError as e:     # (its windows are the held-out measure's n_eval tokens, not --seq_len)
-      raise ValueError(f"--distill_heldout={fv.distill_heldout} (held-out windows of {n_eval} tokens): {e}") from None
+      raise ValueError(f"--distill_heldout={fv.distill_heldout} (held-out windows of {n_eval} tokens): "
+                       f"{e}") from None
   elif model.tokenizer is not None:
     held = textdata.shakespeare_prompts(model.tokenizer, 2, n_eval, held_out=True)
   else:

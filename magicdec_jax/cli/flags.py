@@ -43,7 +43,8 @@ def define_flags(fv: flags.FlagValues, modes: Sequence[str]) -> flags.FlagValues
 def define_model_flags(d: dict) -> None:
   """Model and draft (d: DEFINE_* keywords, the FlagValues to define into)."""
   flags.DEFINE_string("model", "smollm2-135m", "Target: 'smollm2-135m', an orbax dir, an HF dir, a .gguf "
-                      f"file or a Hub id 'org/name' ('{RANDOM_PREFIX}[:SEED]': a tiny random model with a byte tokenizer, for tests).", **d)
+                      f"file or a Hub id 'org/name' ('{RANDOM_PREFIX}[:SEED]': a tiny random model with a byte "
+                      "tokenizer, for tests).", **d)
   flags.DEFINE_enum("draft", "streaming", DRAFTS, "none = autoregressive; streaming = self-speculation "
                     "with a StreamingLLM cache (MagicDec); snapkv = self-speculation with a SnapKV cache; "
                     "model = a separate draft model (--draft_model and/or --draft_layers); feature = a trained feature "
@@ -105,9 +106,8 @@ def define_sampling_flags(d: dict) -> None:
                     "fixed shapes measured 2.07x slower).", **d)
   flags.DEFINE_integer("seed", 0, "Random seed.", lower_bound=0, upper_bound=SEED_LIMIT - 1, **d)
   flags.DEFINE_integer("max_new_tokens", 64, "New tokens per prompt.", lower_bound=1, upper_bound=1 << 20, **d)
-  flags.DEFINE_integer("batch_size", 4, "demo: rows (default 8 on a CPU, 32 on a GPU); datagen: decode slots (default 4).",
-                       lower_bound=1,
-                       upper_bound=4096, **d)
+  flags.DEFINE_integer("batch_size", 4, "demo: rows (default 8 on a CPU, 32 on a GPU); datagen: decode slots "
+                       "(default 4).", lower_bound=1, upper_bound=4096, **d)
   flags.DEFINE_integer("refill_at", 1, "datagen: the decode loop returns to refill its slots once this many "
                        "rows have finished (--batch_size: static batching).", lower_bound=1, upper_bound=4096, **d)
   flags.DEFINE_integer("prompt_tokens", 7900, "Demo prompt length in tokens (Shakespeare); unless given, the "
@@ -119,8 +119,8 @@ def define_sampling_flags(d: dict) -> None:
   flags.DEFINE_enum("draft_weights", "none", ["none", "bfloat16", "int8", "int4"], "--draft=streaming, snapkv, "
                     "model or feature: the draft's weights: 'none', its own; 'bfloat16', a copy of float32 "
                     "matrices in bfloat16 (half the bytes per draft step); 'int8' (per-channel scales) or "
-                    "'int4' quantized copies (docs/drafts.md#draft-weights: the forms per backend). The target still verifies with its "
-                    "own weights. The demo uses bfloat16 unless this is given.", **d)
+                    "'int4' quantized copies (docs/drafts.md#draft-weights: the forms per backend). The target "
+                    "still verifies with its own weights. The demo uses bfloat16 unless this is given.", **d)
   flags.DEFINE_boolean("shrink_batch", False, "generate / demo: once half the rows are done, go on with the "
                        "rest in a batch half as large, and so on (same tokens; each smaller batch compiles once "
                        "more, and on a CPU the first copy into fresh memory can cost more than it saves: docs/shrink-batch.md).",
@@ -152,8 +152,8 @@ def define_bench_flags(d: dict) -> None:
   flags.DEFINE_string("output_dir", "bench_out", "bench: where the JSON and PNGs go.", **d)
   flags.DEFINE_enum("bench_preset", "none", ["none", "long_context"], "bench: long_context = a long-context "
                     "sweep (batches 8,4,1 x contexts 1024..8000, gammas 2,3, window 256, 64 new tokens, points "
-                    "up to 33000 batch tokens; ~25 min on a 2-core CPU; the README's figure took 128 new tokens); flags given explicitly "
-                    "override it.", **d)
+                    "up to 33000 batch tokens; ~25 min on a 2-core CPU; the README's figure took 128 new "
+                    "tokens); flags given explicitly override it.", **d)
 
 
 def define_datagen_flags(d: dict) -> None:

@@ -94,19 +94,21 @@ def _piece_bytes(piece: str, steps: list[dict]) -> bytes | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _steps_or_none(tokenizer) -> list[dict] | None:
+def _byte_reading(tokenizer) -> tuple[list[dict] | None, frozenset]:
+  """(its decoder steps, None where they are not modelled; its added tokens' ids), once per tokenizer."""
   try:
-    return _decoder_steps(tokenizer)
+    steps = _decoder_steps(tokenizer)
   except ConstraintError:
-    return None
+    steps = None
+  return steps, frozenset(tokenizer.get_added_tokens_decoder())
 
 
 def token_bytes(tokenizer, token_id: int) -> bytes:
   """The bytes decoding emits for `token_id` mid-text: a byte-level piece's bytes (part of a character,
   perhaps), else its text's UTF-8 (added and special tokens, decoders not modelled here). Why: a token's
   text alone loses the bytes of a character split across tokens, which OpenAI's `bytes` field keeps."""
-  added = tokenizer.get_added_tokens_decoder()
-  piece, steps = tokenizer.id_to_token(int(token_id)), _steps_or_none(tokenizer)
+  steps, added = _byte_reading(tokenizer)
+  piece = tokenizer.id_to_token(int(token_id))
   raw = None if piece is None or steps is None or int(token_id) in added else _piece_bytes(piece, steps)
   return raw if raw is not None else tokenizer.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
 

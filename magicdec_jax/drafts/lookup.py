@@ -24,10 +24,10 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.drafts.base import Draft, DraftSpec, Footprint, Prefill, Round
+from magicdec_jax.options import check_count
 from magicdec_jax.row_features import Nodes
 from magicdec_jax.trees import Tree
 from magicdec_jax.tuning.draft_cost import DraftCost
@@ -46,8 +46,7 @@ class PromptLookupDraft(DraftSpec, Draft):
 
   def __post_init__(self):
     for field, v in (("max_ngram", self.max_ngram), ("min_ngram", self.min_ngram)):
-      if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"PromptLookupDraft {field} must be an integer >= 1, got {v!r}")
+      check_count(f"PromptLookupDraft {field}", v, 1)
     if self.min_ngram > self.max_ngram:
       raise ValueError(f"PromptLookupDraft min_ngram={self.min_ngram} is larger than max_ngram={self.max_ngram}")
 

@@ -7,7 +7,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from magicdec_jax.cache import KVCache, RingCache
 from magicdec_jax.config import ModelConfig
@@ -18,6 +17,7 @@ from magicdec_jax.drafts.streaming import DEFAULT_SINK, DEFAULT_WINDOW
 from magicdec_jax.drafts.weights import check_narrower, check_weights, copy_of
 from magicdec_jax.layers import quant
 from magicdec_jax.model import Model, forward
+from magicdec_jax.options import is_int
 from magicdec_jax.tuning.draft_cost import DraftCost
 
 
@@ -100,8 +100,8 @@ class ModelDraft(Draft):
   def check_compatible(self, target: Model) -> None:
     if self.model.config.vocab_size != target.config.vocab_size:
       raise ValueError(f"draft vocabulary size {self.model.config.vocab_size} differs from the target's "
-                       f"{target.config.vocab_size}; a draft must share the target's vocabulary (its tokenizer: only the size "
-                       "is checked)")
+                       f"{target.config.vocab_size}; a draft must share the target's vocabulary (its tokenizer: "
+                       "only the size is checked)")
 
   def forward_network(self, target):
     return self.model.params, self.model.config
@@ -119,7 +119,7 @@ def truncate_layers(model: Model, n: int) -> Model:
   """The first n layers of `model` + its final norm and head: a real, smaller draft of the same family."""
   if not isinstance(model, Model):
     raise ValueError(f"truncate_layers needs a Model (md.load_model), got {model!r:.80}")
-  if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= model.config.num_layers:
+  if not is_int(n) or not 1 <= n <= model.config.num_layers:
     raise ValueError(f"truncate_layers: n must be an integer in [1, {model.config.num_layers}], got {n!r}")
   n = int(n)
   params = dict(model.params)

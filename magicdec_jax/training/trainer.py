@@ -132,11 +132,11 @@ def prepare_out_dir(out_dir: str, settings: dict):
     raise ValueError(f"distill output {out_dir!r} is not writable")
   path = os.path.join(out_dir, SETTINGS_FILE)
   ckpt = os.path.join(out_dir, CKPT_DIR)
-  trained = os.path.isdir(out_dir) and (bool(set(os.listdir(out_dir)) - {SETTINGS_FILE, CKPT_DIR})
-                                        or os.path.isdir(ckpt) and bool(os.listdir(ckpt)))
-  if os.path.isdir(out_dir) and not os.path.isfile(path) and os.listdir(out_dir):
+  names = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else set()
+  if names and not os.path.isfile(path):
     raise ValueError(f"distill output {out_dir!r} holds files that are not a distillation run "
-                     f"({', '.join(sorted(os.listdir(out_dir))[:5])}); use a new or empty directory")
+                     f"({', '.join(sorted(names)[:5])}); use a new or empty directory")
+  trained = bool(names - {SETTINGS_FILE, CKPT_DIR}) or (os.path.isdir(ckpt) and bool(os.listdir(ckpt)))
   if os.path.isfile(path) and trained:
     with open(path) as f:
       old = json.load(f)

@@ -96,7 +96,8 @@ def test_datagen_fingerprint_holds_the_plan(tmp_path):
   """datagen plans over its whole input once; the fingerprint names the tree it planned."""
   from magicdec_jax import datagen, datagen_formats
   model = _model()
-  items = [datagen_formats.Item(line=i + 1, id=str(i), key=f'"{i}"', ids=[1 + i] * (5 + i), truncated=0) for i in range(3)]
+  items = [datagen_formats.Item(line=i + 1, id=str(i), key=f'"{i}"', ids=[1 + i] * (5 + i), truncated=0)
+           for i in range(3)]
   st = md.DecodeSettings(max_new_tokens=4, draft=md.StreamingDraft(sink=1, window=4), gamma=2, temperature=0.8)
   p = datagen_formats.plan_over(model, st, items, 2, None)
   fp = datagen.fingerprint(model, p)
