@@ -201,7 +201,8 @@ def define_calibrate_flags(d: dict) -> None:
                     "step; more = a tree level).", **d)
   flags.DEFINE_integer("calibrate_passes", 2, "calibrate: sweeps over the grid (min over all samples).",
                        lower_bound=1, upper_bound=20, **d)
-  flags.DEFINE_float("alpha", 0.8, "plan: per-token acceptance rate.", lower_bound=0.0, upper_bound=1.0, **d)
+  flags.DEFINE_float("alpha", 0.8, "plan: per-token acceptance rate (given, it replaces a profile's "
+                     "acceptance vector; not with --acceptance_file).", lower_bound=0.0, upper_bound=1.0, **d)
   flags.DEFINE_string("acceptance_file", None, "An acceptance-vector JSON from profile_acceptance: plan, "
                       "calibrate (stored in the profile) and gamma=auto / tree=auto use it.", **d)
 

@@ -4,6 +4,8 @@
 are min(context, window)) and compared with the same shape priced all global; no weights are loaded."""
 from __future__ import annotations
 
+from absl import app
+
 from magicdec_jax.cli import draft_flags, flags as cli_flags
 from magicdec_jax.tuning import costmodel, profiles, shapes
 from magicdec_jax.tuning.autotune import detect_hardware
@@ -21,6 +23,12 @@ def validate(fv) -> None:
   cli_flags.int_list(fv, "batches", 1)
   cli_flags.int_list(fv, "contexts", 1)
   cli_flags.refuse_no_draft(fv, "plans a draft")
+  if fv["datasheet"].present and not profiles.is_profile_path(fv.hardware or "h100"):
+    raise app.UsageError(f"--datasheet={fv.datasheet} is shown beside a measured profile: it needs "
+                         f"--hardware=PROFILE.json, not --hardware={fv.hardware or 'h100'} (a datasheet itself)")
+  if fv["alpha"].present and fv.acceptance_file:
+    raise app.UsageError(f"--alpha={fv.alpha} and --acceptance_file={fv.acceptance_file}: give one acceptance "
+                         f"(a per-token rate or a measured vector)")
   draft_flags.cost(fv, shapes.model_shape(fv.model_shape))     # the flags price it from the shape alone
 
 
@@ -35,7 +43,7 @@ def run(fv, log) -> None:
     datasheet = detect_hardware(fv.datasheet or guess)
   draft = draft_flags.cost(fv, cfg)
   vec = cli_flags.load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file else None
-  if vec is None and profile is not None and profile.get("acceptance_vector"):
+  if vec is None and profile is not None and profile.get("acceptance_vector") and not fv["alpha"].present:
     vec = profile["acceptance_vector"]
   # the plan's own grid (long contexts, serving batches), not the bench grid, unless given on the command line
   batches = cli_flags.int_list(fv, "batches", 1) if fv["batches"].present else list(PLAN_BATCHES)

@@ -21,7 +21,7 @@ from absl import app, flags
 from magicdec_jax import generation, testing
 from magicdec_jax.cli import datagen as cli_datagen, flags as cli_flags, generate as cli_generate, modes
 from magicdec_jax.cli import demo as cli_demo, plan as cli_plan
-from magicdec_jax.tuning import costmodel, profiles, shapes
+from magicdec_jax.tuning import costmodel, profiles, shapes, stepfit
 from magicdec_jax.tuning.draft_cost import DraftCost
 from magicdec_jax.tuning.autotune import detect_hardware
 
@@ -155,6 +155,29 @@ def test_plan_prices_every_draft_through_its_cost_model_view(capsys):
   assert "draft feature head (sink 16, window 512)" in out
   with pytest.raises(app.UsageError, match="--mode=plan with --draft=model needs --draft_layers"):
     parse(["--mode=plan", "--draft=model", "--draft_model=x"])
+
+
+def test_plan_takes_one_acceptance_and_a_datasheet_only_beside_a_profile(tmp_path, capsys):
+  """--alpha given replaces a profile's acceptance vector; with --acceptance_file, or --datasheet beside a
+  datasheet, the flags would be ignored: refused by name."""
+  hw = stepfit.FittedHardware("fake", (1e-3, 1e-5, 1e-11, 0.0, 1e-12, 0.0, 3e-10, 1e-12), memory_bytes=80e9)
+  prof = profiles.save_profile({"format": profiles.PROFILE_FORMAT, "fit": hw.to_dict(), "measurements": [],
+                                "device": "fake", "acceptance_vector": [0.5, 0.2]}, str(tmp_path / "p.json"))
+  acc = tmp_path / "acc.json"
+  acc.write_text(json.dumps({"acceptance_vector": [0.6, 0.2]}))
+  for argv, frag in (([f"--hardware={prof}", f"--acceptance_file={acc}", "--alpha=0.7"],
+                      "--alpha=0.7 and --acceptance_file=.*: give one"),
+                     (["--hardware=a100", "--datasheet=h200"], "--datasheet=h200 .* not --hardware=a100"),
+                     (["--datasheet=h200"], "--datasheet=h200 .* not --hardware=h100")):
+    with pytest.raises(app.UsageError, match=frag):
+      modes.validate(parse(["--mode=plan"] + argv))
+  assert "acceptance vector from the profile" in _plan([f"--hardware={prof}"], capsys)
+  out = _plan([f"--hardware={prof}", "--alpha=0.7"], capsys)
+  assert "alpha 0.70" in out and "acceptance vector" not in out
+  cfg, draft = shapes.model_shape("llama31_8b"), DraftCost(4 + 256)       # the default sink + window
+  rows, ds = (costmodel.plan_table(cfg, h, [1, 8], [4096, 32768], draft, alpha=0.7)
+              for h in (hw, detect_hardware("h100")))
+  assert costmodel.format_plan(rows, compare=ds) in out
 
 
 def test_demo_mode_passes_its_flags_and_finds_the_checkout(capsys):
