@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from absl import app
+
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.measure import calibrate
 from magicdec_jax.tuning import profiles
@@ -11,6 +13,11 @@ from magicdec_jax.tuning import profiles
 OWN_FLAGS = ("batches", "contexts", "output", "calibrate_repeats", "calibrate_tokens", "calibrate_draft_tokens",
              "calibrate_passes")
 SETTINGS_FLAGS = ("acceptance_file",)
+
+# drafts with no step of their own through model.forward (calibrate.cases_for), and how they are priced
+UNTIMED_DRAFTS = {"none": "no draft", "lookup": "a prompt lookup runs no network: its step is priced at zero",
+                  "feature": "a feature head's step is priced by the target's fitted step time at the head's "
+                             "shape"}
 
 
 def validate(fv) -> None:
@@ -20,12 +27,17 @@ def validate(fv) -> None:
   cli_flags.writable_target("output", fv.output)
   for name in ("batches", "contexts", "calibrate_tokens", "calibrate_draft_tokens"):
     cli_flags.int_list(fv, name, 1)
+  if fv["calibrate_draft_tokens"].present and fv.draft in UNTIMED_DRAFTS:
+    raise app.UsageError(f"--calibrate_draft_tokens times a draft's steps through the model's forward; "
+                         f"--draft={fv.draft} has none to time ({UNTIMED_DRAFTS[fv.draft]})")
 
 
 def run(fv, log) -> None:
   model = cli_flags.load_target(fv, log)
   d = cli_flags.build_draft(fv, model)
   under_test = [] if d is None else calibrate.cases_for(d, model)
+  if d is not None and not under_test:
+    log(f"calibrate: no draft step timed: {UNTIMED_DRAFTS.get(fv.draft, 'the draft runs no network')}")
   kw = {name: cli_flags.int_list(fv, name, 1) for name in ("batches", "contexts") if fv[name].present}
   kw["tokens"] = cli_flags.int_list(fv, "calibrate_tokens", 1)
   kw["draft_tokens"] = cli_flags.int_list(fv, "calibrate_draft_tokens", 1)
