@@ -2,8 +2,9 @@
 
 Sources (one or more paths, read in the order given):
 * `*.jsonl` — records written by `run.py --mode=datagen` (`token_ids`: the completion the target generated;
-  an optional `prompt` / `text` string is tokenized and put in front), or any JSONL whose records carry a
-  `text` string. Every line is checked; the first bad one raises a `ValueError` naming file and line.
+  an optional `prompt` / `text` string is tokenized and put in front), OpenAI batch output lines (datagen's
+  OpenAI format: each choice's completion text, tokenized; error lines hold none), or any JSONL whose
+  records carry a `text` string. Every line is checked; the first bad one raises a `ValueError` naming file and line.
 * anything else — a UTF-8 plain text file, tokenized whole.
 
 Documents are joined into one token stream (an EOS id between documents when the model has one) and cut
@@ -35,6 +36,9 @@ def _jsonl_docs(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
         raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
       if not isinstance(rec, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+      if "custom_id" in rec and "response" in rec:          # an OpenAI batch output line (datagen's OpenAI format)
+        docs += [d for d in _openai_docs(rec, where, tokenizer, vocab_size) if d]
+        continue
       ids: list[int] = []
       lead = rec.get("prompt", rec.get("text") if "token_ids" in rec else None)
       if lead is not None:
@@ -56,12 +60,37 @@ def _jsonl_docs(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
         ids += list(tokenizer.encode(rec["text"]).ids)
       else:
         raise ValueError(f"{where}: needs 'token_ids' (a datagen record) or 'text'")
-      bad = [t for t in ids if not 0 <= t < vocab_size]
-      if bad:
-        raise ValueError(f"{where}: token id {bad[0]} outside the model's vocabulary of {vocab_size} "
-                         "(data generated with another tokenizer?)")
+      _check_ids(ids, where, vocab_size)
       if ids:
         docs.append(ids)
+  return docs
+
+
+def _check_ids(ids: list[int], where: str, vocab_size: int) -> None:
+  bad = [t for t in ids if not 0 <= t < vocab_size]
+  if bad:
+    raise ValueError(f"{where}: token id {bad[0]} outside the model's vocabulary of {vocab_size} "
+                     "(data generated with another tokenizer?)")
+
+
+def _openai_docs(rec: dict, where: str, tokenizer, vocab_size: int) -> list[list[int]]:
+  """An OpenAI batch output line's documents: each choice's completion text (`text`, or a chat choice's
+  `message.content`), tokenized; an error line (no completion) gives none."""
+  if rec.get("error") is not None:
+    return []
+  try:
+    choices = rec["response"]["body"]["choices"]
+    texts = [c["message"]["content"] if "message" in c else c["text"] for c in choices]
+  except (KeyError, TypeError) as e:
+    raise ValueError(f"{where}: an OpenAI batch output line without response.body.choices[].text or "
+                     f".message.content ({e!r})") from None
+  if not all(isinstance(t, str) for t in texts):
+    raise ValueError(f"{where}: a choice's completion text must be a string")
+  if tokenizer is None:
+    raise ValueError(f"{where}: text needs a tokenizer and the target model has none")
+  docs = [list(tokenizer.encode(t).ids) for t in texts]
+  for d in docs:
+    _check_ids(d, where, vocab_size)
   return docs
 
 

@@ -207,6 +207,27 @@ def test_bad_inputs_raise_before_compiling(tmp_path, monkeypatch):
   assert os.listdir(tmp_path / "model") == ["tokenizer.json"]
 
 
+def test_openai_batch_output_is_distillation_data(tmp_path):
+  """datagen's OpenAI format writes batch output lines (no token ids): each choice's completion text is a
+  document (a completion's `text`, a chat choice's `message.content`); an error line holds none."""
+  tok = testing.random_tiny_model(0).tokenizer
+  def line(cid, choices, error=None):
+    resp = None if error else {"status_code": 200, "request_id": "r", "body": {"object": "x", "choices": choices}}
+    return json.dumps({"id": "b", "custom_id": cid, "response": resp, "error": error}) + "\n"
+  texts = ["To be, or not to be", "that is the question", "Whether 'tis nobler"]
+  path = tmp_path / "out.jsonl"
+  path.write_text(line("a", [{"index": 0, "text": texts[0], "finish_reason": "stop"}])
+                  + line("b", None, error={"code": "invalid_request", "message": "line 2: bad"})
+                  + line("c", [{"index": 0, "message": {"role": "assistant", "content": texts[1]}},
+                               {"index": 1, "message": {"role": "assistant", "content": texts[2]}}]))
+  want = sum((tok.encode(t).ids + [256] for t in texts), [])
+  got = distill_data.load_windows(str(path), tok, 264, 8, eos_id=256)
+  assert got.reshape(-1).tolist() == want[:len(want) // 8 * 8]
+  path.write_text(line("a", [{"index": 0, "finish_reason": "stop"}]))
+  with pytest.raises(ValueError, match="line 1: an OpenAI batch output line without"):
+    distill_data.load_windows(str(path), tok, 264, 8)
+
+
 def test_batch_order_is_a_function_of_seed_and_step():
   a = [distill_data.batch_indices(10, 4, s, 7).tolist() for s in range(6)]
   b = [distill_data.batch_indices(10, 4, s, 7).tolist() for s in (3, 4, 5)]
