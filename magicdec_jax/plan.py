@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -29,7 +30,7 @@ from magicdec_jax.settings import DecodeSettings
 from magicdec_jax.sharding import mesh as meshes
 from magicdec_jax.sharding import planner
 from magicdec_jax.trees import AR_TREE, Tree
-from magicdec_jax.tuning import autotune
+from magicdec_jax.tuning import autotune, profiles
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -334,6 +335,11 @@ def _thresholds(p, priced, plain, variants, whole_cache, want_tree, alpha=None, 
 
 def _auto(base: DecodePlan, want_tree: bool) -> DecodePlan:
   st, (lo, hi) = base.settings, base.contexts
+  if profiles.is_profile_path(st.hardware):
+    elsewhere = profiles.measured_elsewhere(profiles.load_profile(str(st.hardware))[1], base.mesh.devices.flat[0])
+    if elsewhere:
+      warnings.warn(f"hardware profile {st.hardware}: {elsewhere}; {'tree' if want_tree else 'gamma'}='auto' "
+                    "prices this run with another device's step times", stacklevel=2)
   priced, plain = _pricing(base, want_tree)
   variants, whole_cache = _variants(base, want_tree, priced, plain)
   th, points = _thresholds(base, priced, plain, variants, whole_cache, want_tree)

@@ -38,6 +38,17 @@ def load_profile(path: str) -> tuple[stepfit.FittedHardware, dict]:
   return hw, prof
 
 
+def measured_elsewhere(prof: dict, device) -> str | None:
+  """How a profile's device differs from `device` (a jax Device) — its `device`, and on a CPU its
+  `cpu_model` — or None: step times measured on one device misprice another's."""
+  here = f"{device.platform}:{device.device_kind}"
+  if prof.get("device") != here:
+    return f"measured on {prof.get('device')!r}, this run is on {here!r}"
+  if device.platform == "cpu" and prof.get("cpu_model") not in (None, host_cpu_model()):
+    return f"measured on the CPU {prof['cpu_model']!r}, this host's is {host_cpu_model()!r}"
+  return None
+
+
 def is_profile_path(name) -> bool:
   return isinstance(name, (str, os.PathLike)) and str(name).endswith(".json")
 

@@ -36,6 +36,37 @@ def test_a_plan_is_frozen_and_replanning_returns_a_new_one():
   assert p.contexts == (100, 900 + 16) and p.batch == 4            # what it was asked for
 
 
+def test_a_profile_measured_on_another_device_is_named_when_auto_prices_with_it(tmp_path):
+  """gamma / tree = "auto" with a hardware profile from another device (or, on a CPU, another CPU model)
+  warns, naming both; a profile of this device and host is used silently."""
+  import json
+  import warnings
+  from magicdec_jax.tuning import profiles, stepfit
+  dev = jax.devices()[0]
+  here = f"{dev.platform}:{dev.device_kind}"
+  fit = stepfit.FittedHardware("fake", (1e-3, 1e-5, 1e-11, 0.0, 1e-12, 0.0, 3e-10, 1e-12)).to_dict()
+  with open("/proc/cpuinfo") as f:               # this host's CPU model, read here as the profile's writer does
+    cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.lower().startswith("model name")), None)
+  model = _model()
+  for name, device, cpu_model, words in (("gpu", "gpu:NVIDIA H100 80GB HBM3", cpu, "measured on 'gpu:NVIDIA H100"),
+                                         ("othercpu", here, "Some Other CPU", "measured on the CPU 'Some Other"),
+                                         ("here", here, cpu, None)):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"format": profiles.PROFILE_FORMAT, "fit": fit, "device": device,
+                                "cpu_model": cpu_model}))
+    for kw in (dict(gamma="auto"), dict(tree="auto")):
+      st = md.DecodeSettings(max_new_tokens=8, draft=md.StreamingDraft(sink=1, window=8), hardware=str(path), **kw)
+      with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        md.make_plan(model, st, batch=2, shortest=20, longest=40)
+      said = [str(w.message) for w in seen if "hardware profile" in str(w.message)]
+      if words is None:
+        assert said == []
+      else:
+        assert len(said) == 1 and words in said[0] and str(path) in said[0], said
+        assert (here if name == "gpu" else repr(cpu)) in said[0]
+
+
 def test_fixed_settings_plan_what_was_asked():
   model = _model()
   draft = md.StreamingDraft(sink=1, window=8)
