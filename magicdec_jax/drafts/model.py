@@ -4,6 +4,7 @@ included), so it is exactly "the draft model with StreamingLLM attention"."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -100,8 +101,11 @@ class ModelDraft(Draft):
   def check_compatible(self, target: Model) -> None:
     if self.model.config.vocab_size != target.config.vocab_size:
       raise ValueError(f"draft vocabulary size {self.model.config.vocab_size} differs from the target's "
-                       f"{target.config.vocab_size}; a draft must share the target's vocabulary (its tokenizer: "
-                       "only the size is checked)")
+                       f"{target.config.vocab_size}; a draft must share the target's vocabulary")
+    other = different_token(self.model.tokenizer, target.tokenizer)
+    if other is not None:
+      raise ValueError(f"the draft's tokenizer is not the target's ({other}); a draft must share the target's "
+                       "vocabulary, token for token")
 
   def forward_network(self, target):
     return self.model.params, self.model.config
@@ -113,6 +117,25 @@ class ModelDraft(Draft):
   def __repr__(self) -> str:
     return (f"ModelDraft({self.model.name}, sink={self.spec.sink}, window={self.spec.window}, "
             f"positions={self.spec.positions!r})")
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab(tokenizer) -> dict[str, int]:
+  return tokenizer.get_vocab(with_added_tokens=True)
+
+
+def different_token(draft_tok, target_tok) -> str | None:
+  """Where two tokenizers map a token to different ids (described), or None: the same vocabulary, or one
+  side has no tokenizer (token ids only: nothing to compare)."""
+  if draft_tok is None or target_tok is None or draft_tok is target_tok:
+    return None
+  mine, theirs = _vocab(draft_tok), _vocab(target_tok)
+  if mine == theirs:
+    return None
+  for tok in sorted(mine.keys() | theirs.keys(), key=lambda t: (min(mine.get(t, 1 << 62), theirs.get(t, 1 << 62)), t)):
+    if mine.get(tok) != theirs.get(tok):
+      return f"token {tok!r} is id {mine.get(tok)} in the draft's, {theirs.get(tok)} in the target's"
+  return None
 
 
 def truncate_layers(model: Model, n: int) -> Model:

@@ -144,6 +144,24 @@ def test_draft_vocabulary_mismatch(model):
     generate(model, [PROMPT], max_new_tokens=4, draft=ModelDraft(other, sink=1, window=4))
 
 
+def test_a_draft_with_another_tokenizer_of_the_same_size_is_refused():
+  """Vocabularies of one size with two tokens' ids swapped: the draft's proposals would mean other tokens."""
+  import dataclasses
+  import json
+  from tokenizers import Tokenizer
+  from magicdec_jax import testing
+  target = testing.random_tiny_model(0)
+  spec = json.loads(target.tokenizer.to_str())
+  vocab = spec["model"]["vocab"]
+  a, b = sorted(vocab, key=vocab.get)[97:99]            # the byte tokens of ids 97 and 98
+  vocab[a], vocab[b] = vocab[b], vocab[a]
+  other = dataclasses.replace(testing.random_tiny_model(1), tokenizer=Tokenizer.from_str(json.dumps(spec)))
+  with raises("the draft's tokenizer is not the target's", f"token {a!r} is id 98 in the draft's, 97 in the target's"):
+    generate(target, [PROMPT], max_new_tokens=4, draft=ModelDraft(other, sink=1, window=4))
+  same = dataclasses.replace(testing.random_tiny_model(1), tokenizer=testing.byte_tokenizer())   # equal, not the same object
+  ModelDraft(same, sink=1, window=4).check_compatible(target)
+
+
 def test_unknown_settings_and_top_logprobs_beyond_the_vocabulary(model):
   with raises("unknown decoding setting(s) 'stop'", "Request"):
     generate(model, [PROMPT], max_new_tokens=4, stop=["x"])
