@@ -96,16 +96,16 @@ def _rope(d: Mapping[str, Any], get, layer_type: str | None = None,
   `rope_theta` / `rope_scaling` fields."""
   params = d.get("rope_parameters")
   if isinstance(params, Mapping) and layer_type is not None:
-    if layer_type not in params and "rope_theta" in params:
+    if params and not {FULL, SLIDING} & params.keys():
       _refuse("rope_parameters", dict(params), "one set for every layer where the family has one per layer "
               "type (full_attention / sliding_attention); which the local layers take is ambiguous")
     params = params.get(layer_type)
   scaling = d.get("rope_scaling") if layer_type in (None, FULL) else None
-  if isinstance(params, Mapping) and "rope_theta" in params:
+  if isinstance(params, Mapping):     # (its rope_theta, as transformers fills it in: else the legacy field)
     given = rope_scaling_from_hf(params, "rope_parameters")
     if scaling and rope_scaling_from_hf(scaling) != given:
       _refuse("rope_scaling", dict(scaling), "differs from rope_parameters beside it; give one")
-    return float(params["rope_theta"]), given
+    return float(params["rope_theta"] if "rope_theta" in params else get(legacy_theta)), given
   return float(get(legacy_theta)), rope_scaling_from_hf(scaling)
 
 
@@ -124,7 +124,10 @@ def _layer_types(d, get, family: str, n: int) -> list[str]:
   if family == "gemma2":
     return [SLIDING if (i + 1) % 2 else FULL for i in range(n)]
   if family == "gemma3_text":
-    pattern = int(d.get("sliding_window_pattern", d.get("_sliding_window_pattern", get("sliding_window_pattern"))))
+    pattern = int(d.get("sliding_window_pattern", get("sliding_window_pattern")))   # (transformers' own reading)
+    if d.get("_sliding_window_pattern", pattern) != pattern:
+      _refuse("_sliding_window_pattern", d["_sliding_window_pattern"], f"transformers reads the layers' pattern "
+              f"from sliding_window_pattern ({pattern}) or layer_types, not this private field; give layer_types")
     return [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
   return [FULL] * n
 
@@ -148,7 +151,7 @@ def _windows(d, get, family: str, n: int) -> tuple[int, ...]:
       _refuse(f"layer_types[{i}]", t, "only full_attention and sliding_attention layers are implemented")
     if t == SLIDING and not window:
       _refuse(f"layer_types[{i}]", t, "a sliding layer but no sliding_window (use_sliding_window=false or "
-              "sliding_window=null); transformers refuses this config too")
+              "sliding_window=null); transformers fails on it too")
     out.append(int(window) if t == SLIDING else 0)
   return tuple(out) if any(out) else ()
 

@@ -161,6 +161,12 @@ REFUSALS = [  # (family, config.json edits, the field the error names)
     ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
      "rope_scaling.rope_type='yarn'"),
     ("qwen3", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling=.* differs from rope_parameters"),
+    # rope_parameters without its own rope_theta (transformers fills it in from the top level): still read
+    ("qwen2", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+     "rope_parameters.rope_type='yarn'"),
+    ("gemma3", {"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_parameters=.* ambiguous"),
+    ("gemma3", {"layer_types": None, "sliding_window_pattern": 2, "_sliding_window_pattern": 3},
+     "_sliding_window_pattern=3"),
     ("mistral", {"bos_token_id": [1, 2]}, r"bos_token_id=\[1, 2\]"),
     ("gemma2", {"query_pre_attn_scalar": None}, "query_pre_attn_scalar=None"),
 ]
@@ -175,6 +181,25 @@ def test_unimplemented_fields_are_refused(family, edit, field, tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(d))
   with pytest.raises(ValueError, match=field):     # before any weight is read
     load_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("family,edit", [
+    ("qwen2", {"rope_theta": 500.0, "rope_parameters": {"rope_type": "linear", "factor": 3.0}}),
+    ("gemma3", {"rope_theta": 900.0, "rope_local_base_freq": 77.0,
+                "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0},
+                                    "sliding_attention": {"rope_type": "default"}}}),
+])
+def test_rope_parameters_without_their_theta_match_hf(family, edit, tmp_path):
+  """A rope_parameters set without rope_theta: transformers takes the theta from the top-level field and
+  applies the set's scaling (it was read as no scaling at all)."""
+  hf_model(family, seed=14).save_pretrained(tmp_path)
+  d = dict(json.loads((tmp_path / "config.json").read_text()), **edit)
+  (tmp_path / "config.json").write_text(json.dumps(d))
+  hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
+  x = ids()
+  ours = load_model(str(tmp_path))
+  assert ours.config.rope_scaling is not None and ours.config.rope_scaling.kind == "linear"
+  assert max_diff(logits(ours, x), hf_logits(hf, x)) < TOL
 
 
 def test_llama_mlp_bias_refused():
