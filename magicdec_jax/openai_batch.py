@@ -18,6 +18,8 @@ import itertools
 import json
 from typing import Any
 
+from magicdec_jax.constraints.errors import ConstraintError
+from magicdec_jax.constraints.spec import response_format_schema
 from magicdec_jax.constraints.vocabulary import token_bytes
 from magicdec_jax.options import SEED_LIMIT, OptionError, RequestOptions
 
@@ -31,7 +33,6 @@ BODY_OPTIONS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_ne
 BODY_FIELDS = {"messages", "prompt", "model"} | set(BODY_OPTIONS)
 FORMAT_LIMITS = {"temperature": 2.0, "n": 128}   # the format's own upper limits, beyond the options' ranges
 MAX_STOPS = 4                  # as the OpenAI API
-JSON_SCHEMA_FIELDS = {"name", "schema", "strict", "description"}    # response_format.json_schema's keys
 
 
 class RequestError(ValueError):
@@ -69,26 +70,13 @@ def body_error(e: OptionError, body: dict) -> RequestError:
 
 
 def _response_format(rf: Any) -> dict[str, Any]:
-  """response_format -> the options it sets: {"type": "text"} none, "json_object" any JSON object,
-  "json_schema" its json_schema.schema."""
-  if not isinstance(rf, dict) or rf.get("type") not in ("text", "json_object", "json_schema"):
-    raise RequestError("body.response_format must be {\"type\": \"text\" | \"json_object\" | \"json_schema\"}, "
-                       f"got {json.dumps(rf)}", "response_format")
-  unknown = sorted(set(rf) - {"type", "json_schema"})
-  if unknown:
-    raise RequestError(f"unknown response_format field {unknown[0]!r}", "response_format")
-  if rf["type"] == "text":
-    return {}
-  if rf["type"] == "json_object":
-    return {"json_schema": {"type": "object"}}
-  spec = rf.get("json_schema")
-  if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-    raise RequestError("body.response_format.json_schema must be an object with a \"schema\" object, got "
-                       f"{json.dumps(spec)}", "response_format")
-  unknown = sorted(set(spec) - JSON_SCHEMA_FIELDS)
-  if unknown:
-    raise RequestError(f"unknown response_format.json_schema field {unknown[0]!r}", "response_format")
-  return {"json_schema": spec["schema"]}
+  """response_format -> the options it sets (constraints.response_format_schema): {"type": "text"} none,
+  "json_object" any JSON object, "json_schema" its json_schema.schema."""
+  try:
+    schema = response_format_schema(rf)
+  except ConstraintError as e:
+    raise RequestError(f"body.{e}", "response_format") from None
+  return {} if schema is None else {"json_schema": dict(schema) if isinstance(schema, dict) else schema}
 
 
 def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, OpenAIOptions]:

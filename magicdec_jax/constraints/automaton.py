@@ -155,11 +155,13 @@ def compile_regex(regex: str, vocabulary: TokenVocabulary, key: tuple = ()) -> T
   start, src, tok, dst, accepting, successors = _edges(index, v)
   order = _live(start, successors, accepting)
   if not len(order):
-    raise ConstraintError("no token sequence of this vocabulary satisfies the constraint")
+    raise ConstraintError(f"no token sequence of this vocabulary satisfies the constraint (regex {regex!r:.80})")
   renum = np.full(len(accepting), -1, np.int64)
   renum[order] = np.arange(len(order))
   keep = (renum[src] >= 0) & (renum[dst] >= 0)
   src, tok, dst = renum[src[keep]], tok[keep], renum[dst[keep]]
+  if not len(src):
+    raise ConstraintError(f"the constraint admits only the empty output (regex {regex!r:.80})")
   accepting = accepting[order]
   acc = np.flatnonzero(accepting)                    # EOS: a self-loop on every accepting state
   src = np.concatenate([src, np.repeat(acc, len(eos))])

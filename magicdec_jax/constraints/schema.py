@@ -121,6 +121,9 @@ def _check_constant(value: Any, path: str) -> None:
       _check_constant(v, path)
   elif isinstance(value, float) and not math.isfinite(value):
     _refuse(path, f"{value!r} is not a JSON value")
+  elif type(value) is int and not -2 ** 63 <= value < 2 ** 64:
+    _refuse(path, f"integer {value} in a const / enum value: outlines-core writes integers outside "
+            "[-2**63, 2**64) as a rounded float, another number")
 
 
 def _resolve(root: dict, ref: Any, path: str) -> Any:
@@ -141,6 +144,11 @@ def _resolve(root: dict, ref: Any, path: str) -> Any:
     else:
       _refuse(path, f"$ref {ref!r} does not resolve (no {part!r})")
   return node
+
+
+# Any JSON value ({} or a schema of annotations only) as outlines-core is given it: its any-value regex is an
+# alternation it leaves ungrouped inside an object's property or a prefixItems entry, which an anyOf groups.
+ANY_VALUE = {"anyOf": [{}]}
 
 
 class _Normalizer:
@@ -179,7 +187,7 @@ class _Normalizer:
       return self.typed(node, keys, path)
     if keys:
       _refuse(path, f"keywords {sorted(keys)} need a type at this schema")
-    return {}
+    return ANY_VALUE
 
   def ref(self, ref: Any, path: str) -> dict:
     if ref in self.refs:

@@ -79,35 +79,9 @@ class Constraint:
 
   @classmethod
   def response_format(cls, obj: Any) -> "Constraint | None":
-    """An OpenAI `response_format`: {"type": "json_schema", "json_schema": {"name", "schema", "strict",
-    "description"}}, {"type": "json_object"} (any JSON object) or {"type": "text"} (None: unconstrained).
-    The schema is enforced whatever `strict` says."""
-    if not isinstance(obj, Mapping):
-      raise ConstraintError(f"response_format must be an object, got {obj!r:.60}")
-    kind = obj.get("type")
-    fields = {"json_schema": {"type", "json_schema"}, "json_object": {"type"}, "text": {"type"}}
-    if kind not in fields:
-      raise ConstraintError(f"response_format type {kind!r} is not one of {', '.join(fields)}")
-    stray = sorted(set(obj) - fields[kind])
-    if stray:
-      raise ConstraintError(f"response_format of type {kind!r} has unknown field {stray[0]!r}")
-    if kind == "text":
-      return None
-    if kind == "json_object":
-      return cls.json_schema(ANY_OBJECT)
-    spec = obj.get("json_schema")
-    if not isinstance(spec, Mapping):
-      raise ConstraintError(f"response_format json_schema must be an object, got {spec!r:.60}")
-    stray = sorted(set(spec) - {"name", "schema", "strict", "description"})
-    if stray:
-      raise ConstraintError(f"response_format json_schema has unknown field {stray[0]!r}")
-    if "schema" not in spec:
-      raise ConstraintError("response_format json_schema has no 'schema'")
-    for key, types in (("name", str), ("description", str), ("strict", bool)):
-      if spec.get(key) is not None and not isinstance(spec[key], types):
-        raise ConstraintError(f"response_format json_schema {key} must be a {types.__name__}, "
-                              f"got {spec[key]!r:.60}")
-    return cls.json_schema(spec["schema"])
+    """An OpenAI `response_format` (response_format_schema) as a constraint; None for {"type": "text"}."""
+    schema = response_format_schema(obj)
+    return None if schema is None else cls.json_schema(schema)
 
   def to_regex(self) -> str:
     """The regex (Rust syntax) whose full matches are exactly the allowed output texts."""
@@ -116,6 +90,38 @@ class Constraint:
     if self.kind == "choices":
       return "|".join(escape(o) for o in json.loads(self.spec))
     return schema_regex(json.loads(self.spec))
+
+
+def response_format_schema(obj: Any) -> Any:
+  """The schema an OpenAI `response_format` asks for: {"type": "json_schema", "json_schema": {"name",
+  "schema", "strict", "description"}} its schema (enforced whatever `strict` says), {"type": "json_object"}
+  any JSON object, {"type": "text"} None (unconstrained). ConstraintError naming a bad or unknown field."""
+  if not isinstance(obj, Mapping):
+    raise ConstraintError(f"response_format must be an object, got {obj!r:.60}")
+  kind = obj.get("type")
+  fields = {"json_schema": {"type", "json_schema"}, "json_object": {"type"}, "text": {"type"}}
+  if kind not in fields:
+    raise ConstraintError(f"response_format type {kind!r} is not one of {', '.join(fields)}")
+  stray = sorted(set(obj) - fields[kind])
+  if stray:
+    raise ConstraintError(f"response_format of type {kind!r} has unknown field {stray[0]!r}")
+  if kind == "text":
+    return None
+  if kind == "json_object":
+    return ANY_OBJECT
+  spec = obj.get("json_schema")
+  if not isinstance(spec, Mapping):
+    raise ConstraintError(f"response_format json_schema must be an object, got {spec!r:.60}")
+  stray = sorted(set(spec) - {"name", "schema", "strict", "description"})
+  if stray:
+    raise ConstraintError(f"response_format json_schema has unknown field {stray[0]!r}")
+  if "schema" not in spec:
+    raise ConstraintError("response_format json_schema has no 'schema'")
+  for key, types in (("name", str), ("description", str), ("strict", bool)):
+    if spec.get(key) is not None and not isinstance(spec[key], types):
+      raise ConstraintError(f"response_format json_schema {key} must be a {types.__name__}, "
+                            f"got {spec[key]!r:.60}")
+  return spec["schema"]
 
 
 def make_constraint(*, json_schema: Any = None, regex: Any = None, choices: Any = None,

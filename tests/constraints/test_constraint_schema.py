@@ -109,7 +109,47 @@ def test_annotations_refs_and_single_allof_normalize_away():
             "required": ["c"]}
   assert normalize_schema(schema) == {"properties": {"c": {"enum": ["red", "blue"]}, "n": {"type": "integer"}},
                                       "required": ["c"]}
-  assert normalize_schema({"description": "anything"}) == {}
+  assert normalize_schema({"description": "anything"}) == normalize_schema({})
+
+
+ANY_TEXTS = ['{"a":1}', '{"a":[1,2]}', '{"a":"x"}', '{"a":null}', '{"a":1,"b":{"c":2}}', '{}', 'null', '7',
+             '{5}', '[{"x":1},0]', '{},0]', '[null,3]', '[true,2]', '"x"']
+
+
+@pytest.mark.parametrize("schema, wanted", [
+    ({"type": "object", "properties": {"a": {}}, "required": ["a"]}, ['{"a":1}', '{"a":[1,2]}', '{"a":null}']),
+    ({"type": "object", "properties": {"a": {"description": "any"}}, "required": ["a"]}, ['{"a":"x"}']),
+    ({"type": "object", "additionalProperties": {}}, ['{"a":1}', '{"a":1,"b":{"c":2}}', '{}']),
+    ({"type": "array", "prefixItems": [{}, {"type": "integer"}], "minItems": 2, "maxItems": 2},
+     ['[{"x":1},0]', '[null,3]', '[true,2]']),
+    ({"$defs": {"A": {}}, "type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"]},
+     ['{"a":1}']),
+    ({}, ['null', '7', '"x"', '{"a":1}']),
+])
+def test_an_any_value_subschema_admits_json_values_only(schema, wanted):
+  """{} (or annotations only) inside an object or a prefixItems entry: every text the regex admits is JSON
+  that validates against the schema (jsonschema), and the wanted ones are admitted."""
+  jsonschema = pytest.importorskip("jsonschema")
+  regex = outlines_regex(normalize_schema(schema))
+
+  def valid(text):
+    try:
+      jsonschema.validate(json.loads(text), schema)
+      return True
+    except (ValueError, jsonschema.ValidationError):
+      return False
+  admitted = [t for t in ANY_TEXTS if re.fullmatch(regex, t)]
+  assert all(valid(t) for t in admitted), [t for t in admitted if not valid(t)]
+  assert set(wanted) <= set(admitted)
+
+
+def test_integers_outlines_core_cannot_write_exactly_are_refused():
+  for value in (2 ** 64, -2 ** 63 - 1, 123456789012345678901234567890):
+    for schema in ({"const": value}, {"enum": [1, value]}, {"const": {"a": [value]}}):
+      with pytest.raises(ConstraintError, match=f"integer {value} in a const / enum value"):
+        normalize_schema(schema)
+  for value in (2 ** 64 - 1, -2 ** 63):        # written exactly
+    assert re.fullmatch(outlines_regex(normalize_schema({"const": value})), str(value))
 
 
 @pytest.mark.parametrize("schema, needle", [

@@ -363,6 +363,10 @@ def test_empty_automaton_refused(byte_vocab):
   no_digits = token_vocabulary(digitless_tokenizer(), [BYTE_EOS], 264)
   with pytest.raises(ConstraintError, match="no token sequence|cannot compile the constraint over"):
     compile_constraint(Constraint.regex("a*[0-9]"), no_digits)
+  for empty_only in ("a{0}", "(?:)", "(a{0})|(?:)"):     # ("" itself is refused as a regex)
+    with pytest.raises(ConstraintError, match="admits only the empty output"):
+      compile_constraint(Constraint.regex(empty_only), byte_vocab)
+  compile_constraint(Constraint.regex("a?"), byte_vocab)   # empty or one token: allowed
 
 
 def test_compile_cache(byte_vocab):

@@ -111,7 +111,8 @@ def test_openai_response_format_is_served_and_a_bad_schema_is_an_error_line(tmp_
   assert opts.request.json_schema is None
   for bad in ({"type": "yaml"}, {"type": "json_schema", "json_schema": {"name": "x"}},
               {"type": "json_schema", "json_schema": {"name": "x", "schema": {}, "extra": 1}},
-              {"type": "text", "extra": 1}):
+              {"type": "text", "extra": 1}, {"type": "json_schema", "json_schema": {"name": 5, "schema": {}}},
+              {"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}):
     with pytest.raises(openai_batch.RequestError) as e:
       openai_batch.to_native(_line("a", COMP, {"prompt": "x", "response_format": bad}), max_new_tokens=8)
     assert e.value.field == "response_format"
