@@ -47,6 +47,18 @@ class DraftFlags:
   check_draft: Callable[[Any, bool], None] = _refuse_draft_model
   profiles_acceptance: bool = False
   trains_head: bool = False
+  reads: tuple[str, ...] = ("sink", "window")      # the SHAPE_FLAGS it is built from (the others are refused)
+
+
+# flags that shape a draft: each --draft reads some (DraftFlags.reads); one given to a draft that does not
+# read it would be ignored, so it is refused
+SHAPE_FLAGS = ("sink", "window", "budget", "lookup_ngram")
+
+
+def _snapkv_window(fv) -> int:
+  """--window for --draft=snapkv: SnapKVDraft's own default where not given (--window's 256 is the streaming
+  drafts')."""
+  return fv.window if fv["window"].present else drafts.SnapKVDraft.window
 
 
 def _weights(fv) -> str | None:
@@ -110,8 +122,10 @@ REGISTRY: dict[str, DraftFlags] = {
         build=lambda fv, target, load: drafts.StreamingDraft(fv.sink, fv.window, weights=_weights(fv)),
         profiles_acceptance=True),
     drafts.SnapKVDraft.name: DraftFlags(
-        build=lambda fv, target, load: drafts.SnapKVDraft(budget=fv.budget, window=fv.window, weights=_weights(fv)),
-        describe=lambda fv, c: f"{c.label} (sink {fv.sink}, window {fv.window}, budget {fv.budget})"),
+        build=lambda fv, target, load: drafts.SnapKVDraft(budget=fv.budget, window=_snapkv_window(fv),
+                                                          weights=_weights(fv)),
+        describe=lambda fv, c: f"{c.label} (window {_snapkv_window(fv)}, budget {fv.budget})",
+        reads=("budget", "window")),
     drafts.ModelDraft.name: DraftFlags(
         build=_build_model, cost=_model_cost, check=_check_model, check_draft=lambda fv, head: None,
         profiles_acceptance=True),
@@ -121,7 +135,8 @@ REGISTRY: dict[str, DraftFlags] = {
         cost=_feature_cost, check_draft=_check_feature, trains_head=True),
     drafts.PromptLookupDraft.name: DraftFlags(
         build=lambda fv, target, load: drafts.PromptLookupDraft(max_ngram=fv.lookup_ngram),
-        describe=lambda fv, c: f"{c.label} (n-grams up to {fv.lookup_ngram}, no network)", check=_check_lookup),
+        describe=lambda fv, c: f"{c.label} (n-grams up to {fv.lookup_ngram}, no network)", check=_check_lookup,
+        reads=("lookup_ngram",)),
 }
 
 
@@ -140,6 +155,10 @@ def names(pick: Callable[[DraftFlags], bool]) -> list[str]:
 def check(fv) -> None:
   """The draft's cross-flag checks every mode runs (app.UsageError naming the flag)."""
   e = entry(fv)
+  stray = [n for n in SHAPE_FLAGS if fv[n].present and n not in (() if e is None else e.reads)]
+  if stray:
+    takes = "|".join(n for n, d in REGISTRY.items() if stray[0] in d.reads)
+    raise app.UsageError(f"--{stray[0]} is for --draft={takes} (got --draft={fv.draft})")
   if e is not None:
     e.check(fv)
 

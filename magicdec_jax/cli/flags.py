@@ -56,11 +56,12 @@ def define_model_flags(d: dict) -> None:
                        "model (of the target when --draft_model is unset).", lower_bound=1, **d)
   flags.DEFINE_integer("sink", drafts.DEFAULT_SINK, "Draft StreamingLLM sink tokens.", lower_bound=0,
                        upper_bound=4096, **d)
-  flags.DEFINE_integer("window", drafts.DEFAULT_WINDOW, "Draft window: most recent tokens the draft attends to.",
+  flags.DEFINE_integer("window", drafts.DEFAULT_WINDOW, "Draft window: most recent tokens the draft attends to "
+                       f"(--draft=snapkv: default {drafts.SnapKVDraft.window}, SnapKVDraft's own).",
                        lower_bound=1, upper_bound=1 << 20, **d)
   flags.DEFINE_integer("lookup_ngram", drafts.lookup.DEFAULT_MAX_NGRAM, "--draft=lookup: the longest n-gram "
                        "looked up (then shorter ones, down to 1).", lower_bound=1, upper_bound=64, **d)
-  flags.DEFINE_integer("budget", 256, "--draft=snapkv: prompt positions kept per KV head.",
+  flags.DEFINE_integer("budget", drafts.SnapKVDraft.budget, "--draft=snapkv: prompt positions kept per KV head.",
                        lower_bound=1, upper_bound=1 << 20, **d)
   flags.DEFINE_string("gamma", str(settings.DEFAULT_GAMMA), "Speculated tokens per round (chain length, "
                       "1..64), or 'auto': the cost model's choice for the batch and context (--hardware, "

@@ -162,6 +162,8 @@ def test_the_cli_registry_names_the_drafts_and_prices_as_they_do():
                 if name != "lookup" else "--lookup_ngram=2")
     assert draft_flags.cost(fv, CFG) == draft_flags.build(fv, None, lambda n: None).spec.cost()
   assert draft_flags.cost(_flags("--draft=snapkv", "--budget=40", "--window=20"), CFG).kv_slots == 60
+  snap = draft_flags.build(_flags("--draft=snapkv"), None, lambda n: None)       # SnapKVDraft's own defaults
+  assert (snap.budget, snap.window) == (drafts.SnapKVDraft().budget, drafts.SnapKVDraft().window)
   fv = _flags("--draft=model", "--draft_layers=1", "--sink=3", "--window=20")
   assert draft_flags.cost(fv, CFG) == DraftCost(23, CFG.replace(num_layers=1), label="model")
   fv = _flags("--draft=feature", "--sink=3", "--window=20", "--draft_vocab=16")
