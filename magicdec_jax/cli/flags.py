@@ -112,7 +112,7 @@ def define_sampling_flags(d: dict) -> None:
   flags.DEFINE_integer("refill_at", 1, "datagen: the decode loop returns to refill its slots once this many "
                        "rows have finished (--batch_size: static batching).", lower_bound=1, upper_bound=4096, **d)
   flags.DEFINE_integer("prompt_tokens", 7900, "Demo prompt length in tokens (Shakespeare); unless given, the "
-                       "demo picks where MagicDec wins on this backend (cli_demo.default_shape).", lower_bound=16,
+                       "demo picks where MagicDec wins on this backend (cli/demo.py default_shape).", lower_bound=16,
                        upper_bound=1 << 20, **d)
   flags.DEFINE_integer("shared_tokens", None, "Demo: tokens of the document every prompt starts with (prefilled "
                        "once); each prompt then has its own passage. Default: all but the last 256 tokens; 0: "
