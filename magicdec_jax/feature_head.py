@@ -139,12 +139,16 @@ def init_head(target: Model, layers=None, seed: int = 0, vocab=None) -> FeatureH
 
 
 def check_compatible(head: FeatureHead, target_cfg: ModelConfig):
-  """ValueError unless `head` was built for a target of `target_cfg`'s shape."""
+  """ValueError unless `head` was built for a target of `target_cfg`'s shape and dtype."""
   hc = head.config
   for name in ("hidden_size", "vocab_size", "num_heads", "num_kv_heads", "head_dim"):
     if getattr(hc, name) != getattr(target_cfg, name):
       raise ValueError(f"feature head {name}={getattr(hc, name)} differs from the target's "
                        f"{getattr(target_cfg, name)}: the head was trained for another model")
+  if hc.dtype != target_cfg.dtype:
+    raise ValueError(f"feature head dtype={hc.dtype} differs from the target's {target_cfg.dtype}: a head "
+                     "computes on the target's features in the target's dtype (train it on the target loaded "
+                     "in that dtype)")
   check_layers(head.layers, target_cfg.num_layers)
   if head.vocab is not None:
     check_vocab(head.vocab, target_cfg.vocab_size)

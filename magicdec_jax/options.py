@@ -99,11 +99,12 @@ def check_number(name: str, value: Any) -> None:
 NUMBER_FIELDS = tuple(NUMBER_CHECKS)
 
 
-def check_count(what: str, value: Any, least: int) -> None:
-  """ValueError naming `what` unless `value` is an integer (not a bool or a float) >= least: the check of
-  every count an entry point takes (batch sizes, budgets, a draft's sink and window)."""
-  if not is_int(value) or value < least:
-    raise ValueError(f"{what} must be an integer >= {least}, got {value!r}")
+def check_count(what: str, value: Any, least: int, most: int | None = None) -> None:
+  """ValueError naming `what` unless `value` is an integer (not a bool or a float) >= least (and <= most):
+  the check of every count an entry point takes (batch sizes, budgets, a draft's sink and window)."""
+  if not is_int(value) or value < least or (most is not None and value > most):
+    bounds = f">= {least}" if most is None else f"in [{least}, {most}]"
+    raise ValueError(f"{what} must be an integer {bounds}, got {value!r}")
 
 
 def check_stream_ids(ids: Any) -> list[int]:

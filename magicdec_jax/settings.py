@@ -26,6 +26,7 @@ from magicdec_jax.schedule import check_forced
 from magicdec_jax.trees import Tree
 
 DEFAULT_GAMMA = 3        # chain length when neither gamma nor tree is given
+MAX_GAMMA = 64           # the longest chain (a round verifies gamma + 1 tokens in one pass)
 OFF_DEFAULTS = ("logprobs", "top_logprobs", "per_row_sampling", "min_p",   # fingerprinted only when set
                 "row_features", "fixed_shapes", "simulated_acceptance")     # (older data sets resume unchanged)
 
@@ -95,9 +96,9 @@ class DecodeSettings:
     if self.draft is not None and not isinstance(self.draft, Draft):
       raise ValueError(f"draft must be one of {', '.join(c.__name__ for c in REGISTRY.values())} or None, "
                        f"got {self.draft!r:.80}")
-    if self.gamma not in (None, "auto") and (isinstance(self.gamma, bool)
-                                             or not isinstance(self.gamma, (int, np.integer)) or self.gamma < 1):
-      raise ValueError(f"gamma must be an integer >= 1 or 'auto', got {self.gamma!r}")
+    if self.gamma not in (None, "auto") and (isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, np.integer))
+                                             or not 1 <= self.gamma <= MAX_GAMMA):
+      raise ValueError(f"gamma must be an integer in [1, {MAX_GAMMA}] or 'auto', got {self.gamma!r}")
     if self.tree is not None and self.tree != "auto" and not isinstance(self.tree, Tree):
       raise ValueError(f"tree must be a trees.Tree or 'auto', got {self.tree!r}")
     # settings that would have no effect are refused, not ignored

@@ -60,7 +60,8 @@ def define_model_flags(d: dict) -> None:
                        f"(--draft=snapkv: default {drafts.SnapKVDraft.window}, SnapKVDraft's own).",
                        lower_bound=1, upper_bound=1 << 20, **d)
   flags.DEFINE_integer("lookup_ngram", drafts.lookup.DEFAULT_MAX_NGRAM, "--draft=lookup: the longest n-gram "
-                       "looked up (then shorter ones, down to 1).", lower_bound=1, upper_bound=64, **d)
+                       "looked up (then shorter ones, down to 1).", lower_bound=1,
+                       upper_bound=drafts.lookup.MAX_NGRAM, **d)
   flags.DEFINE_integer("budget", drafts.SnapKVDraft.budget, "--draft=snapkv: prompt positions kept per KV head.",
                        lower_bound=1, upper_bound=1 << 20, **d)
   flags.DEFINE_string("gamma", str(settings.DEFAULT_GAMMA), "Speculated tokens per round (chain length, "
@@ -69,7 +70,7 @@ def define_model_flags(d: dict) -> None:
   flags.DEFINE_boolean("learn_acceptance", True, "--gamma=auto: re-plan a call at rounds 32, 64, 128, ... from "
                        "the acceptance its own chain rounds have had, measuring the settings the cost model "
                        "cannot separate (off: the profiled or default acceptance and the model's choice).", **d)
-  flags.register_validator("gamma", _gamma_ok, "is not an integer in the range [1, 64] or 'auto'", **d)
+  flags.register_validator("gamma", _gamma_ok, f"is not an integer in the range [1, {settings.MAX_GAMMA}] or 'auto'", **d)
   flags.DEFINE_string("tree", None, "Speculate a tree instead of a chain: 'auto' (cost model), a shipped "
                       f"tree name ({', '.join(trees.DEFAULT_TREE_NAMES)}) or a tree JSON file.", **d)
   flags.DEFINE_enum("attention_impl", "auto", IMPLS, "Attention kernel.", **d)
@@ -288,19 +289,19 @@ def writable_target(flag: str, path: str):
 
 
 def _gamma_ok(value: str) -> bool:
-  return value == "auto" or (value.lstrip("-").isdigit() and 1 <= int(value) <= 64)
+  return value == "auto" or (value.lstrip("-").isdigit() and 1 <= int(value) <= settings.MAX_GAMMA)
 
 
 def parse_gamma(value: str):
-  """--gamma: an integer in [1, 64] or 'auto' (UsageError otherwise)."""
+  """--gamma: an integer in [1, MAX_GAMMA] or 'auto' (UsageError otherwise)."""
   if value == "auto":
     return "auto"
   try:
     g = int(value)
   except ValueError:
-    raise app.UsageError(f"--gamma={value}: expected an integer in [1, 64] or 'auto'") from None
-  if not 1 <= g <= 64:
-    raise app.UsageError(f"--gamma={value}: expected an integer in [1, 64] or 'auto'")
+    raise app.UsageError(f"--gamma={value}: expected an integer in [1, {settings.MAX_GAMMA}] or 'auto'") from None
+  if not 1 <= g <= settings.MAX_GAMMA:
+    raise app.UsageError(f"--gamma={value}: expected an integer in [1, {settings.MAX_GAMMA}] or 'auto'")
   return g
 
 

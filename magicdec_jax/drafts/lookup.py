@@ -33,6 +33,7 @@ from magicdec_jax.trees import Tree
 from magicdec_jax.tuning.draft_cost import DraftCost
 
 DEFAULT_MAX_NGRAM = 3
+MAX_NGRAM = 64       # the match unrolls over n-gram lengths: compile time grows with the square of max_ngram
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,7 @@ class PromptLookupDraft(DraftSpec, Draft):
 
   def __post_init__(self):
     for field, v in (("max_ngram", self.max_ngram), ("min_ngram", self.min_ngram)):
-      check_count(f"PromptLookupDraft {field}", v, 1)
+      check_count(f"PromptLookupDraft {field}", v, 1, MAX_NGRAM)
     if self.min_ngram > self.max_ngram:
       raise ValueError(f"PromptLookupDraft min_ngram={self.min_ngram} is larger than max_ngram={self.max_ngram}")
 

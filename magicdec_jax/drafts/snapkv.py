@@ -20,6 +20,9 @@ from magicdec_jax.options import check_count
 from magicdec_jax.tuning.draft_cost import DraftCost
 
 
+MAX_POOL_KERNEL = 1023      # the scores' pooling window (SnapKV uses 5-7); a wider one is a mistake
+
+
 @dataclasses.dataclass(frozen=True)
 class SnapKVDraft(TargetWeightCopy, RingDraft, Draft):
   """Self-speculation keeping `budget` selected prompt positions per KV head plus the last `window`."""
@@ -38,7 +41,7 @@ class SnapKVDraft(TargetWeightCopy, RingDraft, Draft):
     check_weights(self.weights, "SnapKVDraft")
     check_count("SnapKVDraft budget", self.budget, 1)
     check_count("SnapKVDraft observation_window", self.observation_window, 1)
-    check_count("SnapKVDraft pool_kernel", self.pool_kernel, 1)
+    check_count("SnapKVDraft pool_kernel", self.pool_kernel, 1, MAX_POOL_KERNEL)
     if self.pool_kernel % 2 == 0:
       raise ValueError(f"SnapKVDraft pool_kernel must be odd and >= 1, got {self.pool_kernel}")
 
@@ -74,7 +77,7 @@ class SnapKVDraft(TargetWeightCopy, RingDraft, Draft):
     new_k, new_v = [], []
     for i, (sc, tk, tv, rk, rv) in enumerate(zip(scores, target.k, target.v, ring.k, ring.v, strict=True)):
       pos = target.slot_positions(i, lengths - 1)                                  # [B, S]: ring layers
-      candidate = (pos >= 0) & (pos < (lengths - self.window)[:, None])
+      candidate = (pos >= 0) & (pos < (lengths - 1 - self.window)[:, None])     # (the ring holds L-1-window ..)
       pooled = jax.lax.reduce_window(sc, 0.0, jax.lax.add, (1, 1, self.pool_kernel), (1, 1, 1),
                                      [(0, 0), (0, 0), (pad, pad)]) / self.pool_kernel
       pooled = jnp.where(candidate[:, None, :], pooled, -jnp.inf)

@@ -155,3 +155,23 @@ def test_ring_write_keeps_only_the_latest_position_per_slot():
       want_v = np.where(want_pos >= 0, want_pos + 100.0 * layer + 0.5, 0.0)[None, :, None]
       np.testing.assert_array_equal(k, np.broadcast_to(want_k, k.shape))
       np.testing.assert_array_equal(v, np.broadcast_to(want_v, v.shape))
+
+
+def test_snapkv_keeps_budget_positions_before_its_recent_window():
+  """With exactly `budget` positions before the recent window (prompt = budget + window + 1 tokens), every
+  layer and KV head keeps those and no other: the recent window's positions are not candidates (a static
+  slot holding one counted its key twice and wasted a slot). Positions are found by matching each static
+  slot's key against the target cache's keys, position by position."""
+  from magicdec_jax import testing
+  model = testing.random_tiny_model(0)
+  budget, window, length = 19, 4, 24
+  spec = drafts.SnapKVDraft(budget=budget, window=window, observation_window=6, pool_kernel=3)
+  tokens = jnp.asarray(np.random.default_rng(3).integers(0, 256, size=(2, 32)), jnp.int32)   # (padded to 32)
+  target, ring = loop.prefill_with_draft(model.params, None, tokens, jnp.full((2,), length, jnp.int32),
+                                         cfg=model.config, spec=spec, tree=Tree.chain(2), num_slots=64, chunk=32)
+  for layer in range(model.config.num_layers):
+    tk, rk = np.asarray(target.k[layer]), np.asarray(ring.k[layer])
+    for b in range(2):
+      for h in range(model.config.num_kv_heads):
+        held = {int(np.argmin(np.abs(tk[b, h, :length - 1] - key).sum(-1))) for key in rk[b, h, :budget]}
+        assert held == set(range(length - 1 - window)), (layer, b, h, str(sorted(held)))

@@ -28,7 +28,7 @@ from magicdec_jax.training import distill_feature as dfm
 from magicdec_jax import feature_head
 from magicdec_jax.generation import generate
 from magicdec_jax.drafts import FeatureDraft
-from magicdec_jax.model import full_forward
+from magicdec_jax.model import Model, full_forward
 from magicdec_jax.trees import Tree, default_tree
 
 from conftest import random_prompts, tiny_model
@@ -236,6 +236,9 @@ def test_bad_inputs_named():
   other = tiny_model(1, hidden=16, heads=2, kv_heads=1, layers=1)
   with pytest.raises(ValueError, match="hidden_size=16 differs"):
     generate(t, [[1, 2, 3]], max_new_tokens=2, draft=FeatureDraft(feature_head.init_head(other), 1, 4))
+  half = Model(t.config.replace(dtype="bfloat16"), jax.tree.map(lambda a: a.astype(jnp.bfloat16), t.params))
+  with pytest.raises(ValueError, match="feature head dtype=bfloat16 differs from the target's float32"):
+    generate(t, [[1, 2, 3]], max_new_tokens=2, draft=FeatureDraft(feature_head.init_head(half), 1, 4))
   with pytest.raises(ValueError, match="FeatureDraft needs a feature_head.FeatureHead"):
     FeatureDraft(t, 1, 4)
   with pytest.raises(ValueError, match="window must be an integer >= 1"):

@@ -189,8 +189,16 @@ def test_trees_schedules_and_draft_sizes_of_the_wrong_kind(model, tmp_path):
     Tree.from_json('{"parents": 5}')
   with raises("gamma must be an integer >= 0, got 2.0"):
     Tree.chain(2.0)
-  with raises("max_ngram must be an integer >= 1, got True"):
+  with raises("max_ngram must be an integer in [1, 64], got True"):
     PromptLookupDraft(max_ngram=True)
+  for n in (65, 10 ** 30):             # (the match unrolls over lengths: its compile grows as n squared)
+    with raises(f"max_ngram must be an integer in [1, 64], got {n}"):
+      PromptLookupDraft(max_ngram=n, min_ngram=n)
+  with raises("pool_kernel must be an integer in [1, 1023], got 1000000000000000000000000000001"):
+    SnapKVDraft(pool_kernel=10 ** 30 + 1)
+  for gamma in (65, 10 ** 9):          # (a chain of 10**9 was built, node by node, before any check)
+    with raises(f"gamma must be an integer in [1, 64] or 'auto', got {gamma}"):
+      generate(model, [PROMPT], max_new_tokens=4, draft=StreamingDraft(1, 4), gamma=gamma)
   assert truncate_layers(model, np.int64(1)).config.num_layers == 1
   for schedule in ([(0, 2.7)], [(0.5, 2)], [(0, True)]):
     with raises("schedule must be a list of (from_context, gamma) integer pairs"):
