@@ -113,7 +113,7 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
       try:
         rec = json.loads(text)
       except json.JSONDecodeError as e:
-        raise DatagenError(f"malformed JSON ({e.msg} at column {e.colno})") from None
+        raise DatagenError(f"malformed JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
       try:
         rec, options = fmt.to_native(rec, max_new_tokens, run)
       except openai_batch.RequestError as e:
@@ -218,8 +218,12 @@ def run(model: Model, input_path: str, output_path: str, *, settings: DecodeSett
       items = split(items, process_index, process_count)
       errors = errors if process_index == 0 else []    # bad lines are reported once, by process 0
     fmt.record_bad_lines(output_path + ".errors.jsonl", errors, on_error)
+    auto = "auto" in (st.gamma, st.tree)
     check_config(output_path, fingerprint(model, used, **fmt.job(chat=chat, truncate=truncate,
-                                                                 num_samples=num_samples)))
+                                                                 num_samples=num_samples)),
+                 resolved=("draft", "tree", "schedule"),
+                 why="the cost model resolves gamma / tree = 'auto' for the batch size among the rest: resume "
+                     "with the first run's batch size, hardware and acceptance" if auto else "")
     out_f.close()
     done, cut = repair_output(output_path)
     out_f = open_output(output_path)

@@ -94,16 +94,18 @@ def write_errors(path: str, errors: list) -> None:
   atomic_write(path, "".join(json.dumps(e) + "\n" for e in errors))
 
 
-def check_config(path: str, config: dict):
-  """Refuse to resume an output produced with different generation settings, naming each difference."""
+def check_config(path: str, config: dict, resolved: tuple[str, ...] = (), why: str = ""):
+  """Refuse to resume an output produced with different generation settings, naming each difference;
+  `why` is added where one of the `resolved` keys (settings chosen for the run, not given) differs."""
   cpath = path + ".config.json"
   config = json.loads(json.dumps(config))        # as it reads back from the file (tuples become lists)
   if os.path.exists(path) and os.path.getsize(path) > 0 and (old := _read_json(cpath)) is not None:
     diff = _differences(old, config)
     if diff:
       changes = ", ".join(f"{k}: {old.get(k)!r} -> {config.get(k)!r}" for k in diff)
-      raise DatagenError(f"{path} was produced with different settings ({changes}); use another --output "
-                         "or delete it")
+      note = f" ({why})" if why and set(diff) & set(resolved) else ""
+      raise DatagenError(f"{path} was produced with different settings ({changes}){note}; use another "
+                         "--output or delete it")
   atomic_write(cpath, json.dumps(config, indent=1) + "\n")
 
 
@@ -143,8 +145,8 @@ def input_order(input_path: str) -> dict[str, int]:
 def merge_shards(output: str, input_path: str, count: int) -> dict:
   """Concatenate the `count` shards of `output` into `output`, in input order then sample, with their error
   lines into `output`.errors.jsonl; returns a summary. Each shard is first repaired (a torn tail dropped).
-  DatagenError: a shard missing, produced with other settings than shard 0, or holding fewer records than
-  its own run's summary says it wrote (cut, or still running)."""
+  DatagenError: a shard missing, unfinished (no summary: a run writes it last), produced with other settings
+  than shard 0, or holding fewer records than its own run's summary says it wrote (cut, or still running)."""
   records, per_shard, bad, errors = {}, [], 0, []
   config = _read_json(shard_path(output, 0, count) + ".config.json")
   for i in range(count):
@@ -160,7 +162,10 @@ def merge_shards(output: str, input_path: str, count: int) -> dict:
       for line in f:                          # (whole records: repaired above)
         records.setdefault(_record_keys(line.encode("utf-8"))[0], line)
         n += 1
-    summary = _read_json(path + ".summary.json") or {}
+    summary = _read_json(path + ".summary.json")
+    if summary is None:
+      raise DatagenError(f"merge: shard {path} has no {os.path.basename(path)}.summary.json: its run has not "
+                         f"finished (run process {i} again; it resumes)")
     if n < summary.get("records_total", 0):
       raise DatagenError(f"merge: shard {path} holds {n} records, its run's summary says {summary['records_total']} "
                          "(cut, or its process still running?)")

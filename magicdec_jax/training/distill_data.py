@@ -33,7 +33,7 @@ def _jsonl_docs(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
       except UnicodeDecodeError as e:
         raise ValueError(f"{where}: invalid UTF-8 at byte {e.start}") from None
       except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+        raise ValueError(f"{where}: malformed JSON ({e.msg.removesuffix(' at')} at column {e.colno})") from None
       if not isinstance(rec, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
       if "custom_id" in rec and "response" in rec:          # an OpenAI batch output line (datagen's OpenAI format)

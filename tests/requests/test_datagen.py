@@ -54,6 +54,8 @@ GOOD = [{"id": f"r{i}", "prompt": f"Line {i}: to be or not to be"} for i in rang
 BAD_CASES = [
     # (name, lines, expected fragment of the error, on the line number)
     ("malformed_json", [GOOD[0], '{"id": "x", "prompt": "oops"'], "malformed JSON", 2),
+    ("unterminated", [GOOD[0], '{"id": "x", "prompt": "oops'],
+     "malformed JSON (Unterminated string starting at column 23)", 2),
     ("invalid_utf8", [GOOD[0], GOOD[1], b'{"id": "u", "prompt": "caf\xe9"}'], "invalid UTF-8", 3),
     ("missing_id", [{"prompt": "no id here"}], "missing 'id'", 1),
     ("duplicate_id", [GOOD[0], GOOD[1], {"id": "r0", "prompt": "again"}], "duplicate id \"r0\" (first on line 1)", 3),
@@ -163,6 +165,10 @@ def test_two_process_shards_merge_into_the_one_process_output(tmp_path):
   open(shard, "wb").write(whole[:whole.rindex(b"\n", 0, len(whole) - 1) + 1])
   with pytest.raises(datagen.DatagenError, match="holds 3 records, its run's summary says 4"):
     datagen_files.merge_shards(out, inp, 2)
+  os.rename(shard + ".summary.json", shard + ".summary.moved")      # a run killed before it finished
+  with pytest.raises(datagen.DatagenError, match="shard-00001-of-00002 has no .*summary.json: its run has not"):
+    datagen_files.merge_shards(out, inp, 2)
+  os.rename(shard + ".summary.moved", shard + ".summary.json")
   open(shard, "wb").write(whole)
   open(shard + ".config.json", "w").write(json.dumps(dict(json.loads(config), seed=4)))
   with pytest.raises(datagen.DatagenError, match=r"other settings than shard 0 \(seed\)"):
@@ -285,3 +291,17 @@ def test_a_bad_line_before_others_is_named_not_cut_with_them(tmp_path):
   path.write_bytes((rec(0) + rec(1) + rec(2)[:10]).encode())              # a torn tail: cut
   done, cut = datagen_files.repair_output(str(path))
   assert done == {('"r0"', 0), ('"r1"', 0)} and cut == 10 and path.read_bytes() == (rec(0) + rec(1)).encode()
+
+
+def test_a_resume_refused_over_a_resolved_setting_says_why(tmp_path):
+  """A setting the run resolved (gamma='auto' picks the draft and schedule for the batch size) that differs
+  on resume is named with the reason; other differences are named alone."""
+  out = tmp_path / "out.jsonl"
+  first = {"model": "m", "draft": None, "schedule": None, "seed": 0}
+  datagen_files.check_config(str(out), first)
+  out.write_text('{"id": 1}\n')
+  why = "resume with the first run's batch size"
+  with pytest.raises(datagen_files.DatagenError, match=f"draft: None -> 'StreamingDraft.*'\\) \\({why}\\); use"):
+    datagen_files.check_config(str(out), dict(first, draft="StreamingDraft(...)"), ("draft", "schedule"), why)
+  with pytest.raises(datagen_files.DatagenError, match=r"seed: 0 -> 1\); use another"):
+    datagen_files.check_config(str(out), dict(first, seed=1), ("draft", "schedule"), why)
