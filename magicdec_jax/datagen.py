@@ -107,7 +107,7 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
     rid = None
     try:
       try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig" if n == 1 else "utf-8")      # (a byte-order mark opening the file)
       except UnicodeDecodeError as e:
         raise DatagenError(f"invalid UTF-8 at byte {e.start}") from None
       try:

@@ -305,3 +305,14 @@ def test_a_resume_refused_over_a_resolved_setting_says_why(tmp_path):
     datagen_files.check_config(str(out), dict(first, draft="StreamingDraft(...)"), ("draft", "schedule"), why)
   with pytest.raises(datagen_files.DatagenError, match=r"seed: 0 -> 1\); use another"):
     datagen_files.check_config(str(out), dict(first, seed=1), ("draft", "schedule"), why)
+
+
+def test_a_byte_order_mark_opening_the_input_is_skipped(tmp_path):
+  """A UTF-8 file saved with a byte-order mark (as Windows editors write it) reads as the same records."""
+  plain = write(tmp_path / "in.jsonl", GOOD[:2])
+  marked = tmp_path / "bom.jsonl"
+  marked.write_bytes(b"\xef\xbb\xbf" + open(plain, "rb").read())
+  want = datagen.parse_input(plain, tiny(), max_new_tokens=8)
+  got = datagen.parse_input(str(marked), tiny(), max_new_tokens=8)
+  assert got[1] == [] and [it.id for it in got[0]] == [it.id for it in want[0]] == ["r0", "r1"]
+  assert [it.ids for it in got[0]] == [it.ids for it in want[0]]
