@@ -307,20 +307,23 @@ def load_gguf(path: str, dtype: str = "float32", name: str | None = None) -> Mod
 # -------------------------------------------------------------------------------------------- orbax
 
 def save_orbax(model: Model, directory: str) -> None:
-  """params (orbax) + magicdec_config.json + tokenizer.json / chat_template.jinja when the model has them."""
+  """params (orbax), tokenizer.json / chat_template.jinja when the model has them, then magicdec_config.json,
+  written last and atomically: a directory holding it is complete (load_model reads it as the sign)."""
   import orbax.checkpoint as ocp   # imported where used: orbax is slow to import, and only its checkpoints need it
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
   ckptr = ocp.StandardCheckpointer()
   ckptr.save(os.path.join(directory, PARAMS_DIR), model.params, force=True)
   ckptr.wait_until_finished()
-  with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-    f.write(model.config.to_json())
   if model.tokenizer is not None:
     model.tokenizer.save(os.path.join(directory, "tokenizer.json"))
   if model.chat_template:
     with open(os.path.join(directory, TEMPLATE_FILE), "w") as f:
       f.write(model.chat_template)
+  tmp = os.path.join(directory, CONFIG_FILE + ".tmp")
+  with open(tmp, "w") as f:
+    f.write(model.config.to_json())
+  os.replace(tmp, os.path.join(directory, CONFIG_FILE))
 
 
 def _orbax_config(directory: str, dtype: str | None) -> ModelConfig:

@@ -6,6 +6,8 @@ tokenizer model). Chat templates are rendered with jinja2 the way transformers r
 """
 from __future__ import annotations
 
+import datetime
+
 import os
 import warnings
 from typing import Any, Mapping, Sequence
@@ -116,15 +118,30 @@ def render_chat(chat_template: str, messages: Sequence[Mapping[str, Any]],
   env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                       extensions=["jinja2.ext.loopcontrols"])
   env.globals["raise_exception"] = _raise
+  env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)   # (as transformers: today)
   try:
     template = env.from_string(chat_template)
+    return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **extra)
   except jinja2.TemplateError as e:
-    raise ValueError(f"invalid chat template: {e}") from e
-  return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **extra)
+    raise ValueError(f"chat template: {type(e).__name__}: {e}") from e
 
 
 def chat_prompt(model, messages: Sequence[Mapping[str, Any]]) -> str:
-  """`messages` -> prompt text with `model`'s chat template and the generation prompt appended."""
+  """`messages` -> prompt text with `model`'s chat template and the generation prompt appended; the template
+  sees `bos_token` and `eos_token` (the text of the config's BOS id and first EOS id), as transformers'
+  apply_chat_template passes its tokenizer's."""
   if not model.chat_template:
     raise ValueError(f"model {model.name!r} has no chat template")
-  return render_chat(model.chat_template, messages, add_generation_prompt=True)
+  return render_chat(model.chat_template, messages, add_generation_prompt=True, **special_tokens(model))
+
+
+def special_tokens(model) -> dict[str, str]:
+  """{'bos_token', 'eos_token'}: the text of the model's BOS id and first EOS id, where it has them."""
+  cfg, tok, out = model.config, model.tokenizer, {}
+  if tok is None:
+    return out
+  for name, tid in (("bos_token", cfg.bos_token_id), ("eos_token", (cfg.eos_token_ids or (None,))[0])):
+    text = None if tid is None else tok.id_to_token(int(tid))
+    if text is not None:
+      out[name] = text
+  return out

@@ -243,6 +243,21 @@ def test_render_chat_errors():
     render_chat(tpl, [{"role": "user", "content": "x"}, {"role": "sytem", "content": "y"}])
 
 
+def test_a_save_cut_before_its_config_is_not_a_model(tmp_path):
+  """save_orbax writes magicdec_config.json last: a save that dies writing the tokenizer leaves a directory
+  load_model refuses, not a model that loads without its tokenizer and template."""
+  class Dies:
+    def save(self, path):
+      raise RuntimeError("killed")
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                    num_kv_heads=2, head_dim=8)
+  with pytest.raises(RuntimeError, match="killed"):
+    checkpoints.save_orbax(Model(cfg, init_params(cfg, jax.random.key(0)), Dies(), "{{ x }}"), str(tmp_path / "ck"))
+  assert "magicdec_config.json" not in os.listdir(tmp_path / "ck")
+  with pytest.raises(ValueError, match="magicdec_config.json"):
+    load_model(str(tmp_path / "ck"))
+
+
 def test_orbax_round_trip(tmp_path):
   cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=8, eos_token_ids=(3, 5), bos_token_id=1)

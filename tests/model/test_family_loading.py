@@ -130,6 +130,36 @@ def test_hf_tokenizer_and_chat_template(tmp_path):
   assert model.tokenizer.encode(chat).ids == ref(chat)["input_ids"]
 
 
+def test_chat_templates_see_bos_eos_and_the_date_as_in_transformers(tmp_path):
+  """A template using bos_token / eos_token (Mistral's) and strftime_now renders as transformers'
+  apply_chat_template does with the same files; an error in a template is a ValueError naming it."""
+  import datetime
+  import tokenizers
+  from tokenizers import models, pre_tokenizers, decoders
+  from magicdec_jax.tokenizer import chat_prompt
+  vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz []/INSTĠ")}}
+  tok = tokenizers.Tokenizer(models.BPE(vocab, [], fuse_unk=False))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens(["<s>", "</s>"])
+  hf_model("mistral", seed=13, bos_token_id=1, eos_token_id=2).save_pretrained(tmp_path)
+  tok.save(str(tmp_path / "tokenizer.json"))
+  template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + "
+              "' [/INST]' }}{% else %}{{ m['content'] + eos_token + ' ' }}{% endif %}{% endfor %}"
+              "{{ strftime_now('%Y') }}")
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "bos_token": "<s>",
+                                                              "eos_token": "</s>"}))
+  model = load_model(str(tmp_path))
+  ref = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"), chat_template=template,
+                                             bos_token="<s>", eos_token="</s>")
+  msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "x"}]
+  got = chat_prompt(model, msgs)
+  assert got == ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+  assert got.startswith("<s>[INST] hi [/INST]yo</s> ") and got.endswith(datetime.datetime.now().strftime("%Y"))
+  with pytest.raises(ValueError, match="chat template: UndefinedError: 'nope' is undefined"):
+    render_chat("{{ nope.x }}", msgs)
+
+
 def test_partition_rules_of_the_new_params():
   """q/k/v biases split with their heads; o's bias and the q/k norms replicated."""
   cfg = config_from_hf(dict(hf_model("qwen3-window-bias").config.to_dict()))
