@@ -186,20 +186,31 @@ def load_hf_dir(path: str, dtype: str = "float32") -> Model:
   """An HF model dir: config.json + model.safetensors (or a sharded model.safetensors.index.json)."""
   cfg = load_hf_config(path, dtype=dtype)
   index = os.path.join(path, "model.safetensors.index.json")
+  single = os.path.isfile(os.path.join(path, "model.safetensors"))
+  if os.path.isfile(index) and single:
+    raise ValueError(f"{path!r} holds both model.safetensors and model.safetensors.index.json (transformers "
+                     "reads the single file, the index's shards would be another checkpoint): remove the stale one")
   if os.path.isfile(index):
     try:
       with open(index) as f:
         files = sorted(set(json.load(f)["weight_map"].values()))
     except (OSError, json.JSONDecodeError, KeyError, AttributeError) as e:
       raise ValueError(f"corrupted safetensors index {index!r}: {e}") from e
-  elif os.path.isfile(os.path.join(path, "model.safetensors")):
+    missing = [name for name in files if not os.path.isfile(os.path.join(path, name))]
+    if missing:
+      raise ValueError(f"{index!r} lists {len(missing)} shard(s) not in the directory, the first {missing[0]!r}")
+  elif single:
     files = ["model.safetensors"]
   else:
     raise ValueError(f"no model.safetensors or model.safetensors.index.json in {path!r} "
                      "(pickled .bin checkpoints are not loaded)")
   tensors: dict[str, np.ndarray] = {}
+  came_from: dict[str, str] = {}
   for name in files:
-    tensors.update(_read_safetensors(os.path.join(path, name)))
+    for key, value in _read_safetensors(os.path.join(path, name)).items():
+      if key in tensors:
+        raise ValueError(f"tensor {key!r} is in two shards of {path!r}: {came_from[key]!r} and {name!r}")
+      tensors[key], came_from[key] = value, name
   params = params_from_hf_state_dict(cfg, tensors)
   tok_file = os.path.join(path, "tokenizer.json")
   tok = tok_lib.load_tokenizer(tok_file) if os.path.isfile(tok_file) else None
@@ -252,9 +263,13 @@ def gguf_tensor_name(cfg: ModelConfig, layer: int, hf_name: str) -> str:
   return f"blk.{layer}.{_GGUF_NAMES[base]}.{kind}"
 
 
-@functools.lru_cache(maxsize=4)
-def _load_gguf_parts(path: str, dtype: str, stamp: tuple = ()):
-  """(cfg, params, tokenizer, chat template) for a GGUF file; cached per (path, dtype, size/mtime stamp).
+# GGUF files up to this size are kept dequantized after loading (a process that loads a small model again,
+# as the tests and the demo do, reads it once); a larger one is never pinned in host memory by the cache
+CACHED_GGUF_BYTES = 1 << 30
+
+
+def _load_gguf_parts(path: str, dtype: str):
+  """(cfg, params, tokenizer, chat template) for a GGUF file.
 
   llama.cpp's converter interleaves the q/k rows of the `llama` architecture only (its RoPE pairs adjacent
   dims; qwen2 / qwen3 / gemma use rotate-half as HF does) and stores Gemma's norm weights as 1 + w."""
@@ -294,13 +309,20 @@ def _load_gguf_parts(path: str, dtype: str, stamp: tuple = ()):
   return cfg, params, tok_lib.tokenizer_from_gguf(reader), tok_lib.gguf_chat_template(reader)
 
 
+@functools.lru_cache(maxsize=4)
+def _cached_gguf_parts(path: str, dtype: str, stamp: tuple):
+  """_load_gguf_parts, kept per (path, dtype, size / mtime stamp)."""
+  return _load_gguf_parts(path, dtype)
+
+
 def load_gguf(path: str, dtype: str = "float32", name: str | None = None) -> Model:
   """A llama / qwen2 / qwen3 / gemma2 / gemma3 GGUF file, dequantized to `dtype`, with its embedded
-  tokenizer (byte-level BPE only) and chat template."""
+  tokenizer (byte-level BPE only) and chat template (a file up to CACHED_GGUF_BYTES is kept once loaded)."""
   if not os.path.isfile(path):
     raise ValueError(f"no GGUF file at {path!r}")
-  st = os.stat(path)
-  cfg, params, tok, template = _load_gguf_parts(os.path.abspath(path), dtype, (st.st_size, st.st_mtime_ns))
+  st, path = os.stat(path), os.path.abspath(path)
+  cfg, params, tok, template = (_cached_gguf_parts(path, dtype, (st.st_size, st.st_mtime_ns))
+                                if st.st_size <= CACHED_GGUF_BYTES else _load_gguf_parts(path, dtype))
   return Model(cfg, params, tok, template, name=name or os.path.splitext(os.path.basename(path))[0])
 
 

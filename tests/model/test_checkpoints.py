@@ -74,6 +74,24 @@ def test_hf_sharded_dir_loads_torch_weights(tmp_path, tied):
   assert all(a.dtype == np.float32 for a in jax.tree.leaves(m.params))
   bf = load_model(str(tmp_path), dtype="bfloat16")
   assert all(a.dtype == jax.numpy.bfloat16 for a in jax.tree.leaves(bf.params))
+  if tied:
+    return
+  # Sharded folders that say two things are refused by name: a stale single file beside the index, a tensor
+  # in two shards, a shard the index lists but the folder lacks.
+  from safetensors.numpy import load_file, save_file
+  shards = sorted(tmp_path.glob("model-*.safetensors"))
+  first, second = load_file(str(shards[0])), load_file(str(shards[1]))
+  save_file(first, str(tmp_path / "model.safetensors"))
+  with pytest.raises(ValueError, match="both model.safetensors and model.safetensors.index.json"):
+    load_model(str(tmp_path))
+  os.remove(tmp_path / "model.safetensors")
+  key = sorted(first)[0]
+  save_file({**second, key: first[key] + 1}, str(shards[1]))
+  with pytest.raises(ValueError, match=f"tensor '{key}' is in two shards"):
+    load_model(str(tmp_path))
+  os.remove(shards[1])
+  with pytest.raises(ValueError, match=f"lists 1 shard\\(s\\) not in the directory, the first '{shards[1].name}'"):
+    load_model(str(tmp_path))
 
 
 def test_hf_single_file_and_state_dict(tmp_path):

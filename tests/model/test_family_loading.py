@@ -3,6 +3,7 @@ llama.cpp's converter lays them out (qwen2 / qwen3 / gemma2 / gemma3; logits aga
 written from), Gemma3ForConditionalGeneration's text model, an HF tokenizer.json + chat template (against
 transformers' own tokenizer), the partition rules of the new params, and every refusal naming its field."""
 import json
+import os
 import re
 
 import jax
@@ -48,6 +49,19 @@ def test_gguf_round_trip(case, tmp_path):
   assert diff < TOL
   if arch == "gemma3":
     assert ours.config.layer_windows == tuple(5 * (t == "sliding_attention") for t in hf.config.layer_types)
+
+
+def test_only_small_gguf_files_stay_loaded(tmp_path, monkeypatch):
+  """A GGUF file up to CACHED_GGUF_BYTES is read once per process; a larger one is read at every load, so
+  dropping its Model frees its dequantized weights."""
+  from magicdec_jax import checkpoints
+  write_gguf(tmp_path / "m.gguf", hf_model("qwen2", seed=7), "qwen2")
+  path = str(tmp_path / "m.gguf")
+  assert load_model(path).params is load_model(path).params
+  monkeypatch.setattr(checkpoints, "CACHED_GGUF_BYTES", os.path.getsize(path) - 1)
+  a, b = load_model(path), load_model(path)
+  assert a.params is not b.params
+  jax.tree.map(np.testing.assert_array_equal, a.params, b.params)
 
 
 def test_gguf_sentencepiece_tokenizer_loads_without_one(tmp_path):
