@@ -130,6 +130,8 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   p = make_plan(model, st, batch=n, shortest=min(map(len, ids)), longest=longest, fixed_batch=True, mesh=mesh,
                 device_memory=device_memory)
   check_shrink_batch(shrink_batch, p)
+  if progress not in (None, True, False):
+    raise ValueError(f"progress must be True, False or None (a bar for long outputs), got {progress!r}")
   p.check_prompts(ids)
   b, p_bucket = p.batch_rows(n), p.prompt_bucket(longest)
   num_slots = p.num_slots(p_bucket)

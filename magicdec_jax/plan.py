@@ -361,6 +361,9 @@ def replan(p: DecodePlan, alpha: float, context: int) -> tuple[DecodePlan, list[
   `context`: (the new plan, whose thresholds cover every context of the call from here on (refilled rows
   bring the mean back down); the band: the variants the cost model cannot separate at this context where
   the choice is one setting per call (whole-cache pricing), else empty)."""
+  if not p.learn:
+    raise ValueError("replan re-prices a learning chain plan (gamma='auto' with learn_acceptance; plan.learn), "
+                     f"got one with learn=False ({p.draft_name or 'plain decoding'})")
   alpha = round(alpha, 3)
   priced, plain = _pricing(p, want_tree=False)
   _, whole_cache = _variants(p, False, priced, plain)

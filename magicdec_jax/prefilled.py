@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,7 @@ class Prefilled:
   prefill_s: float         # seconds without compilation
   compile_s: float
   shared_tokens: int = 0   # leading prompt tokens common to every prompt, prefilled once for all rows
+  model: Any = None        # the Model prefilled with (decode refuses another: its cache holds this one's K/V)
 
   @property
   def batch(self) -> int:
@@ -135,7 +136,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     if cache.k[0].shape[0] != b:                 # every chunk was shared (identical prompts)
       cache, _ = widen(cache)
   return Prefilled(jnp.asarray(tokens), jnp.asarray(lengths), cache, chunk, n, int(max_new_tokens),
-                   time.perf_counter() - t0, compile_s, shared * chunk)
+                   time.perf_counter() - t0, compile_s, shared * chunk, model)
 
 
 def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = None, options: dict | None = None,
@@ -144,6 +145,9 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
   """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings, row_sampling,
   json_schema / regex / choices and result as `generation.generate`'s (max_new_tokens defaults to the prefill's room; "auto" is planned for
   this batch and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
+  if pre.model is not None and (model.config != pre.model.config or model.params is not pre.model.params):
+    raise ValueError(f"prefilled.decode: model {model.name!r} is not the one this batch was prefilled with "
+                     f"({pre.model.name!r}: its config or its params differ); prefill with it")
   kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
   if options is not None:
     kwargs["xla_options"] = options

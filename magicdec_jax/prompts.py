@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from magicdec_jax.model import Model
+from magicdec_jax.options import is_int
 
 
 def tokenize_prompts(model: Model, prompts, *, first: int = 0, label: str = "prompt") -> list[list[int]]:
@@ -27,12 +28,14 @@ def tokenize_prompts(model: Model, prompts, *, first: int = 0, label: str = "pro
         raise ValueError(f"{label} {i} is text but model {model.name!r} has no tokenizer; pass token ids")
       ids = model.tokenizer.encode(p).ids
     else:
-      try:
-        if isinstance(p, bytes) or not isinstance(p, (Sequence, np.ndarray, jax.Array)):
-          raise TypeError
-        ids = [int(t) for t in p]
-      except (TypeError, ValueError):
-        raise ValueError(f"{label} {i} must be a string or a list of token ids, got {p!r:.80}") from None
+      if isinstance(p, bytes) or not isinstance(p, (Sequence, np.ndarray, jax.Array)) or \
+          (isinstance(p, (np.ndarray, jax.Array)) and (p.ndim != 1 or not np.issubdtype(p.dtype, np.integer))):
+        raise ValueError(f"{label} {i} must be a string or a list of token ids, got {p!r:.80}")
+      ids = np.asarray(p).tolist() if isinstance(p, (np.ndarray, jax.Array)) else list(p)
+      wrong = [t for t in ids if not (is_int(t) or _integer_scalar(t))]
+      if wrong:
+        raise ValueError(f"{label} {i}: token ids must be integers, got {wrong[0]!r} ({type(wrong[0]).__name__})")
+      ids = [int(t) for t in ids]
     if not ids:
       raise ValueError(f"{label} {i} is empty")
     bad = [t for t in ids if not 0 <= t < vocab]
@@ -40,6 +43,10 @@ def tokenize_prompts(model: Model, prompts, *, first: int = 0, label: str = "pro
       raise ValueError(f"{label} {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
     out.append(ids)
   return out
+
+
+def _integer_scalar(x) -> bool:
+  return isinstance(x, (np.ndarray, jax.Array)) and x.ndim == 0 and np.issubdtype(x.dtype, np.integer)
 
 
 def _is_array(x) -> bool:

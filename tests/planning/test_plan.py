@@ -34,6 +34,9 @@ def test_a_plan_is_frozen_and_replanning_returns_a_new_one():
   assert (p.thresholds, p.tree, p.variants) == before              # the old plan is untouched
   assert new is not p and new.variants == p.variants and isinstance(band, list)
   assert p.contexts == (100, 900 + 16) and p.batch == 4            # what it was asked for
+  fixed = md.make_plan(model, dataclasses.replace(st, gamma=2, hardware=None), batch=4, shortest=100, longest=900)
+  with pytest.raises(ValueError, match="replan re-prices a learning chain plan .* learn=False"):
+    plan.replan(fixed, 0.3, 500)
 
 
 def test_a_profile_measured_on_another_device_is_named_when_auto_prices_with_it(tmp_path):

@@ -61,6 +61,21 @@ def test_a_prompt_neither_text_nor_ids(model):
     generate(model, [PROMPT, None], max_new_tokens=4)
   with raises("prompt 0", "'x'"):
     generate(model, [[1, "x"]], max_new_tokens=4)
+  for bad, shown in ((1.9, "1.9 (float)"), (True, "True (bool)"), ("1", "'1' (str)")):   # (they were int()-ed)
+    with raises("prompt 1: token ids must be integers", shown):
+      generate(model, [PROMPT, [1, bad]], max_new_tokens=4)
+    with raises("prompt 0: token ids must be integers", shown):
+      logits(model, [[2, bad]])
+  with raises("prompt 0 must be a string or a list of token ids", "array"):
+    generate(model, [np.array([1.0, 2.0])], max_new_tokens=4)
+  ids = [np.int64(3), jax.numpy.int32(4), np.array(5)]      # numpy / jax integer scalars are ids
+  assert logits(model, [ids]).shape == (1, 3, 64)
+
+
+def test_progress_is_a_bool_or_none(model):
+  for bad in ("no", 2):
+    with raises("progress must be True, False or None", repr(bad)):
+      generate(model, [PROMPT], max_new_tokens=4, progress=bad)
 
 
 def test_one_string_is_not_a_stream_of_requests(model):

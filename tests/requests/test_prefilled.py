@@ -76,6 +76,9 @@ def test_bad_arguments_are_refused():
     prefilled.prefill(model, [[1, 2, 3]], max_new_tokens=4, chunk=0)
   with pytest.raises(ValueError, match="context"):
     prefilled.prefill(model, [[1] * 500], max_new_tokens=40)
+  # the cache holds this model's K/V: another model of the same shape would decode silently from it
+  with pytest.raises(ValueError, match="model 'tiny4.*' is not the one this batch was prefilled with"):
+    prefilled.decode(tiny_model(4), pre)
 
 
 def test_loop_rounds_are_the_slowest_rows():
