@@ -452,13 +452,24 @@ def load_model(path_or_name: str, dtype: str = "float32", revision: str | None =
       return load_orbax(src, dtype)
     if os.path.isfile(os.path.join(src, "config.json")):
       return load_hf_dir(src, dtype)
-    raise ValueError(f"directory {src!r} has neither {CONFIG_FILE} (orbax) nor config.json (HF)")
+    unfinished = _unfinished_save(src)
+    raise ValueError(f"directory {src!r} has neither {CONFIG_FILE} (orbax) nor config.json (HF)"
+                     + (f"; it holds {unfinished}: a save or conversion that did not finish (delete the "
+                        "directory and run it again)" if unfinished else ""))
   if os.path.isfile(src):
     if src.lower().endswith(".gguf"):
       return load_gguf(src, dtype)
     raise ValueError(f"unsupported model file {src!r}: expected a .gguf file or a model directory")
   raise ValueError(f"unknown model {src!r}: not an existing path, a Hugging Face Hub id (org/name), nor one of "
                    f"the names {', '.join(sorted(KNOWN_MODELS))}")
+
+
+def _unfinished_save(directory: str) -> str | None:
+  """The parameters save_orbax leaves in `directory` when it dies before its config (named), else None."""
+  if os.path.isfile(os.path.join(directory, CONFIG_FILE)):
+    return None
+  left = sorted(n for n in os.listdir(directory) if n == PARAMS_DIR or n.startswith(PARAMS_DIR + "."))
+  return ", ".join(left) or None
 
 
 def convert(src: str, dst: str, dtype: str = "float32") -> dict:
@@ -469,8 +480,11 @@ def convert(src: str, dst: str, dtype: str = "float32") -> dict:
   """
   out = os.path.abspath(dst)
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    unfinished = _unfinished_save(out) if os.path.isdir(out) else None
     raise ValueError(f"dst {dst!r} exists and is {'not empty' if os.path.isdir(out) else 'a file'}: give a new "
-                     "or empty directory (nothing is overwritten)")
+                     "or empty directory (nothing is overwritten)"
+                     + (f"; it holds {unfinished} and no {CONFIG_FILE}: an earlier conversion that did not "
+                        "finish (delete it and convert again)" if unfinished else ""))
   if os.path.exists(src) and (out + os.sep).startswith(os.path.abspath(src).rstrip(os.sep) + os.sep):
     raise ValueError(f"dst {dst!r} is inside src {src!r}: give a directory elsewhere")
   t0 = time.perf_counter()

@@ -272,8 +272,12 @@ def test_a_save_cut_before_its_config_is_not_a_model(tmp_path):
   with pytest.raises(RuntimeError, match="killed"):
     checkpoints.save_orbax(Model(cfg, init_params(cfg, jax.random.key(0)), Dies(), "{{ x }}"), str(tmp_path / "ck"))
   assert "magicdec_config.json" not in os.listdir(tmp_path / "ck")
-  with pytest.raises(ValueError, match="magicdec_config.json"):
+  with pytest.raises(ValueError, match="magicdec_config.json .*; it holds params: a save or conversion that did "
+                                       "not finish"):
     load_model(str(tmp_path / "ck"))
+  with pytest.raises(ValueError, match="not empty: .*; it holds params and no magicdec_config.json: an earlier "
+                                       "conversion that did not finish"):
+    checkpoints.convert(str(tmp_path / "nowhere"), str(tmp_path / "ck"))
 
 
 def test_orbax_round_trip(tmp_path):
