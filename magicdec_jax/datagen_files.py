@@ -142,12 +142,18 @@ def input_order(input_path: str) -> dict[str, int]:
   return order
 
 
+# the counts of a run's summary that add up over the shards (the merged summary's; each shard's is kept whole)
+SUMMED = ("records_written", "records_skipped_existing", "torn_bytes_repaired", "new_tokens", "verify_steps",
+          "accepted_tokens")
+
+
 def merge_shards(output: str, input_path: str, count: int) -> dict:
   """Concatenate the `count` shards of `output` into `output`, in input order then sample, with their error
-  lines into `output`.errors.jsonl; returns a summary. Each shard is first repaired (a torn tail dropped).
+  lines into `output`.errors.jsonl; returns a summary (the shards' SUMMED counts added up, and each shard's
+  own summary). Each shard is first repaired (a torn tail dropped).
   DatagenError: a shard missing, unfinished (no summary: a run writes it last), produced with other settings
   than shard 0, or holding fewer records than its own run's summary says it wrote (cut, or still running)."""
-  records, per_shard, bad, errors = {}, [], 0, []
+  records, per_shard, bad, errors, shard_summaries = {}, [], 0, [], []
   config = _read_json(shard_path(output, 0, count) + ".config.json")
   for i in range(count):
     path = shard_path(output, i, count)
@@ -170,6 +176,7 @@ def merge_shards(output: str, input_path: str, count: int) -> dict:
       raise DatagenError(f"merge: shard {path} holds {n} records, its run's summary says {summary['records_total']} "
                          "(cut, or its process still running?)")
     bad += summary.get("bad_lines", 0)
+    shard_summaries.append(summary)
     if os.path.exists(path + ".errors.jsonl"):
       with open(path + ".errors.jsonl", encoding="utf-8") as f:
         errors.append(f.read())
@@ -181,7 +188,9 @@ def merge_shards(output: str, input_path: str, count: int) -> dict:
     atomic_write(output + ".config.json", json.dumps(config, indent=1) + "\n")
   if errors:
     atomic_write(output + ".errors.jsonl", "".join(errors))
-  summary = {"output": output, "records_total": len(keys), "bad_lines": bad, "shards": count,
-             "records_per_shard": per_shard}
+  summed = {k: sum(sh.get(k) or 0 for sh in shard_summaries) for k in SUMMED}
+  summary = {"input": input_path, "output": output, "records_total": len(keys), "bad_lines": bad, **summed,
+             "input_format": shard_summaries[0].get("input_format"), "shards": count,
+             "records_per_shard": per_shard, "shard_summaries": shard_summaries}
   atomic_write(output + ".summary.json", json.dumps(summary, indent=1) + "\n")
   return summary

@@ -159,6 +159,10 @@ def test_two_process_shards_merge_into_the_one_process_output(tmp_path):
   assert sorted(json.dumps(r, sort_keys=True) for r in got) == sorted(json.dumps(r, sort_keys=True) for r in ref)
   assert json.load(open(out + ".config.json")) == json.load(open(ref_out + ".config.json"))
   assert json.load(open(out + ".summary.json")) == summary and summary["bad_lines"] == 0
+  one = json.load(open(ref_out + ".summary.json"))           # counts that add up: as one process's
+  for k in ("records_written", "new_tokens", "records_skipped_existing"):
+    assert summary[k] == one[k], k
+  assert [s["records_written"] for s in summary["shard_summaries"]] == [6, 4]
   # A shard cut short, or made with other settings, is refused by name rather than merged.
   shard = datagen_files.shard_path(out, 1, 2)
   whole, config = open(shard, "rb").read(), open(shard + ".config.json").read()
