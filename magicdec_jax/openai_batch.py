@@ -76,7 +76,7 @@ def _response_format(rf: Any) -> dict[str, Any]:
     schema = response_format_schema(rf)
   except ConstraintError as e:
     raise RequestError(f"body.{e}", "response_format") from None
-  return {} if schema is None else {"json_schema": dict(schema) if isinstance(schema, dict) else schema}
+  return {} if schema is None else {"json_schema": schema}
 
 
 def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, OpenAIOptions]:

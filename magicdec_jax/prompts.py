@@ -28,14 +28,16 @@ def tokenize_prompts(model: Model, prompts, *, first: int = 0, label: str = "pro
         raise ValueError(f"{label} {i} is text but model {model.name!r} has no tokenizer; pass token ids")
       ids = model.tokenizer.encode(p).ids
     else:
-      if isinstance(p, bytes) or not isinstance(p, (Sequence, np.ndarray, jax.Array)) or \
-          (isinstance(p, (np.ndarray, jax.Array)) and (p.ndim != 1 or not np.issubdtype(p.dtype, np.integer))):
+      if _is_array(p) and p.ndim == 1 and np.issubdtype(p.dtype, np.integer):
+        ids = np.asarray(p).tolist()
+      elif isinstance(p, Sequence) and not isinstance(p, bytes):
+        wrong = [t for t in p if not (is_int(t) or _integer_scalar(t))]
+        if wrong:
+          raise ValueError(f"{label} {i}: token ids must be integers, got {wrong[0]!r} "
+                           f"({type(wrong[0]).__name__})")
+        ids = [int(t) for t in p]
+      else:
         raise ValueError(f"{label} {i} must be a string or a list of token ids, got {p!r:.80}")
-      ids = np.asarray(p).tolist() if isinstance(p, (np.ndarray, jax.Array)) else list(p)
-      wrong = [t for t in ids if not (is_int(t) or _integer_scalar(t))]
-      if wrong:
-        raise ValueError(f"{label} {i}: token ids must be integers, got {wrong[0]!r} ({type(wrong[0]).__name__})")
-      ids = [int(t) for t in ids]
     if not ids:
       raise ValueError(f"{label} {i} is empty")
     bad = [t for t in ids if not 0 <= t < vocab]
@@ -46,7 +48,7 @@ def tokenize_prompts(model: Model, prompts, *, first: int = 0, label: str = "pro
 
 
 def _integer_scalar(x) -> bool:
-  return isinstance(x, (np.ndarray, jax.Array)) and x.ndim == 0 and np.issubdtype(x.dtype, np.integer)
+  return _is_array(x) and x.ndim == 0 and np.issubdtype(x.dtype, np.integer)
 
 
 def _is_array(x) -> bool:

@@ -19,7 +19,7 @@ from magicdec_jax import row_features
 from magicdec_jax.config import NUMERICS
 from magicdec_jax.drafts import Draft, REGISTRY
 from magicdec_jax.backend import FixedShapes, default_numerics
-from magicdec_jax.options import check_count, check_number
+from magicdec_jax.options import check_count, check_number, is_int
 from magicdec_jax.pallas import IMPLS
 from magicdec_jax.sampling import MODES as SAMPLING_MODES, Sampling
 from magicdec_jax.schedule import check_forced
@@ -96,8 +96,7 @@ class DecodeSettings:
     if self.draft is not None and not isinstance(self.draft, Draft):
       raise ValueError(f"draft must be one of {', '.join(c.__name__ for c in REGISTRY.values())} or None, "
                        f"got {self.draft!r:.80}")
-    if self.gamma not in (None, "auto") and (isinstance(self.gamma, bool) or not isinstance(self.gamma, (int, np.integer))
-                                             or not 1 <= self.gamma <= MAX_GAMMA):
+    if self.gamma not in (None, "auto") and (not is_int(self.gamma) or not 1 <= self.gamma <= MAX_GAMMA):
       raise ValueError(f"gamma must be an integer in [1, {MAX_GAMMA}] or 'auto', got {self.gamma!r}")
     if self.tree is not None and self.tree != "auto" and not isinstance(self.tree, Tree):
       raise ValueError(f"tree must be a trees.Tree or 'auto', got {self.tree!r}")

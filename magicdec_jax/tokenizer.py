@@ -7,7 +7,6 @@ tokenizer model). Chat templates are rendered with jinja2 the way transformers r
 from __future__ import annotations
 
 import datetime
-
 import os
 import warnings
 from typing import Any, Mapping, Sequence

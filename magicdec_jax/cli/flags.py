@@ -65,12 +65,13 @@ def define_model_flags(d: dict) -> None:
   flags.DEFINE_integer("budget", drafts.SnapKVDraft.budget, "--draft=snapkv: prompt positions kept per KV head.",
                        lower_bound=1, upper_bound=1 << 20, **d)
   flags.DEFINE_string("gamma", str(settings.DEFAULT_GAMMA), "Speculated tokens per round (chain length, "
-                      "1..64), or 'auto': the cost model's choice for the batch and context (--hardware, "
-                      "--acceptance_file).", **d)
+                      f"1..{settings.MAX_GAMMA}), or 'auto': the cost model's choice for the batch and context "
+                      "(--hardware, --acceptance_file).", **d)
   flags.DEFINE_boolean("learn_acceptance", True, "--gamma=auto: re-plan a call at rounds 32, 64, 128, ... from "
                        "the acceptance its own chain rounds have had, measuring the settings the cost model "
                        "cannot separate (off: the profiled or default acceptance and the model's choice).", **d)
-  flags.register_validator("gamma", _gamma_ok, f"is not an integer in the range [1, {settings.MAX_GAMMA}] or 'auto'", **d)
+  flags.register_validator("gamma", _gamma_ok, f"is not an integer in the range [1, {settings.MAX_GAMMA}] or "
+                           "'auto'", **d)
   flags.DEFINE_string("tree", None, "Speculate a tree instead of a chain: 'auto' (cost model), a shipped "
                       f"tree name ({', '.join(trees.DEFAULT_TREE_NAMES)}) or a tree JSON file.", **d)
   flags.DEFINE_enum("attention_impl", "auto", IMPLS, "Attention kernel.", **d)
@@ -294,15 +295,9 @@ def _gamma_ok(value: str) -> bool:
 
 def parse_gamma(value: str):
   """--gamma: an integer in [1, MAX_GAMMA] or 'auto' (UsageError otherwise)."""
-  if value == "auto":
-    return "auto"
-  try:
-    g = int(value)
-  except ValueError:
-    raise app.UsageError(f"--gamma={value}: expected an integer in [1, {settings.MAX_GAMMA}] or 'auto'") from None
-  if not 1 <= g <= settings.MAX_GAMMA:
+  if not _gamma_ok(value):
     raise app.UsageError(f"--gamma={value}: expected an integer in [1, {settings.MAX_GAMMA}] or 'auto'")
-  return g
+  return "auto" if value == "auto" else int(value)
 
 
 def validate(fv) -> None:

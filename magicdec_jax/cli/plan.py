@@ -13,6 +13,7 @@ from magicdec_jax.tuning.autotune import detect_hardware
 OWN_FLAGS = ("batches", "contexts", "model_shape", "datasheet", "alpha")
 SETTINGS_FLAGS = ("acceptance_file", "hardware")
 
+DEFAULT_HARDWARE = "h100"           # --hardware's default here
 PLAN_BATCHES = (1, 4, 8, 16, 32, 64)
 PLAN_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
 
@@ -23,9 +24,9 @@ def validate(fv) -> None:
   cli_flags.int_list(fv, "batches", 1)
   cli_flags.int_list(fv, "contexts", 1)
   cli_flags.refuse_no_draft(fv, "plans a draft")
-  if fv["datasheet"].present and not profiles.is_profile_path(fv.hardware or "h100"):
+  if fv["datasheet"].present and not profiles.is_profile_path(hardware := fv.hardware or DEFAULT_HARDWARE):
     raise app.UsageError(f"--datasheet={fv.datasheet} is shown beside a measured profile: it needs "
-                         f"--hardware=PROFILE.json, not --hardware={fv.hardware or 'h100'} (a datasheet itself)")
+                         f"--hardware=PROFILE.json, not --hardware={hardware} (a datasheet itself)")
   if fv["alpha"].present and fv.acceptance_file:
     raise app.UsageError(f"--alpha={fv.alpha} and --acceptance_file={fv.acceptance_file}: give one acceptance "
                          f"(a per-token rate or a measured vector)")
@@ -34,7 +35,7 @@ def validate(fv) -> None:
 
 def run(fv, log) -> None:
   cfg = shapes.model_shape(fv.model_shape)
-  hw_name = fv.hardware or "h100"
+  hw_name = fv.hardware or DEFAULT_HARDWARE
   profile, datasheet = None, None
   if profiles.is_profile_path(hw_name):
     profile = profiles.load_profile(hw_name)[1]

@@ -108,7 +108,7 @@ def response_format_schema(obj: Any) -> Any:
   if kind == "text":
     return None
   if kind == "json_object":
-    return ANY_OBJECT
+    return dict(ANY_OBJECT)
   spec = obj.get("json_schema")
   if not isinstance(spec, Mapping):
     raise ConstraintError(f"response_format json_schema must be an object, got {spec!r:.60}")
