@@ -33,15 +33,19 @@ with NEG_INF elsewhere (`to_target_vocab`): tokens outside the vocabulary get dr
 and are never proposed, and verification stays lossless (a draft distribution may have holes).
 `frequent_vocab` picks the most frequent ids of the training text.
 
-Saved as DIR/params (orbax) + DIR/feature_head.json (config, layers, vocab; written last, so a DIR only
-loads once complete); `load_head(DIR)` is the loader `run.py --draft=feature --draft_model=DIR` uses.
+Saved as DIR/params (orbax) + DIR/feature_head.json (config, layers, vocab, the target's signature; written
+last, so a DIR only loads once complete); `load_head(DIR)` is the loader `run.py --draft=feature
+--draft_model=DIR` uses. A head built for one target and run with another of the same shapes (a base model's
+head on its instruct tune) is still lossless, only slower: `check_target` warns.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +70,7 @@ class FeatureHead:
   params: dict
   name: str = "feature-head"
   vocab: tuple[int, ...] | None = None      # draft vocabulary (sorted target ids); None = the target's
+  target: str | None = None                 # target_signature of the model it was built for; None: unknown
 
 
 def check_vocab(vocab, vocab_size: int) -> tuple[int, ...]:
@@ -94,6 +99,29 @@ def frequent_vocab(tokens, size: int, vocab_size: int, always=()) -> tuple[int, 
 def default_layers(num_layers: int) -> tuple[int, ...]:
   """Low / middle / high feature layers of an L-layer target (see the module docstring)."""
   return tuple(sorted({min(2, num_layers - 1), num_layers // 2, num_layers - 1}))
+
+
+def target_signature(target: Model) -> str:
+  """A short digest of the target a head is built for: its norm scales (the final norm and every layer's,
+  rounded to bfloat16, so the same model from another file format or dtype signs the same; replicated on
+  every mesh, so any process can read them). Shapes alone cannot tell a model from its fine-tunes, whose
+  features a head did not learn."""
+  digest = hashlib.sha256(str(target.config.num_layers).encode())
+  for path, x in jax.tree_util.tree_leaves_with_path(target.params):
+    name = jax.tree_util.keystr(path)
+    if "norm" in name and name.endswith("['scale']"):
+      digest.update(name.encode())
+      digest.update(np.asarray(x.addressable_data(0), np.float32).astype(jnp.bfloat16).tobytes())
+  return digest.hexdigest()[:16]
+
+
+def check_target(head: FeatureHead, target: Model) -> None:
+  """Warn when `head` was built for another target than `target` (its signature differs): decoding stays
+  lossless, but the head reads features it was not trained on, so acceptance (the speed) drops."""
+  if head.target is not None and head.target != (sig := target_signature(target)):
+    warnings.warn(f"feature head {head.name!r} was built for a target signed {head.target}, and "
+                  f"{target.name!r} signs {sig} (feature_head.target_signature): another model or fine-tune "
+                  "of the same shapes; the output is unchanged, acceptance may be low", stacklevel=3)
 
 
 def head_config(target_cfg: ModelConfig) -> ModelConfig:
@@ -135,7 +163,8 @@ def init_head(target: Model, layers=None, seed: int = 0, vocab=None) -> FeatureH
     ids = np.asarray(vocab)
     rows = target.params["embed"][ids] if tcfg.tie_embeddings else target.params["lm_head"][:, ids].T
     params["vocab_head"] = jnp.array(rows, dt)                                     # [Vd, D]
-  return FeatureHead(cfg, layers, params, name=f"feature-head{list(layers)}", vocab=vocab)
+  return FeatureHead(cfg, layers, params, name=f"feature-head{list(layers)}", vocab=vocab,
+                     target=target_signature(target))
 
 
 def check_compatible(head: FeatureHead, target_cfg: ModelConfig):
@@ -216,7 +245,7 @@ def save_head(head: FeatureHead, directory: str) -> None:
   tmp = os.path.join(directory, HEAD_FILE + ".tmp")
   with open(tmp, "w") as f:
     json.dump({"config": json.loads(head.config.to_json()), "layers": list(head.layers),
-               "vocab": None if head.vocab is None else list(head.vocab)}, f)
+               "vocab": None if head.vocab is None else list(head.vocab), "target": head.target}, f)
   os.replace(tmp, os.path.join(directory, HEAD_FILE))
 
 
@@ -242,4 +271,4 @@ def load_head(directory: str) -> FeatureHead:
   if vocab is not None:
     abstract["vocab_head"] = jax.ShapeDtypeStruct((len(vocab), d), cfg.jnp_dtype)
   params = ocp.StandardCheckpointer().restore(os.path.join(directory, PARAMS_DIR), abstract)
-  return FeatureHead(cfg, layers, params, name=os.path.basename(directory), vocab=vocab)
+  return FeatureHead(cfg, layers, params, name=os.path.basename(directory), vocab=vocab, target=meta.get("target"))

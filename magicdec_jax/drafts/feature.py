@@ -237,6 +237,7 @@ class FeatureDraft(Draft):
 
   def check_compatible(self, target) -> None:
     feature_head.check_compatible(self.head, target.config)
+    feature_head.check_target(self.head, target)
     check_narrower(self._spec.weights, target.config.dtype, "FeatureDraft")
 
   def __repr__(self) -> str:

@@ -234,6 +234,7 @@ def train(target: Model, head: FeatureHead, data: np.ndarray, out_dir: str,
   cfg.validate()
   data = trainer.check_windows(data, cfg.seq_len, target.config.vocab_size, "feature distill")
   feature_head.check_compatible(head, target.config)
+  feature_head.check_target(head, target)
   settings = dict(cfg.settings(), kind="feature_head", layers=list(head.layers),
                   draft_vocab=None if head.vocab is None else trainer.data_digest(head.vocab),
                   target=json.loads(target.config.to_json()), target_name=target.name,
@@ -258,7 +259,8 @@ def train(target: Model, head: FeatureHead, data: np.ndarray, out_dir: str,
     return dict(loss=f"{float(m['loss']):.3f}", agree0=f"{float(m['agree'][0]):.3f}")
 
   def final(params):
-    return dataclasses.replace(head, params=params, name=os.path.basename(out_dir))
+    return dataclasses.replace(head, params=params, name=os.path.basename(out_dir),
+                               target=feature_head.target_signature(target))
 
   res = trainer.train(head.params, step_fn, opt, data, cfg, out_dir, name="distill-feature",
                       evaluate=None if eval_windows is None else evaluate,

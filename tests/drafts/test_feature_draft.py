@@ -17,6 +17,7 @@ import functools
 import os
 import shutil
 import tempfile
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -259,6 +260,34 @@ def test_bad_inputs_named():
     feature_head.init_head(t, vocab=[])
   with pytest.raises(ValueError, match=r"draft vocabulary size must be in \[1, 64\], got 0"):
     feature_head.frequent_vocab(np.zeros(8, np.int32), 0, 64)
+
+
+def test_a_head_built_for_another_target_warns(tmp_path):
+  """Same shapes, another model (its norm scales differ, as a fine-tune's do): a warning naming both
+  signatures; the head's own target, the same model in bfloat16-rounded norms, and a head file written
+  before heads were signed pass silently. Saved and loaded, a head keeps its target."""
+  t = target()
+  tuned = Model(t.config, dict(t.params, final_norm={"scale": t.params["final_norm"]["scale"] * 1.25}),
+                name="tuned")
+  head = feature_head.init_head(t)
+  feature_head.save_head(head, str(tmp_path / "h"))
+  loaded = feature_head.load_head(str(tmp_path / "h"))
+  assert loaded.target == head.target is not None
+  with pytest.warns(UserWarning, match=f"built for a target signed {head.target}, and 'tuned' signs"):
+    FeatureDraft(loaded, 2, 8).check_compatible(tuned)
+  same = Model(t.config, jax.tree.map(lambda a: a.astype(jnp.bfloat16).astype(a.dtype), t.params))
+  meta = os.path.join(str(tmp_path / "h"), feature_head.HEAD_FILE)
+  with open(meta) as f:
+    text = f.read()
+  with open(meta, "w") as f:
+    f.write(text.replace(f', "target": "{head.target}"', ""))
+  unsigned = feature_head.load_head(str(tmp_path / "h"))
+  assert unsigned.target is None
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    FeatureDraft(loaded, 2, 8).check_compatible(t)
+    FeatureDraft(loaded, 2, 8).check_compatible(same)
+    FeatureDraft(unsigned, 2, 8).check_compatible(tuned)
 
 
 @pytest.mark.slow
