@@ -103,6 +103,8 @@ class DecodeSettings:
     # settings that would have no effect are refused, not ignored
     if self.tree is not None and self.draft is None:
       raise ValueError(f"tree={self.tree!r:.60} needs a draft (plain decoding speculates nothing)")
+    if self.gamma is not None and self.draft is None:
+      raise ValueError(f"gamma={self.gamma!r} needs a draft (plain decoding speculates nothing)")
     if self.tree is not None and self.gamma not in (None, "auto"):
       raise ValueError(f"gamma={self.gamma} and tree={self.tree!r:.60}: the tree is what is speculated; give one")
     if self.hardware is not None or self.acceptance is not None:

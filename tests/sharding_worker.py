@@ -125,7 +125,7 @@ def collectives(model, prompts, mesh_spec: str, case: dict, max_new_tokens: int)
   sm = sharding.shard_model(model, mesh)
   # the executables generate() compiles for this case: one plan, one engine on the mesh
   ids = [list(p) for p in prompts]
-  st = md.DecodeSettings(max_new_tokens=max_new_tokens, draft=case["draft"], gamma=case.get("gamma", 4),
+  st = md.DecodeSettings(max_new_tokens=max_new_tokens, draft=case["draft"], gamma=case.get("gamma"),
                          tree=case.get("tree"))
   p = plan.make_plan(sm, st, batch=len(ids), shortest=min(map(len, ids)), longest=max(map(len, ids)), mesh=mesh)
   eng = engine.Engine(sm, p)

@@ -313,6 +313,8 @@ def validate(fv) -> None:
     raise app.UsageError(f"--gamma={gamma}: fixed-shape numerics verify at most {deepest} tokens a round on this "
                          "backend; use a smaller --gamma or --numerics=fast")
   draft_flags.check(fv)
+  if fv["gamma"].present and fv.draft == "none":
+    raise app.UsageError(f"--gamma={fv.gamma} needs a draft (--draft=none decodes plainly, speculating nothing)")
   if fv.tree:
     parse_tree(fv.tree)
     if fv.draft == "none":

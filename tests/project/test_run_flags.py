@@ -114,6 +114,7 @@ def usage_cases(tmp_path):
       (["--mode=generate", "--prompt=a", "--tree=sequoia99"], "--tree=sequoia99: not 'auto', a shipped tree"),
       (["--mode=generate", "--prompt=a", f"--tree={bad_tree}"], "not a valid tree JSON file"),
       (["--mode=generate", "--prompt=a", "--tree=chain4", "--draft=none"], "--tree needs a draft"),
+      (["--mode=generate", "--prompt=a", "--gamma=2", "--draft=none"], "--gamma=2 needs a draft"),
       (["--mode=generate", "--prompt=a", "--tree=sequoia16"], None),
       (["--mode=generate", "--prompt=a", "--tree=chain4", "--gamma=2"],
        "--gamma=2 and --tree=chain4: the tree is what is speculated"),

@@ -287,6 +287,8 @@ def test_bad_stream_arguments(model, kw, words):
 
 @pytest.mark.parametrize("kw,words", [
     (dict(tree="auto"), "needs a draft"),
+    (dict(gamma=5), "gamma=5 needs a draft"),
+    (dict(gamma="auto", hardware="cpu"), "gamma='auto' needs a draft"),
     (dict(draft=StreamingDraft(1, 4), tree="auto", gamma=5), "gamma=5 and tree='auto'"),
     (dict(draft=StreamingDraft(1, 4), tree=Tree.chain(2), gamma=3), "gamma=3 and tree=Tree"),
     (dict(draft=StreamingDraft(1, 4), schedule=[(0, 1), (8, 2)], gamma=2), "gamma=2 and a schedule"),
@@ -303,7 +305,9 @@ def test_settings_that_would_do_nothing_or_fail_late(model, kw, words):
 
 def test_a_gamma_not_given_fingerprints_as_the_chain_it_stands_for():
   """So a data set written when gamma's default was 3 resumes; beside a tree or a schedule it is not read."""
-  assert DecodeSettings(max_new_tokens=4).fingerprint() == DecodeSettings(max_new_tokens=4, gamma=3).fingerprint()
+  d = StreamingDraft(1, 4)
+  assert DecodeSettings(max_new_tokens=4, draft=d).fingerprint() == \
+      DecodeSettings(max_new_tokens=4, draft=d, gamma=3).fingerprint()
   DecodeSettings(max_new_tokens=4, draft=StreamingDraft(1, 4), tree=Tree.chain(2))
   DecodeSettings(max_new_tokens=4, draft=StreamingDraft(1, 4), gamma="auto", schedule=[(0, 1)])
 
