@@ -95,7 +95,8 @@ def choose(cfg: ModelConfig, spec, batch: int, context: int, *, want_tree: bool,
   vec = _vector(hardware, acceptance_vector)
   tree, info = _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens,
                        allow_autoregressive)
-  if allow_autoregressive and (not _pays(info["speedup"]) or tree.max_depth == 0):   # (depth 0: no speculation)
+  if allow_autoregressive and (not _pays(info.get("best_speedup", info["speedup"])) or tree.max_depth == 0):
+    # (the margin asks the best chain; depth 0: no speculation)
     return trees.AR_TREE, dict(info, speculate=False)
   return tree, dict(info, speculate=True)
 
@@ -114,7 +115,7 @@ def chain_band(cfg: ModelConfig, spec, batch: int, context: int, *, hardware=Non
                                                         context, alpha, max_gamma, cfg.dtype,
                                                         new_tokens=new_tokens), AUTO_TIE)
   band = [g for g, _ in sorted(close, key=lambda e: -e[1])]
-  if allow_autoregressive and not _pays(close[0][1]):
+  if allow_autoregressive and not _pays(max(s for _, s in close)):
     band.append(0)
   return band
 
@@ -148,11 +149,10 @@ def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new
     tree, info = costmodel.choose_tree(cfg, hw, draft, batch, context, vec, dtype=cfg.dtype,
                                        min_depth=0 if allow_autoregressive else 1)
     return tree, dict(info, hardware=hw.name)
-  if alpha is None and vec is not None:
-    gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, None, max_gamma, dtype=cfg.dtype,
-                                            acceptance_vector=vec, tie=AUTO_TIE, new_tokens=new_tokens)
-    return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": vec[0], "hardware": hw.name}
-  a = DEFAULT_ALPHA if alpha is None else alpha
-  gamma, speedup = costmodel.choose_gamma(cfg, hw, draft, batch, context, a, max_gamma, dtype=cfg.dtype,
-                                          tie=AUTO_TIE, new_tokens=new_tokens)
-  return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "alpha": a, "hardware": hw.name}
+  by_vector = alpha is None and vec is not None
+  a = vec[0] if by_vector else DEFAULT_ALPHA if alpha is None else alpha
+  table = costmodel.gamma_speedups(cfg, hw, draft, batch, context, a, max_gamma, cfg.dtype,
+                                   vec if by_vector else None, new_tokens)
+  (gamma, speedup), best = costmodel.within_tie(table, AUTO_TIE)[0], max(s for _, s in table)
+  return trees.Tree.chain(gamma), {"gamma": gamma, "speedup": speedup, "best_speedup": best, "alpha": a,
+                                   "hardware": hw.name}

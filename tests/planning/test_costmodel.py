@@ -205,3 +205,25 @@ def test_hardware_scaled():
   h8 = H100.scaled(8)
   assert h8.hbm_bytes_per_s == 8 * H100.hbm_bytes_per_s and h8.memory_bytes == 8 * H100.memory_bytes
   assert cm.t_ar(CFG, h8, 8, 8192) == pytest.approx(cm.t_ar(CFG, H100, 8, 8192) / 8)
+
+
+def test_auto_speculates_where_the_best_chain_pays_and_takes_the_shortest_within_the_tie():
+  """autotune.choose's rule (docs/tuning.md), checked against the rule written out over the cost model's
+  table on a grid: plain decoding only where even the best chain is predicted under 1 + AUTO_MARGIN;
+  otherwise the shortest chain within AUTO_TIE of the best (which may itself be predicted under the margin:
+  the first grid point below is one)."""
+  from magicdec_jax.drafts import StreamingDraft
+  from magicdec_jax.tuning import autotune
+  cfg, spec = shapes.smollm2_135m("float32"), StreamingDraft(4, 256).spec
+  hw = autotune.detect_hardware("cpu")
+  points = [(4, 2304, 0.98)] + [(b, n, a) for b in (1, 4, 16) for n in (512, 2304, 6400) for a in (0.6, 0.8, 0.9)]
+  for batch, context, alpha in points:
+    table = cm.gamma_speedups(cfg, hw, autotune.cost_draft(spec), batch, context, alpha, 3, cfg.dtype)
+    best = max(s for _, s in table)
+    shortest = next(g for g, s in table if s >= best * (1 - autotune.AUTO_TIE))
+    if (batch, context, alpha) == points[0]:
+      assert table[shortest - 1][1] < 1 + autotune.AUTO_MARGIN <= best, table    # the case the rule is about
+    tree, info = autotune.choose(cfg, spec, batch, context, want_tree=False, hardware=hw, alpha=alpha, max_gamma=3,
+                                 allow_autoregressive=True)
+    want = 0 if best < 1 + autotune.AUTO_MARGIN else shortest
+    assert (tree.max_depth if info["speculate"] else 0) == want, (batch, context, alpha, table)
