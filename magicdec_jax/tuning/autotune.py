@@ -145,7 +145,8 @@ def chain_alpha(hardware=None, acceptance_vector=None) -> float:
 def _choose(cfg, hw, spec, batch, context, want_tree, alpha, vec, max_gamma, new_tokens, allow_autoregressive):
   draft = cost_draft(spec)
   if want_tree:           # (without plain decoding allowed, the root-only tree is not a choice either)
-    vec = vec or trees.DEFAULT_ACCEPTANCE_VECTOR
+    # (a node has at most one child per token: a vector longer than the vocabulary would build wider ones)
+    vec = tuple(vec or trees.DEFAULT_ACCEPTANCE_VECTOR)[:cfg.vocab_size]
     tree, info = costmodel.choose_tree(cfg, hw, draft, batch, context, vec, dtype=cfg.dtype,
                                        min_depth=0 if allow_autoregressive else 1)
     return tree, dict(info, hardware=hw.name)

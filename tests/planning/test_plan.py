@@ -14,6 +14,8 @@ import magicdec_jax as md
 from magicdec_jax import backend, plan, prefilled, sharding, testing
 from magicdec_jax.trees import AR_TREE, Tree
 
+from conftest import tiny_model
+
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "magicdec_jax")
 
 
@@ -153,3 +155,17 @@ def test_the_engine_is_not_rewritten_and_has_one_path():
             for t in node.targets:
               if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in ("eng", "engine"):
                 raise AssertionError(f"{f}:{node.lineno} sets {t.value.id}.{t.attr} from outside the Engine")
+
+
+def test_tree_auto_never_picks_a_node_wider_than_the_vocabulary():
+  """A vocabulary of 4 and an acceptance vector of 8 entries: the cost model would build a node of 7
+  children, which no draft can fill with distinct tokens (a given tree that wide is refused by name)."""
+  model = tiny_model(0, vocab=4)
+  vec = [0.3, 0.15, 0.12, 0.1, 0.08, 0.07, 0.06, 0.05]
+  st = md.DecodeSettings(max_new_tokens=24, draft=md.StreamingDraft(1, 8), tree="auto", hardware="h100",
+                         acceptance=vec, auto_fallback=False)
+  p = md.make_plan(model, st, batch=64, shortest=33, longest=60, fixed_batch=True)
+  assert 1 < p.tree.max_width <= 4
+  with pytest.raises(ValueError, match="a node of 7 children, more than the vocabulary's 4 tokens"):
+    md.make_plan(model, st.replace(tree=Tree((-1,) + (0,) * 7), hardware=None, acceptance=None), batch=64,
+                 shortest=33, longest=60)
