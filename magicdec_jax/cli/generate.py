@@ -66,3 +66,7 @@ def run(fv, log) -> None:
   ends = f", finish reason {res.finish_reasons[0]}" if len(texts) == 1 else ""   # (stdout: the text alone)
   log(f"{s['new_tokens']} tokens, prefill {s['prefill_s']:.2f}s, decode {s['decode_s']:.2f}s, "
       f"{s['tokens_per_s']:.1f} tokens/s{ends}, acceptance {s['acceptance_rate']}")
+  if (auto := s.get("auto_plan")) is not None:
+    picked = auto["settings"] if auto["speculate"] else "plain decoding"
+    log(f"{'tree' if fv.tree == 'auto' else 'gamma'}=auto chose {picked} over contexts {auto['contexts']} "
+        f"(predicted up to {auto['speedup']:.2f}x on {auto['hardware']})")

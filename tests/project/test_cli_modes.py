@@ -85,6 +85,9 @@ def test_generate_gamma_auto_subprocess_prints_the_autoregressive_text(draft):
   assert "--mode=generate done" in r.stderr
   if draft == "lookup":
     assert re.search(r"acceptance \d\.\d+\n", r.stderr), r.stderr      # a rate: draft rounds ran
+  # what auto decided is said: plain decoding for the streaming draft, chains for the lookup one
+  said = re.search(r"gamma=auto chose (.+) over contexts \d+\.\.\d+ \(predicted up to [\d.]+x on \w+\)", r.stderr)
+  assert said and (said[1] == "plain decoding") == (draft == "streaming"), r.stderr
 
 
 @pytest.mark.parametrize("draft", [["--draft=none"], ["--draft=lookup", "--lookup_ngram=3"]],
