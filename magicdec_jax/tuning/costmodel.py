@@ -373,7 +373,8 @@ def plan_table(cfg: ModelConfig, hw: Hardware, batches: Sequence[int], contexts:
                dtype: str = "bfloat16") -> list[dict]:
   """One row per (batch, context): best chain gamma and its speedup, draft / verify cost relative to T_AR, the
   best hardware-aware tree (from acceptance_vector, or [alpha] if none: then the tree is a chain), and whether
-  weights + KV fit in hw.memory_bytes. alpha defaults to acceptance_vector[0]."""
+  weights + KV fit in hw.memory_bytes (None where the hardware states no memory: a profile calibrated on a
+  device that reports none, as CPUs). alpha defaults to acceptance_vector[0]."""
   if alpha is None and acceptance_vector is None:
     raise ValueError("give alpha or acceptance_vector")
   alpha = float(acceptance_vector[0]) if alpha is None else float(alpha)
@@ -393,7 +394,7 @@ def plan_table(cfg: ModelConfig, hw: Hardware, batches: Sequence[int], contexts:
           draft_ratio=t_draft(cfg, hw, draft, b, n, 1, dtype) / tar,
           verify_ratio=t_verify(cfg, hw, b, n, g + 1, dtype) / tar,
           t_ar_ms=tar * 1e3, tree_size=tree.num_nodes, tree_depth=tree.max_depth,
-          tree_speedup=info["speedup"], fits=bool(mem <= hw.memory_bytes)))
+          tree_speedup=info["speedup"], fits=None if math.isinf(hw.memory_bytes) else bool(mem <= hw.memory_bytes)))
   return rows
 
 
@@ -408,7 +409,7 @@ def format_plan(rows: Sequence[dict], compare: Sequence[dict] | None = None) -> 
   for i, r in enumerate(rows):
     line = (f"{r['batch']:>6} {r['context']:>8} {r['gamma']:>5} {r['speedup']:>8.3f} {r['draft_ratio']:>9.3f} "
             f"{r['verify_ratio']:>10.3f} {r['t_ar_ms']:>8.2f} {r['tree_size']:>4}/{r['tree_depth']:<3} "
-            f"{r['tree_speedup']:>8.3f} {str(r['fits']):>5}")
+            f"{r['tree_speedup']:>8.3f} {'?' if r['fits'] is None else str(r['fits']):>5}")
     if compare is not None:
       c = compare[i]
       line += f" {c['gamma']:>8} {c['speedup']:>10.3f} {c['t_ar_ms']:>10.2f}"

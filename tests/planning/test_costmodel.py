@@ -167,6 +167,11 @@ def test_plan_table_llama31_8b_h100():
   assert all(r["draft_ratio"] < 1 and r["verify_ratio"] >= 1 for r in rows)
   assert rows[0]["fits"] and not rows[-1]["fits"]  # 64 x 32K x 128 KiB = 256 GiB of KV
   assert "speedup" in cm.format_plan(rows)
+  # a profile of a device that reports no memory (a CPU's) cannot say: unknown, not True
+  unknown = cm.plan_table(CFG, dataclasses.replace(H100, memory_bytes=math.inf), [64], [32768], SELF, alpha=0.8,
+                          tree_sizes=(2, 4))
+  assert unknown[0]["fits"] is None
+  assert cm.format_plan(unknown).splitlines()[1].rstrip().endswith("?")
 
 
 def _synthetic(hw, rng, noise=0.0):
