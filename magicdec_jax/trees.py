@@ -83,12 +83,13 @@ class Tree:
   @classmethod
   def from_children_counts(cls, counts: Sequence[int]) -> "Tree":
     """counts[i] = number of children of node i (BFS order); trailing leaves may be omitted."""
+    bad = next((c for c in counts if not is_int(c) or c < 0), None)
+    if bad is not None:
+      raise ValueError(f"children counts must be integers >= 0, got {bad!r} in {list(counts)!r:.80}")
     parents = [-1]
     i = 0
     while i < len(parents):
       c = int(counts[i]) if i < len(counts) else 0
-      if c < 0:
-        raise ValueError(f"children count of node {i} is negative: {c}")
       parents.extend([i] * c)
       i += 1
     if len(counts) > len(parents):
@@ -99,6 +100,8 @@ class Tree:
   @classmethod
   def kary(cls, branching: Sequence[int]) -> "Tree":
     """Full tree where every node at depth d has branching[d] children (depth = len(branching))."""
+    if any(not is_int(b) or b < 1 for b in branching):
+      raise ValueError(f"branching must be integers >= 1 (depth = len(branching)), got {list(branching)!r:.80}")
     counts, width = [], 1
     for b in branching:
       counts.extend([int(b)] * width)
@@ -265,7 +268,7 @@ class SequoiaTable:
 def sequoia_table(acceptance_vector: Sequence[float], max_nodes: int, max_depth: int) -> SequoiaTable:
   """Run the Sequoia DP for all budgets up to (max_nodes, max_depth). O(D * K * M^2) with numpy over one axis."""
   p = np.asarray(acceptance_vector, np.float64)
-  if p.ndim != 1 or len(p) == 0 or (p < 0).any() or p.sum() > 1 + 1e-9:
+  if p.ndim != 1 or len(p) == 0 or not np.isfinite(p).all() or (p < 0).any() or p.sum() > 1 + 1e-9:
     raise ValueError(f"acceptance vector must be a non-empty 1-D vector of probabilities summing to <= 1, got {p}")
   if max_nodes < 1 or max_depth < 0:
     raise ValueError(f"need max_nodes >= 1 and max_depth >= 0, got {max_nodes}, {max_depth}")
@@ -329,6 +332,8 @@ def hardware_aware_tree(acceptance_vector: Sequence[float], sizes: Sequence[int]
   sizes = sorted({int(s) for s in sizes})
   if not sizes or sizes[0] < 1:
     raise ValueError(f"sizes must be positive ints, got {sizes}")
+  if not 0 <= min_depth <= max_depth:
+    raise ValueError(f"need 0 <= min_depth <= max_depth, got {min_depth}, {max_depth}")
   draft = _as_cost(t_draft, "t_draft")
   verify = _as_cost(t_verify, "t_verify")
   table = sequoia_table(acceptance_vector, sizes[-1], max_depth)

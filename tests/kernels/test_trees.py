@@ -183,6 +183,16 @@ def test_constructors():
   assert [len(lv) for lv in k.levels] == [1, 2, 6]
   with pytest.raises(ValueError):
     Tree.from_children_counts([1, 0, 5])
+  for bad in ([1.5, 1], ["2"], [True], [1, -1]):
+    with pytest.raises(ValueError, match=r"children counts must be integers >= 0, got"):
+      Tree.from_children_counts(bad)
+  for bad in ([2.7, 2], [2, 0, 3], ["2"]):            # 0 would end the tree before len(branching)
+    with pytest.raises(ValueError, match=r"branching must be integers >= 1 \(depth = len\(branching\)\)"):
+      Tree.kary(bad)
+  with pytest.raises(ValueError, match="acceptance vector must be"):
+    trees.sequoia_tree([float("nan"), 0.1], 8, 4)
+  with pytest.raises(ValueError, match="need 0 <= min_depth <= max_depth, got 3, 2"):
+    trees.hardware_aware_tree([0.5], [4], 2, t_draft=1.0, t_verify=lambda n: 1.0, min_depth=3)
 
 
 @pytest.mark.parametrize("bad", [(), (0,), (-1, 1), (-1, 0, 0, 1, 0), (-1, -1), (-1, 0, 2)])
