@@ -6,14 +6,18 @@ from typing import Sequence
 
 
 def find_stop(decode, toks: list[int], stop: Sequence[str], stop_ids, keep: bool,
-              start: int = 0) -> tuple[int, str] | None:
+              start: int = 0, eos=()) -> tuple[int, str] | None:
   """The first stop in `toks` past the first `start` tokens (already searched): (tokens kept, text) or
   None. A stop string ends the output at the token completing its first occurrence (the earliest
-  completed; of those, the earliest in the text); a stop id at that id. decode: token ids -> text."""
+  completed; of those, the earliest in the text); a stop id at that id. decode: token ids -> text.
+  eos: the run's end-of-sequence ids; the row ends at one with its text not output, so stop strings are
+  searched in the text before it (a stop '|' is not found in '<|im_end|>')."""
   k_id = next((i + 1 for i in range(start, len(toks)) if toks[i] in stop_ids), None)
   end = len(toks) if k_id is None else k_id
-  if stop and _in_tail(decode, toks[:end], stop, start) and any(s in decode(toks[:end]) for s in stop):
-    for k in range(start + 1, end + 1):
+  strings_end = next((i for i in range(end) if toks[i] in eos), end)
+  if stop and strings_end > start and _in_tail(decode, toks[:strings_end], stop, start) and \
+      any(s in decode(toks[:strings_end]) for s in stop):
+    for k in range(start + 1, strings_end + 1):
       text = decode(toks[:k])
       found = [(text.find(s), -len(s)) for s in stop if s in text]
       if found:

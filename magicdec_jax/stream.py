@@ -349,7 +349,8 @@ class Generator:
     cuts = {}
     for s in rows:
       job = occupant[s][0]
-      cut = find_stop(decode, out[s, :n_out[s]].tolist(), job.stop, job.stop_ids, job.keep_stop, int(checked[s]))
+      cut = find_stop(decode, out[s, :n_out[s]].tolist(), job.stop, job.stop_ids, job.keep_stop, int(checked[s]),
+                      self.engine.plan.eos)
       checked[s] = n_out[s]
       if cut is not None:
         cuts[s] = cut

@@ -322,6 +322,21 @@ def test_a_row_ended_by_its_stop_id_has_that_ids_text_left_out():
   assert res.texts[0] == streamed.text == want
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_stop_string_is_not_found_in_the_end_of_sequence_tokens_text(keep):
+  """The row ends at its EOS id, whose text is not output (as without stops): a stop string that only the
+  EOS token's text completes (SmolLM2: '|' or 'end' in '<|im_end|>') does not stop it, so the reason stays
+  "eos" and no piece of that text appears, kept or not. Reference: the same request without stops."""
+  free = generate(tiny(), ["To be or not"], max_new_tokens=12, eos_token_id=[]).tokens[0]
+  dec = lambda t: tiny().tokenizer.decode(t, skip_special_tokens=False)      # noqa: E731
+  k = next(i for i in range(1, len(free)) if dec(free[i:i + 1]) and dec(free[i:i + 1]) not in dec(free[:i]))
+  eos, eos_text = free[k], dec(free[k:k + 1])
+  reqs = [Request("To be or not"), Request("To be or not", stop=[eos_text], keep_stop=keep)]
+  plain, stopped = sorted(generate_stream(tiny(), reqs, max_new_tokens=12, eos_token_id=eos), key=lambda r: r.index)
+  assert plain.finish_reason == stopped.finish_reason == "eos"
+  assert stopped.text == plain.text == dec(free[:k]) and stopped.tokens == plain.tokens == free[:k + 1]
+
+
 def test_stop_search_reads_a_bounded_tail_and_cuts_where_a_whole_text_search_does():
   """find_stop, called as a stream calls it (a few new tokens at a time), cuts where a plain search of
   each whole prefix's text first finds a stop, over random byte-token text with characters split across
