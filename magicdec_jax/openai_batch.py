@@ -12,9 +12,10 @@ being written and a resume regenerates only the missing (custom_id, index) pairs
 """
 from __future__ import annotations
 
+import codecs
 import dataclasses
+import functools
 import hashlib
-import itertools
 import json
 from typing import Any
 
@@ -176,11 +177,34 @@ def _logprobs(res, model, chat: bool) -> dict | None:
              for i, (t, p) in enumerate(zip(res.tokens, lp))]
   if chat:
     return {"content": content}
-  tokens = [c["token"] for c in content]
-  return {"tokens": tokens, "token_logprobs": [c["logprob"] for c in content],
-          "top_logprobs": None if top is None else [{e["token"]: e["logprob"] for e in c["top_logprobs"]}
-                                                   for c in content],
-          "text_offset": list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0))[:len(tokens)]}
+  name = functools.partial(legacy_token, tok)
+  return {"tokens": [name(t) for t in res.tokens], "token_logprobs": [c["logprob"] for c in content],
+          "top_logprobs": None if top is None else [{name(a): float(b) for a, b in top[i]}
+                                                   for i in range(len(res.tokens))],
+          "text_offset": text_offsets(tok, res.tokens)}
+
+
+def legacy_token(tok, t) -> str:
+  """A token as /v1/completions names it: its text, or, where its bytes are part of a character (a byte
+  piece of an emoji), "bytes:" and their escapes, as OpenAI writes them, so no two tokens share a name."""
+  raw = token_bytes(tok, t)
+  try:
+    raw.decode("utf-8")
+  except UnicodeDecodeError:
+    return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+  return tok.decode([int(t)], skip_special_tokens=False)
+
+
+def text_offsets(tok, tokens) -> list[int]:
+  """Where each token starts in the text of `tokens`, in characters: the characters its predecessors'
+  bytes complete (a token inside a character starts where that character does). A decoder that drops the
+  text's leading space (SentencePiece's) shifts every offset back by it."""
+  dec, offsets, n = codecs.getincrementaldecoder("utf-8")("replace"), [], 0
+  for t in tokens:
+    offsets.append(n)
+    n += len(dec.decode(token_bytes(tok, t)))
+  lead = n - len(tok.decode([int(t) for t in tokens], skip_special_tokens=False))
+  return [max(0, o - max(lead, 0)) for o in offsets]
 
 
 def output_line(model, custom_id: str, options: OpenAIOptions, prompt_tokens: int, index: int, res,

@@ -232,15 +232,59 @@ def test_openai_logprobs_are_plain_decodings(tmp_path):
     if "\ufffd" not in e["token"]:
       assert bytes(e["bytes"]) == e["token"].encode("utf-8")
   ref = generate(model, ["Hello world"], max_new_tokens=6, logprobs=True, top_logprobs=2)
+  name = lambda t: _legacy_name(model.tokenizer, t)      # noqa: E731
   for rec in recs.values():
     lp = rec["response"]["body"]["choices"][0]["logprobs"]
     assert len(lp["token_logprobs"]) == len(ref.tokens[0])
     assert max(abs(a - b) for a, b in zip(lp["token_logprobs"], ref.logprobs[0])) < 1e-5
+    assert lp["tokens"] == [name(t) for t in ref.tokens[0]]
     for got, want in zip(lp["top_logprobs"], ref.top_logprobs[0]):
-      want = {model.tokenizer.decode([t], skip_special_tokens=False): v for t, v in want}
+      want = {name(t): v for t, v in want}
       assert set(got) == set(want) and all(abs(got[k] - want[k]) < 1e-5 for k in want)
-    texts = [model.tokenizer.decode([t], skip_special_tokens=False) for t in ref.tokens[0]]
-    assert lp["text_offset"] == [len("".join(texts[:i])) for i in range(len(texts))]
+    assert lp["text_offset"] == _char_offsets(model.tokenizer, ref.tokens[0])
+
+
+def _byte_of_token():
+  """The byte tokenizer's token id -> byte, from its construction (testing.byte_tokenizer: ids in the order
+  of ByteLevel's alphabet) and GPT-2's byte -> character table, written out here."""
+  from tokenizers import pre_tokenizers
+  char_byte = {}
+  n = 0
+  for b in range(256):
+    if 0x21 <= b <= 0x7e or 0xa1 <= b <= 0xac or 0xae <= b <= 0xff:          # printable: themselves
+      char_byte[chr(b)] = b
+    else:
+      char_byte[chr(256 + n)] = b
+      n += 1
+  return {i: char_byte[c] for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+
+
+def _token_bytes(tok, t) -> bytes:
+  return bytes([_byte_of_token()[t]]) if t < 256 else tok.decode([t], skip_special_tokens=False).encode()
+
+
+def _legacy_name(tok, t) -> str:
+  """OpenAI's /v1/completions token name: the text, or "bytes:\\xNN..." for part of a character."""
+  raw = _token_bytes(tok, t)
+  try:
+    raw.decode("utf-8")
+    return tok.decode([t], skip_special_tokens=False)
+  except UnicodeDecodeError:
+    return "bytes:" + "".join("\\x%02x" % b for b in raw)
+
+
+def _char_offsets(tok, tokens) -> list[int]:
+  """Each token's start in characters: the characters complete after its predecessors' bytes, counted
+  byte by byte (a character is complete when the decoder emits it)."""
+  import codecs
+  dec, after, n = codecs.getincrementaldecoder("utf-8")("replace"), [0], 0
+  for b in b"".join(_token_bytes(tok, t) for t in tokens):
+    n += len(dec.decode(bytes([b])))
+    after.append(n)
+  starts = [0]
+  for t in tokens[:-1]:
+    starts.append(starts[-1] + len(_token_bytes(tok, t)))
+  return [after[s] for s in starts]
 
 
 def test_openai_request_validation():
