@@ -80,6 +80,15 @@ def _response_format(rf: Any) -> dict[str, Any]:
   return {} if schema is None else {"json_schema": schema}
 
 
+def _check_unused(body: dict, name: str, max_new_tokens: int) -> None:
+  """RequestError naming body.<name> unless its value would pass as an option: a field the request's other
+  fields override is still checked, not ignored with a bad value."""
+  try:
+    RequestOptions(**{BODY_OPTIONS[name]: body[name]}).check_budget(max_new_tokens)
+  except OptionError as e:
+    raise RequestError(e.render(f"body.{name}"), name) from None
+
+
 def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, OpenAIOptions]:
   """One parsed request line -> (native record {"id", "prompt" | "messages"}, its OpenAIOptions): url and
   the RequestOptions of max_tokens (or max_completion_tokens), temperature / top_p (None: the run's), stop,
@@ -121,8 +130,10 @@ def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, OpenAIOptions]:
     raise RequestError(f"body.model must be a string, got {json.dumps(served)}", "model")
   given = {name: body[name] for name in BODY_OPTIONS if body.get(name) is not None}
   own = {BODY_OPTIONS[name]: v for name, v in given.items() if name not in ("response_format", "max_tokens")}
-  if "max_tokens" in given:           # max_tokens wins over max_completion_tokens
+  if "max_tokens" in given:           # max_tokens wins over max_completion_tokens (checked all the same)
     own["max_new_tokens"] = given["max_tokens"]
+    if "max_completion_tokens" in given:
+      _check_unused(body, "max_completion_tokens", max_new_tokens)
   if "response_format" in given:
     own.update(_response_format(given["response_format"]))
   k = given.get("logprobs")
@@ -133,8 +144,9 @@ def to_native(rec: dict, *, max_new_tokens: int) -> tuple[dict, OpenAIOptions]:
     own["logprobs"], own["top_logprobs"] = True, k
   if isinstance(own.get("seed"), int) and not isinstance(own["seed"], bool):
     own["seed"] %= SEED_LIMIT
-  if own.get("temperature") == 0:     # a greedy request's top_p changes nothing (and asks for no per-row sampling)
-    own.pop("top_p", None)
+  if own.get("temperature") == 0 and "top_p" in own:   # a greedy request's top_p changes nothing (and asks
+    _check_unused(body, "top_p", max_new_tokens)        # for no per-row sampling), but a bad one is an error
+    own.pop("top_p")
   own.setdefault("num_samples", 1)
   own["logprobs"] = own.get("logprobs", False)
   own.setdefault("top_logprobs", 0)

@@ -299,7 +299,14 @@ def test_openai_request_validation():
                       ({"custom_id": "a", "method": "POST", "url": COMP}, "body"),
                       (_line(7, COMP, {"prompt": "x"}), "custom_id"),
                       (_line("a", COMP, {"prompt": "x", "logprobs": 2, "top_logprobs": 2}), "top_logprobs"),
-                      (_line("a", CHAT, {"messages": MSGS, "logprobs": 2}), "logprobs")]:
+                      (_line("a", CHAT, {"messages": MSGS, "logprobs": 2}), "logprobs"),
+                      # fields another field overrides are still checked: not dropped with a bad value
+                      (_line("a", COMP, {"prompt": "x", "temperature": 0, "top_p": 5}), "top_p"),
+                      (_line("a", COMP, {"prompt": "x", "temperature": 0, "top_p": "abc"}), "top_p"),
+                      (_line("a", COMP, {"prompt": "x", "max_tokens": 5, "max_completion_tokens": "abc"}),
+                       "max_completion_tokens"),
+                      (_line("a", COMP, {"prompt": "x", "max_tokens": 5, "max_completion_tokens": 1000}),
+                       "max_completion_tokens")]:
     with pytest.raises(openai_batch.RequestError) as e:
       openai_batch.to_native(line, max_new_tokens=8)
     assert e.value.field == field and field in str(e.value)
