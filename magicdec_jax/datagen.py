@@ -136,13 +136,14 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
       ids = list(model.tokenizer.encode(_prompt_text(model, rec, chat and fmt.renders_chat, render_chat)).ids)
       if not ids:
         raise DatagenError("empty prompt (no tokens)")
-      cut = 0
-      if len(ids) > limit:
+      cut, own = 0, getattr(getattr(options, "request", options), "max_new_tokens", None) or max_new_tokens
+      room = model.config.max_position_embeddings - own       # the record's own budget, as a stream's request
+      if len(ids) > room:
         if truncate != "left":
-          raise DatagenError(f"prompt has {len(ids)} tokens; with max_new_tokens={max_new_tokens} the "
-                             f"model's context of {model.config.max_position_embeddings} allows {limit} "
+          raise DatagenError(f"prompt has {len(ids)} tokens; with max_new_tokens={own} the "
+                             f"model's context of {model.config.max_position_embeddings} allows {room} "
                              "(use --truncate=left)")
-        cut = len(ids) - limit
+        cut = len(ids) - room
         ids = ids[cut:]
       items.append(Item(n, rid, key, ids, cut, options))
     except DatagenError as e:

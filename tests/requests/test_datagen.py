@@ -320,3 +320,23 @@ def test_a_byte_order_mark_opening_the_input_is_skipped(tmp_path):
   got = datagen.parse_input(str(marked), tiny(), max_new_tokens=8)
   assert got[1] == [] and [it.id for it in got[0]] == [it.id for it in want[0]] == ["r0", "r1"]
   assert [it.ids for it in got[0]] == [it.ids for it in want[0]]
+
+
+def test_a_record_whose_own_max_new_tokens_leaves_room_for_its_prompt_runs(tmp_path):
+  """The context check uses the record's own max_new_tokens (native) or max_tokens (OpenAI), as a stream's
+  request does: a 200-token prompt with 8 new tokens fits a 256-token context beside a run's 64. Reference:
+  generate on that prompt alone."""
+  model = testing.random_tiny_model(0, max_pos=256)
+  prompt = "ab" * 100
+  inp = write(tmp_path / "in.jsonl", [{"id": "own", "prompt": prompt, "max_new_tokens": 8},
+                                      {"id": "run", "prompt": prompt}])
+  items, errors = datagen.parse_input(inp, model, max_new_tokens=64)
+  assert [it.id for it in items] == ["own"] and items[0].truncated == 0
+  assert [e["id"] for e in errors] == ["run"] and "with max_new_tokens=64" in errors[0]["reason"]
+  oa = write(tmp_path / "oa.jsonl", [{"custom_id": "c", "method": "POST", "url": "/v1/completions",
+                                      "body": {"prompt": prompt, "max_tokens": 8}}])
+  out = str(tmp_path / "out.jsonl")
+  datagen.run(model, oa, out, max_new_tokens=64, progress=False, eos_token_id=[])
+  (rec,) = read_records(out)
+  want = generation.generate(model, [prompt], max_new_tokens=8, eos_token_id=[])
+  assert rec["error"] is None and rec["response"]["body"]["choices"][0]["text"] == want.texts[0]
