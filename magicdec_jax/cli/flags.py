@@ -445,9 +445,11 @@ def load_target(fv, log):
 
 
 def read_prompts_file(path: str, flag: str = "prompts_file") -> list:
-  """One prompt per line, or JSONL objects with 'prompt' (or 'messages'); UsageError naming --flag."""
+  """One prompt per line, or JSONL objects with 'prompt' or 'messages' (and perhaps an 'id', a label read
+  nowhere here; a record's own settings are --mode=datagen's, refused by name); a byte-order mark opening
+  the file is skipped. UsageError naming --flag."""
   out = []
-  with open(path, encoding="utf-8") as f:
+  with open(path, encoding="utf-8-sig") as f:
     for n, line in enumerate(f, 1):
       if not line.strip():
         continue
@@ -456,8 +458,12 @@ def read_prompts_file(path: str, flag: str = "prompts_file") -> list:
           rec = json.loads(line)
         except json.JSONDecodeError as e:
           raise app.UsageError(f"--{flag}={path} line {n}: malformed JSON ({e.msg})") from None
-        if not isinstance(rec.get("prompt", rec.get("messages")), (str, list)):
-          raise app.UsageError(f"--{flag}={path} line {n}: needs a 'prompt' or 'messages' field")
+        if not isinstance(rec, dict) or ("prompt" in rec) == ("messages" in rec) or \
+            not isinstance(rec.get("prompt", rec.get("messages")), (str, list)):
+          raise app.UsageError(f"--{flag}={path} line {n}: needs one 'prompt' (a string) or 'messages' (a list)")
+        if other := sorted(set(rec) - {"prompt", "messages", "id"}):
+          raise app.UsageError(f"--{flag}={path} line {n}: field(s) {', '.join(map(repr, other))} are not read "
+                               "here (a record's own settings: --mode=datagen)")
         out.append(rec.get("prompt", rec.get("messages")))
       else:
         out.append(line.rstrip("\n"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -283,3 +284,20 @@ def test_mesh_flag():
   for bad, reason in (("data:2,modle:4", "unknown axis 'modle'"), (f"data:1,model:{n + 1}", "but there are")):
     with pytest.raises(app.UsageError, match=f"--mesh={bad}: .*{reason}"):
       cli_flags.setup_mesh(parse([f"--mesh={bad}"]))
+
+
+def test_prompts_file_reads_a_marked_file_and_refuses_settings_it_would_ignore(tmp_path):
+  """A byte-order mark is not part of the first prompt; a record's own settings are refused by name (only
+  datagen reads them), an id is a label; a record with both or neither of prompt / messages is refused."""
+  from magicdec_jax.cli.flags import read_prompts_file
+  marked = tmp_path / "bom.jsonl"
+  marked.write_bytes(b'\xef\xbb\xbf{"prompt": "hello"}\n'
+                     b'{"id": 2, "messages": [{"role": "user", "content": "x"}]}\nplain\n')
+  assert read_prompts_file(str(marked)) == ["hello", [{"role": "user", "content": "x"}], "plain"]
+  for line, words in (('{"prompt": "a", "max_new_tokens": 8, "stop": "."}',
+                       "field(s) 'max_new_tokens', 'stop' are not read"),
+                      ('{"prompt": "a", "messages": []}', "needs one 'prompt'"), ('{"id": 1}', "needs one 'prompt'")):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "ok"}\n' + line + "\n")
+    with pytest.raises(app.UsageError, match=f"--prompts_file={bad} line 2: {re.escape(words)}"):
+      read_prompts_file(str(bad))
