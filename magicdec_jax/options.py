@@ -73,12 +73,16 @@ def _is_number(v) -> bool:
   return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
+# A sampled temperature's range: float32 holds 1 / temperature (1e-30 already samples the argmax but for
+# exact ties; 0 asks for greedy decoding).
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-30, 1e30
 # field -> (kind, type check, limits, range check); range checks see values that passed the type check
 NUMBER_CHECKS = {
     "max_new_tokens": ("an integer", is_int, ">= 1", lambda v: v >= 1),
     "seed": ("an integer", is_int, "in [0, 2**32)", lambda v: 0 <= v < SEED_LIMIT),
     "num_samples": ("an integer", is_int, ">= 1", lambda v: v >= 1),
-    "temperature": ("a finite number", _is_number, ">= 0", lambda v: 0 <= v < float("inf")),
+    "temperature": ("a finite number", _is_number, f"in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}] or 0 (greedy)",
+                    lambda v: v == 0 or MIN_TEMPERATURE <= v <= MAX_TEMPERATURE),
     "top_k": ("an integer", is_int, ">= 0", lambda v: v >= 0),
     "top_p": ("a number", _is_number, "in (0, 1]", lambda v: 0 < v <= 1),
     "min_p": ("a number", _is_number, "in [0, 1]", lambda v: 0 <= v <= 1),

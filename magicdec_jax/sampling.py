@@ -197,12 +197,20 @@ def top_p_threshold(x: jax.Array, top_p: float) -> jax.Array:
   return _smallest_below(x, e, top_p * z, lo, m)
 
 
+def scaled(logits: jax.Array, temperature) -> jax.Array:
+  """float32 (logits - their row's max) / temperature: the largest is exactly 0 at any temperature. Why:
+  divided first, by a small compiled-in temperature (1e-9), XLA's rewrites round the quotients in two
+  places apart (the largest exp term is no longer 1: inf and NaN probabilities)."""
+  x = logits.astype(jnp.float32)
+  return (x - jax.lax.stop_gradient(x.max(-1, keepdims=True))) / temperature
+
+
 def filter_logits(logits: jax.Array, s: Sampling, rows: "RowSampling | None" = None) -> jax.Array:
   """float32 logits [..., V] -> temperature-scaled logits with the top-k / top-p / min-p cuts set to -inf (a per-row
   Sampling: each row's own, `filter_logits_rows`)."""
   if s.per_row:
     return filter_logits_rows(logits, rows)
-  x = logits.astype(jnp.float32) / s.temperature
+  x = scaled(logits, s.temperature)
   shape = x.shape
   x = x.reshape(-1, shape[-1])
   if s.top_k and s.top_k < shape[-1]:
@@ -285,7 +293,7 @@ def filter_logits_rows(logits: jax.Array, rs: RowSampling) -> jax.Array:
   under jit already can)."""
   lead, v = logits.shape[:-1], logits.shape[-1]
   t = rows_over(rs.temperature, lead)
-  x = logits.astype(jnp.float32) / jnp.where(t == 0.0, 1.0, t)[..., None]
+  x = scaled(logits, jnp.where(t == 0.0, 1.0, t)[..., None])
   x = x.reshape(-1, v)
   k = rows_over(rs.top_k, lead).reshape(-1)
   p = rows_over(rs.top_p, lead).reshape(-1)

@@ -109,7 +109,8 @@ def test_bad_top_p(model, top_p):
 
 @pytest.mark.parametrize("name,value,words", [
     ("temperature", "hot", "a finite number"), ("temperature", True, "a finite number"),
-    ("temperature", float("inf"), ">= 0"), ("top_k", 2.5, "an integer"),
+    ("temperature", float("inf"), "in [1e-30, 1e+30] or 0 (greedy)"), ("temperature", 1e-40, "1e-30"),
+    ("top_k", 2.5, "an integer"),
     ("seed", -1, "[0, 2**32)"), ("seed", 2**32, "[0, 2**32)"), ("top_p", "0.9", "a number")])
 def test_sampling_values_of_the_wrong_type_or_range(model, name, value, words):
   """Not converted or wrapped silently (2.5 was top_k 2, -1 seed 2**32 - 1): refused, naming the field."""

@@ -36,7 +36,7 @@ NOT_JSON = "(not JSON: Expecting property name enclosed in double quotes: line 1
 @pytest.mark.parametrize("field,value,python,record", [
     ("top_p", 1.5, "top_p must be in (0, 1], got 1.5", "'top_p' must be a number in (0, 1], got 1.5"),
     ("temperature", "hot", "temperature must be a finite number, got 'hot'",
-     "'temperature' must be a finite number >= 0, got \"hot\""),
+     "'temperature' must be a finite number in [1e-30, 1e+30] or 0 (greedy), got \"hot\""),
     ("seed", -1, "seed must be an integer in [0, 2**32), got -1", "'seed' must be an integer in [0, 2**32), got -1"),
     ("top_k", 2.0, "top_k must be an integer >= 0, got 2.0", "'top_k' must be an integer >= 0, got 2.0"),
     ("stop", [""], "stop must be a non-empty string or a list of them, got ['']",

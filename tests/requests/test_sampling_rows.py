@@ -197,3 +197,24 @@ def test_min_p_static_and_per_row_against_float64():
   for bad in (-0.1, 1.5):
     with pytest.raises(ValueError, match="min_p must be in"):
       Sampling(1.0, min_p=bad)
+
+
+
+def test_a_tiny_temperature_samples_the_argmax():
+  """At temperature 1e-9 the filtered distribution is the one-hot of the argmax (float64: every other
+  token's probability underflows), so sampling (plain, or through a draft's chain) gives greedy decoding's
+  tokens with log-probabilities 0. Divided before the max was subtracted, XLA rounded the compiled-in
+  quotients apart in the loop: NaN or 0 probabilities, token 0 drawn. Below 1e-30 (1 / T overflows) and
+  non-finite values are refused."""
+  import magicdec_jax as md
+  from conftest import random_prompts, tiny_model
+  model, prompts = tiny_model(0, vocab=300, attn_scale=10.0), random_prompts([5, 9], 300, seed=1)
+  kw = dict(max_new_tokens=8, eos_token_id=[])
+  greedy = md.generate(model, prompts, **kw).tokens
+  for extra in ({}, dict(draft=md.StreamingDraft(2, 4), gamma=2)):
+    got = md.generate(model, prompts, temperature=1e-9, seed=3, logprobs=True, **kw, **extra)
+    assert got.tokens == greedy
+    assert max(abs(x) for row in got.logprobs for x in row) < 1e-6
+  for bad in (1e-31, float("inf"), float("nan")):
+    with pytest.raises(ValueError, match=r"temperature must be in \[1e-30, 1e\+30\] or 0 \(greedy\)"):
+      Sampling(bad)
