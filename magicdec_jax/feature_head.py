@@ -111,7 +111,8 @@ def target_signature(target: Model) -> str:
     name = jax.tree_util.keystr(path)
     if "norm" in name and name.endswith("['scale']"):
       digest.update(name.encode())
-      digest.update(np.asarray(x.addressable_data(0), np.float32).astype(jnp.bfloat16).tobytes())
+      local = x.addressable_data(0) if isinstance(x, jax.Array) else x      # (a host array as it is)
+      digest.update(np.asarray(local, np.float32).astype(jnp.bfloat16).tobytes())
   return digest.hexdigest()[:16]
 
 

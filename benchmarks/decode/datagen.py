@@ -51,7 +51,8 @@ def run_config(model, source: str, config: str, args) -> dict:
   requests = chat_requests(model, args.prompts)
   refill = args.batch if batching == "static" else args.refill_at
   kw = dict(max_new_tokens=args.max_new, batch_size=args.batch, refill_at=refill, num_samples=args.samples,
-            temperature=args.temperature, top_p=args.top_p, seed=args.seed, draft=draft, gamma=args.gamma)
+            temperature=args.temperature, top_p=args.top_p, seed=args.seed, draft=draft,
+            gamma=None if draft is None else args.gamma)
   c0 = compiling.compile_seconds()
   t0 = time.perf_counter()
   g = generate_stream(model, requests, **kw)

@@ -95,7 +95,8 @@ def test_generate_gamma_auto_subprocess_prints_the_autoregressive_text(draft):
 def test_generate_in_process_prints_the_autoregressive_text(draft, capsys):
   logged = []
   cli_generate.run(parse(["--mode=generate", "--model=random-tiny", f"--prompt={PROMPT}",
-                          f"--max_new_tokens={NEW}", "--gamma=3"] + draft), logged.append)
+                          f"--max_new_tokens={NEW}"] + draft + (["--gamma=3"] if draft != ["--draft=none"] else [])),
+                     logged.append)
   assert capsys.readouterr().out == ar_text() + "\n"
   if draft[0] == "--draft=lookup":                          # the draft ran and got tokens accepted
     assert float(logged[-1].rsplit("acceptance ", 1)[1]) > 0, logged[-1]
@@ -126,7 +127,7 @@ def test_datagen_resume_with_changed_settings_is_refused(tmp_path, capsys):
   cli_datagen.run(parse(base + ["--seed=0"]), quiet)
   assert json.loads(capsys.readouterr().out)["records_written"] == 3
   done = out.read_bytes()
-  plain = [a for a in base if not a.startswith(("--sink", "--window"))]     # (flags a plain run does not read)
+  plain = [a for a in base if not a.startswith(("--sink", "--window", "--gamma"))]   # (flags a plain run refuses)
   for argv, msg in ((base + ["--seed=1"], "seed: 0 -> 1"), (plain + ["--seed=0", "--draft=none"], "draft: ")):
     with pytest.raises(app.UsageError, match=f"datagen: {out} was produced with different settings \\(.*{msg}"):
       cli_datagen.run(parse(argv), quiet)

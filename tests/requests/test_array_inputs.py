@@ -27,7 +27,7 @@ def _padded(prompts, left=False, pad=0):
 def test_arrays_equal_lists(draft):
   model = tiny_model(0, attn_scale=10.0)
   prompts = random_prompts(LENS, 64, seed=3)
-  kw = dict(max_new_tokens=6, draft=draft, gamma=2)
+  kw = dict(max_new_tokens=6, draft=draft, gamma=None if draft is None else 2)
   ref = md.generate(model, prompts, **kw).tokens
   ids, mask = _padded(prompts, pad=63)
   assert md.generate(model, ids, lengths=np.asarray(LENS), **kw).tokens == ref

@@ -231,7 +231,7 @@ def test_kill9_then_resume_exactly_once(tmp_path, sampling):
   got = read_records(out)
   # The reference: an uninterrupted run in this process (same random-tiny weights, same settings).
   ref_out = str(tmp_path / "ref.jsonl")
-  ref_gen = dict(GEN, draft=None) if sampling == "invariant" else GEN
+  ref_gen = dict(GEN, draft=None, gamma=None) if sampling == "invariant" else GEN
   datagen.run(tiny(), inp, ref_out, batch_size=2, refill_at=2, num_samples=samples, progress=False,
               sampling=sampling, **ref_gen)
   ref = read_records(ref_out)

@@ -48,8 +48,9 @@ def test_shrinking_batch_keeps_every_rows_samples():
   prompts, eos = prompts_and_eos()
   kw = dict(max_new_tokens=NEW, eos_token_id=eos, temperature=0.9, top_k=20, seed=1)   # rows end apart
   for draft in (None, DRAFTS["streaming-s0-w4"]()):
-    fixed = md.generate(target(), prompts, draft=draft, gamma=2, **kw)
-    shrunk = md.generate(target(), prompts, draft=draft, gamma=2, shrink_batch=True, **kw)
+    gamma = None if draft is None else 2
+    fixed = md.generate(target(), prompts, draft=draft, gamma=gamma, **kw)
+    shrunk = md.generate(target(), prompts, draft=draft, gamma=gamma, shrink_batch=True, **kw)
     assert shrunk.tokens == fixed.tokens and len(_stage_batches(shrunk)) > 1
     assert [r["verify_steps"] for r in shrunk.row_stats] == [r["verify_steps"] for r in fixed.row_stats]
 
