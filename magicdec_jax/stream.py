@@ -384,7 +384,8 @@ class Generator:
     while not board.exhausted and len(board.queue) < self.prefill_batch:
       try:
         job = next(self._jobs, None)
-      except ValueError as e:             # a bad request: the ones read before it finish, then it raises
+      except Exception as e:              # a bad request or the iterable's own error (an OSError reading a
+        # file): the requests read before it finish and are yielded, then it raises (an interrupt: at once)
         board.error, job = e, None
       if job is None:
         board.exhausted = True
@@ -496,8 +497,8 @@ def generate_stream(model: Model, requests: Iterable, *, batch_size: int = 8, re
 
   requests: any iterable (consumed lazily) of prompts (text or token-id lists) or `Request`s. A list is
   checked whole before anything compiles (ValueError naming the request); a bad request of any other
-  iterable ends the stream when it is read: the requests read before it finish and are yielded, then its
-  ValueError is raised, and nothing after it is read.
+  iterable, or an error the iterable raises itself, ends the stream when it is read: the requests read
+  before it finish and are yielded, then that error is raised, and nothing after it is read.
   batch_size: decode slots. refill_at: the loop returns to the host to refill once this many rows have
   finished (batch_size: static batching). prefill_batch: rows per prefill call (default: enough for
   refill_at finished rows). num_samples: samples per request (one prefill, n slots, n streams).

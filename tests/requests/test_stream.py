@@ -138,6 +138,20 @@ def test_a_bad_request_of_a_lazy_stream_raises_after_the_ones_before_it(model, p
   assert [r.tokens for r in sorted(got, key=lambda r: r.index)] == ref
 
 
+def test_an_error_the_input_raises_ends_the_stream_after_the_requests_read_before_it(model, prompts):
+  """An iterable that fails itself (an OSError reading its file) is treated as a bad request: the requests
+  read before the error finish (each as plain greedy decoding gives it) and are yielded, then it raises.
+  The rows in flight were lost before (only ValueError was caught)."""
+  def requests():
+    yield from prompts[:6]
+    raise OSError("disk gone")
+  got = []
+  with pytest.raises(OSError, match="disk gone"):
+    for r in generate_stream(model, requests(), max_new_tokens=NEW, batch_size=4):
+      got.append(r)
+  assert [r.tokens for r in sorted(got, key=lambda r: r.index)] == reference_greedy(model, prompts[:6], NEW)
+
+
 def test_more_samples_than_slots_one_prefill(model, prompts):
   kw = dict(max_new_tokens=NEW, temperature=1.0, seed=7)
   g = generate_stream(model, [Request(prompts[0], stream_ids=[11, 12, 13, 14, 15], tag="a")], batch_size=2,
