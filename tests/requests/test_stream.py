@@ -152,6 +152,14 @@ def test_an_error_the_input_raises_ends_the_stream_after_the_requests_read_befor
   assert [r.tokens for r in sorted(got, key=lambda r: r.index)] == reference_greedy(model, prompts[:6], NEW)
 
 
+def test_stats_after_a_break_count_what_was_yielded(model, prompts):
+  """Static batching harvests four rows at once; a caller who breaks after the first has one record and
+  its tokens (len of what it got), not the group's four."""
+  g = generate_stream(model, prompts[:4], batch_size=4, refill_at=4, max_new_tokens=NEW, eos_token_id=[])
+  first = next(iter(g))
+  assert g.stats["records"] == 1 and g.stats["new_tokens"] == len(first.tokens) == NEW
+
+
 def test_more_samples_than_slots_one_prefill(model, prompts):
   kw = dict(max_new_tokens=NEW, temperature=1.0, seed=7)
   g = generate_stream(model, [Request(prompts[0], stream_ids=[11, 12, 13, 14, 15], tag="a")], batch_size=2,
