@@ -357,7 +357,8 @@ class Engine:
         "prefill_s": max(prefill_s, 0.0), "decode_s": max(decode_s, 0.0), "new_tokens": total_new,
         "tokens_per_s": total_new / decode_s if decode_s > 0 else None, "verify_steps": total_rounds,
         "loop_rounds": fin.step,     # rounds the batch ran: its slowest row's (summed over shrinking stages)
-        "batch_stages": [list(x) for x in fin.stages],   # [batch, rounds, seconds] per stage (shrink_batch)
+        # [batch, rounds, seconds] per stage (shrink_batch; one stage: the decode's seconds)
+        "batch_stages": [[b, r, max(decode_s, 0.0) if t is None else t] for b, r, t in fin.stages],
         "shrink_gather_s": list(fin.gather_s),           # seconds of each copy into a smaller batch
         "draft": p.draft_name, "tree_nodes": self.tree.num_nodes,
         "acceptance_rate": rate, "mean_accepted_length": mean,

@@ -41,6 +41,9 @@ def test_shrinking_batch_gives_the_autoregressive_tokens(draft, kw):
   assert res.stats["loop_rounds"] == sum(r for _, r, _ in res.stats["batch_stages"])
   assert len(res.stats["shrink_gather_s"]) == len(batches) - 1
   assert res.stats["loop_rounds"] >= max(r["verify_steps"] for r in res.row_stats)
+  # without shrinking: one stage of the whole batch, its rounds and its seconds (the decode's)
+  assert ref.stats["batch_stages"] == [[8, ref.stats["loop_rounds"], ref.stats["decode_s"]]]
+  assert all(isinstance(t, float) and t >= 0 for _, _, t in res.stats["batch_stages"])
 
 
 @pytest.mark.heavy
