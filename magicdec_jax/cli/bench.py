@@ -16,23 +16,39 @@ import time
 
 import jax
 import numpy as np
+from absl import app
 
-from magicdec_jax import textdata
+from magicdec_jax import backend, datagen_files, settings, textdata
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.measure import sweep
 
 OWN_FLAGS = ("batches", "contexts", "gammas", "output_dir", "bench_preset")
-SETTINGS_FLAGS = tuple(f for f in cli_flags.DECODE_FLAGS if f != "tree")     # (decode_settings; chains only)
+# the decoding flags run_bench passes on (each point's chains come from --gammas; --hardware prices the
+# predicted crossover); the others are refused, not ignored
+SETTINGS_FLAGS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "attention_impl", "hardware")
 
 GRID = (("batches", 1), ("contexts", 16), ("gammas", 1))    # the grid's list flags and their least values
 
 
 def validate(fv) -> None:
   cli_flags.validate_draft(fv)
-  cli_flags.validate_acceptance_file(fv)
   for name, low in GRID:
     cli_flags.int_list(fv, name, low)
   cli_flags.refuse_no_draft(fv, "compares against a draft")
+  for g in cli_flags.int_list(fv, "gammas", 1):
+    if not cli_flags.gamma_ok(str(g)):
+      raise app.UsageError(f"--gammas={','.join(fv.gammas)}: {g} is not in [1, {settings.MAX_GAMMA}]")
+  if fv.num_processes == 1 and backend.default_numerics() == "invariant" and \
+      max(cli_flags.int_list(fv, "gammas", 1)) > (deepest := backend.fixed_shapes().max_depth):
+    raise app.UsageError(f"--gammas={','.join(fv.gammas)}: fixed-shape numerics verify at most {deepest} "
+                         "tokens a round on this backend")
+  out = os.path.abspath(fv.output_dir)
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise app.UsageError(f"--output_dir={fv.output_dir}: exists and is not a directory")
+  while not os.path.exists(out):
+    out = os.path.dirname(out)
+  if not os.path.isdir(out) or not os.access(out, os.W_OK):
+    raise app.UsageError(f"--output_dir={fv.output_dir}: {out} is not a writable directory")
 
 
 def run(fv, log) -> None:
@@ -45,12 +61,15 @@ def run(fv, log) -> None:
   grid = {name: (cli_flags.int_list(fv, name, low) if fv[name].present or not preset else list(preset[name]))
           for name, low in GRID}
   model = cli_flags.load_target(fv, log)
-  st = cli_flags.decode_settings(fv, model)
+  st = cli_flags.decode_settings(fv, model, priced=False)
   out = run_bench(
       model, st.draft, **grid, output_dir=fv.output_dir, log=log, hardware=fv.hardware,
       max_batch_tokens=preset.get("max_batch_tokens"),
       gen=dict(max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_k=st.top_k, top_p=st.top_p,
                seed=st.seed, attention_impl=st.attention_impl))
+  if not out["result"]["points"]:
+    raise app.UsageError(f"--mode=bench measured no point: every (batch, context) of the grid was skipped "
+                         f"(the log says why); {out['json']} lists none")
   print(json.dumps({"json": out["json"], "plots": out["plots"]}, indent=1))
 
 
@@ -77,15 +96,16 @@ def run_bench(model, draft, *, batches, contexts, gammas, output_dir: str, gen: 
                    "verify time inside the loop is not measured. decode_tok_s = new tokens / decode seconds "
                    "(compilation excluded); e2e_tok_s = new tokens / (prefill + decode seconds).")}
 
-  def save(d):
-    with open(path, "w") as f:
-      json.dump(d, f, indent=1, default=str)
+  def save(d):                          # (whole or not at all: a kill keeps the last complete file)
+    datagen_files.atomic_write(path, json.dumps(d, indent=1, default=str))
 
   sweep.run(model, draft, lambda b, n: _prompts(model, b, n), batches=batches, contexts=contexts,
             gammas=gammas, max_new=max_new, max_batch_tokens=max_batch_tokens, hardware=hardware, doc=doc,
             on_point=save, log=lambda m: log(f"bench: {m}"), **gen)
   save(doc)
-  plots = [sweep.plot(doc, os.path.join(output_dir, "speedup_vs_context.png"),
-                      f"{model.name}: {type(draft).__name__} vs autoregressive, {doc['device']}")
+  png = os.path.join(output_dir, "speedup_vs_context.png")
+  if not doc["points"] and os.path.exists(png):
+    os.remove(png)                       # (an earlier run's figure beside a file of no points)
+  plots = [sweep.plot(doc, png, f"{model.name}: {type(draft).__name__} vs autoregressive, {doc['device']}")
            ] if doc["points"] else []
   return {"json": path, "plots": plots, "result": doc}

@@ -10,7 +10,7 @@ OWN_FLAGS = ("src", "dst")
 
 
 def validate(fv) -> None:
-  cli_flags.validate_draft(fv)      # unused here, but a misplaced draft flag is refused as in every mode
+  cli_flags.refuse_flags(fv, ("model",) + cli_flags.DRAFT_FLAGS, "it converts --src into --dst")
   cli_flags.need(fv, "src", "dst")
 
 

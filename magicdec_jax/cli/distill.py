@@ -25,6 +25,11 @@ def validate(fv) -> None:
     if os.path.getsize(p) == 0:
       raise app.UsageError(f"--distill_data={p}: empty file")
   head = draft_flags.trains_head(fv)
+  trains = ["model"] + draft_flags.names(lambda e: e.trains_head)
+  if fv["draft"].present and fv.draft not in trains:
+    raise app.UsageError(f"--mode=distill trains a draft model or a feature head (--draft={'|'.join(trains)}), "
+                         f"not --draft={fv.draft}")
+  cli_flags.refuse_flags(fv, ("draft_weights",), "it trains in the target's precision or --distill_compute")
   if fv.draft_vocab and not head:
     heads = "|".join(draft_flags.names(lambda e: e.trains_head))
     raise app.UsageError(f"--draft_vocab={fv.draft_vocab} applies to --draft={heads} only")

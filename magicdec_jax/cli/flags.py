@@ -70,7 +70,7 @@ def define_model_flags(d: dict) -> None:
   flags.DEFINE_boolean("learn_acceptance", True, "--gamma=auto: re-plan a call at rounds 32, 64, 128, ... from "
                        "the acceptance its own chain rounds have had, measuring the settings the cost model "
                        "cannot separate (off: the profiled or default acceptance and the model's choice).", **d)
-  flags.register_validator("gamma", _gamma_ok, f"is not an integer in the range [1, {settings.MAX_GAMMA}] or "
+  flags.register_validator("gamma", gamma_ok, f"is not an integer in the range [1, {settings.MAX_GAMMA}] or "
                            "'auto'", **d)
   flags.DEFINE_string("tree", None, "Speculate a tree instead of a chain: 'auto' (cost model), a shipped "
                       f"tree name ({', '.join(trees.DEFAULT_TREE_NAMES)}) or a tree JSON file.", **d)
@@ -289,13 +289,13 @@ def writable_target(flag: str, path: str):
     raise app.UsageError(f"--{flag}={path}: not writable")
 
 
-def _gamma_ok(value: str) -> bool:
+def gamma_ok(value: str) -> bool:
   return value == "auto" or (value.lstrip("-").isdigit() and 1 <= int(value) <= settings.MAX_GAMMA)
 
 
 def parse_gamma(value: str):
   """--gamma: an integer in [1, MAX_GAMMA] or 'auto' (UsageError otherwise)."""
-  if not _gamma_ok(value):
+  if not gamma_ok(value):
     raise app.UsageError(f"--gamma={value}: expected an integer in [1, {settings.MAX_GAMMA}] or 'auto'")
   return "auto" if value == "auto" else int(value)
 
@@ -353,6 +353,17 @@ def validate_acceptance_file(fv) -> None:
   if fv.acceptance_file:
     readable_file("acceptance_file", fv.acceptance_file)
     load_acceptance_vector(fv.acceptance_file)
+
+
+DRAFT_FLAGS = ("draft", "draft_model", "draft_layers", "draft_config", "draft_weights", "draft_vocab", "sink",
+               "window", "budget", "lookup_ngram")
+
+
+def refuse_flags(fv, names, why: str) -> None:
+  """UsageError naming the first of `names` given on the command line: --mode=M does not read it ({why})."""
+  if given := [n for n in names if fv[n].present]:
+    raise app.UsageError(f"--{given[0]}={fv[given[0]].value} is not read by --mode={fv.mode} ({why}), which would "
+                         "ignore it")
 
 
 def refuse_no_draft(fv, what: str) -> None:
@@ -493,17 +504,18 @@ DECODE_FLAGS = ("temperature", "top_k", "top_p", "min_p", "sampling", "numerics"
                 "tree", "hardware", "acceptance_file", "learn_acceptance", "attention_impl")
 
 
-def decode_settings(fv, target) -> settings.DecodeSettings:
-  """The DecodeSettings every generating mode runs with, from the flags (parsed once, here)."""
+def decode_settings(fv, target, priced: bool = True) -> settings.DecodeSettings:
+  """The DecodeSettings every generating mode runs with, from the flags (parsed once, here); priced=False:
+  without --hardware / --acceptance_file (bench reads --hardware for its predicted crossover only)."""
   try:
     return settings.DecodeSettings(
         max_new_tokens=fv.max_new_tokens, temperature=fv.temperature, top_k=fv.top_k, top_p=fv.top_p, min_p=fv.min_p,
         seed=fv.seed, draft=build_draft(fv, target),
         gamma=parse_gamma(fv.gamma) if fv["gamma"].present else None, sampling=fv.sampling,
         tree=parse_tree(fv.tree) if fv.tree else None, attention_impl=fv.attention_impl,
-        hardware=fv.hardware or None, learn_acceptance=fv.learn_acceptance,
+        hardware=(fv.hardware or None) if priced else None, learn_acceptance=fv.learn_acceptance,
         numerics=fv.numerics,
-        acceptance=load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file else None)
+        acceptance=load_acceptance_vector(fv.acceptance_file) if fv.acceptance_file and priced else None)
   except ValueError as e:
     raise app.UsageError(str(e)) from None
 

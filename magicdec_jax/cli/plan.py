@@ -19,6 +19,7 @@ PLAN_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
 
 
 def validate(fv) -> None:
+  cli_flags.refuse_flags(fv, ("model",), "it plans for --model_shape")
   cli_flags.validate_draft(fv, head=False)
   cli_flags.validate_acceptance_file(fv)
   cli_flags.int_list(fv, "batches", 1)

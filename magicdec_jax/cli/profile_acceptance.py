@@ -7,7 +7,7 @@ import json
 
 from absl import app
 
-from magicdec_jax import textdata
+from magicdec_jax import datagen_files, textdata
 from magicdec_jax.cli import draft_flags, flags as cli_flags
 from magicdec_jax.sampling import Sampling
 from magicdec_jax.measure import acceptance
@@ -22,6 +22,9 @@ def validate(fv) -> None:
   cli_flags.writable_target("output", fv.output)
   if fv.input:
     cli_flags.readable_file("input", fv.input)
+  if fv["draft_weights"].present and fv.draft_weights != "none":
+    raise app.UsageError(f"--draft_weights={fv.draft_weights}: acceptance is profiled on the draft's network "
+                         "in its own precision, not on a weight copy")
   e = draft_flags.entry(fv)
   if e is None or not e.profiles_acceptance:
     raise app.UsageError("--mode=profile_acceptance needs " + " or ".join(
@@ -52,6 +55,5 @@ def run(fv, log) -> None:
   out = acceptance.profile(model, draft, windows, width=fv.width, seed=fv.seed,
                            sampling=Sampling(fv.temperature, fv.top_k, fv.top_p))
   out["source"] = source
-  with open(fv.output, "w") as f:
-    json.dump(out, f, indent=1)
+  datagen_files.atomic_write(fv.output, json.dumps(out, indent=1))     # (a kill keeps the last complete file)
   print(json.dumps(out, indent=1))

@@ -66,12 +66,21 @@ def sampled_ranks(p: np.ndarray, q: np.ndarray, width: int, rng: np.random.Gener
 def profile(target, draft, windows: list[list[int]], *, width: int = 8, sampling: Sampling = Sampling(),
             seed: int = 0) -> dict:
   """Acceptance vector of `draft` (one that runs a network over a sink + window cache: StreamingDraft,
-  ModelDraft) against `target` over token windows."""
+  ModelDraft) against `target` over token windows. The draft's network runs in its own precision, so a
+  draft with a weight copy (weights=...) is refused rather than profiled as the full-precision one. A
+  window no longer than sink + window + 16 tokens is measured whole for a model draft and skipped for the
+  target's own (self-draft), which sees all of it and would accept everything; ValueError if none is left."""
+  if getattr(draft.spec, "weights", None) is not None:
+    raise ValueError(f"{draft!r}: acceptance is profiled on the draft's network in its own precision, not on "
+                     "a weight copy (profile the draft without weights=)")
   d_params, d_cfg, sink, window = draft.windowed_network(target)
+  self_draft = d_params is target.params
   rng = np.random.default_rng(seed)
   ranks = []
   for toks in windows:
     t = len(toks)
+    if self_draft and t <= sink + window + 16:
+      continue
     arr = jnp.asarray([toks], jnp.int32)
     tl = np.asarray(full_forward(target.params, target.config, arr))[0]
     dl = np.asarray(windowed_logits(d_params, d_cfg, arr, sink, window))[0]
@@ -83,10 +92,14 @@ def profile(target, draft, windows: list[list[int]], *, width: int = 8, sampling
       p = np.asarray(probabilities(jnp.asarray(tl), sampling))
       q = np.asarray(probabilities(jnp.asarray(dl), sampling))
       ranks.append(sampled_ranks(p, q, width, rng))
+  if not ranks:
+    raise ValueError(f"no window is longer than the draft's sink + window + 16 = {sink + window + 16} tokens "
+                     f"(longest {max(map(len, windows), default=0)}): the target's own draft sees all of such a "
+                     "window and accepts everything; profile longer windows or a smaller window")
   r = np.concatenate(ranks)
   vec = [float(np.mean(r == k)) for k in range(width)]
   return {"acceptance_vector": vec, "sum": float(sum(vec)), "positions": int(r.size), "width": width,
           "mode": "greedy" if sampling.greedy else "sampling", "temperature": sampling.temperature,
           "top_k": sampling.top_k, "top_p": sampling.top_p, "sink": sink, "window": window,
-          "window_tokens": [len(w) for w in windows], "target": target.name,
+          "window_tokens": [len(w) for w in windows], "windows_profiled": len(ranks), "target": target.name,
           "draft": repr(draft)}

@@ -13,6 +13,8 @@ Used by `run.py --mode=bench` (cli/bench.py, `--bench_preset=long_context`) and
 """
 from __future__ import annotations
 
+import os
+
 import time
 from typing import Callable, Sequence
 
@@ -147,6 +149,8 @@ def plot(doc: dict, path: str, title: str) -> str:
     ax.legend()
   fig.suptitle(title)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  tmp = f"{path}.tmp{os.getpid()}"
+  fig.savefig(tmp, dpi=110, format="png")           # (then renamed: a kill keeps the last complete figure)
+  os.replace(tmp, path)
   plt.close(fig)
   return path

@@ -15,9 +15,11 @@ PROFILE_FORMAT = "magicdec-hardware-profile/1"
 
 def save_profile(profile: dict, path: str) -> str:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
+  tmp = f"{path}.tmp{os.getpid()}"           # (then renamed: a kill keeps the last complete profile)
+  with open(tmp, "w") as f:
     json.dump(profile, f, indent=1)
     f.write("\n")
+  os.replace(tmp, path)
   return path
 
 

@@ -130,7 +130,7 @@ def usage_cases(tmp_path):
       (["--mode=generate", "--prompt=hi", "--shrink_batch", "--mesh=data:1"], "without --mesh"),
       (["--mode=generate", "--prompt=hi", "--shrink_batch"], None),
       (["--tree=sequoia16"], "--tree is for --mode=generate|datagen, not --mode=demo"),
-      (["--mode=plan", "--gamma=5"], "--gamma is for --mode=demo|generate|bench|datagen, not --mode=plan"),
+      (["--mode=plan", "--gamma=5"], "--gamma is for --mode=demo|generate|datagen, not --mode=plan"),
       (["--mode=calibrate", f"--output={tmp_path}/p.json", "--temperature=0.7"], "--temperature is for"),
       (["--mode=calibrate", f"--output={tmp_path}/p.json", "--draft=lookup", "--calibrate_draft_tokens=1,2"],
        "--draft=lookup has none to time"),
@@ -139,6 +139,22 @@ def usage_cases(tmp_path):
       (["--mode=calibrate", f"--output={tmp_path}/p.json", "--calibrate_draft_tokens=1,2"], None),
       (["--mode=profile_acceptance", f"--output={tmp_path}/a.json", "--max_new_tokens=8"], "--max_new_tokens is for"),
       (["--top_p=0.9"], "--top_p is for --mode=generate|bench|datagen|profile_acceptance, not --mode=demo"),
+      # flags a mode would have ignored, and values it would have failed on after loading and measuring
+      (["--mode=plan", "--model=random-tiny"], "--model=random-tiny is not read by --mode=plan"),
+      (["--mode=convert", "--src=a", f"--dst={tmp_path}/c", "--sink=8"], "--sink=8 is not read by --mode=convert"),
+      (["--mode=distill", f"--distill_data={good}", f"--distill_out={tmp_path}/d", "--draft_layers=1",
+        "--draft=lookup"], "--mode=distill trains a draft model or a feature head"),
+      (["--mode=distill", f"--distill_data={good}", f"--distill_out={tmp_path}/d", "--draft_layers=1",
+        "--draft_weights=int8"], "--draft_weights=int8 is not read by --mode=distill"),
+      (["--mode=bench", "--gammas=2,100"], "--gammas=2,100: 100 is not in [1, 64]"),
+      (["--mode=bench", "--gammas=2,17", "--numerics=invariant"], "--numerics is for"),
+      (["--mode=bench", f"--output_dir={good}"], "exists and is not a directory"),
+      (["--mode=bench", "--sampling=invariant"], "--sampling is for"),
+      (["--mode=bench", "--min_p=0.5"], "--min_p is for"),
+      (["--mode=bench", "--gamma=5"], "--gamma is for"),
+      (["--mode=bench", "--hardware=h100"], None),
+      (["--mode=profile_acceptance", f"--output={tmp_path}/a.json", "--draft_weights=int4"],
+       "--draft_weights=int4: acceptance is profiled on the draft's network in its own precision"),
       ([], None),
   ]
 
@@ -242,6 +258,21 @@ def test_bench_writes_json_and_png(tmp_path):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_profiling_a_self_draft_skips_windows_it_sees_whole_and_refuses_weight_copies():
+  """A window no longer than sink + window + 16 is all inside the target's own draft's cache: its acceptance
+  would be 1 by construction, so it is skipped (none left: ValueError); a draft with a weight copy is not
+  profiled as its full-precision network."""
+  m = tiny()
+  rng = np.random.default_rng(1)
+  short, long = rng.integers(0, 256, 40).tolist(), rng.integers(0, 256, 80).tolist()
+  with pytest.raises(ValueError, match="no window is longer than the draft's sink \\+ window \\+ 16 = 42"):
+    acceptance.profile(m, StreamingDraft(sink=2, window=24), [short], width=2)
+  out = acceptance.profile(m, StreamingDraft(sink=2, window=24), [short, long], width=2)
+  assert out["windows_profiled"] == 1 and out["positions"] == 80 - 1 - 26
+  with pytest.raises(ValueError, match="not on a weight copy"):
+    acceptance.profile(m, StreamingDraft(sink=2, window=24, weights="int8"), [long], width=2)
+
+
 def test_windowed_logits_full_window_equals_full_forward():
   m = tiny()
   toks = np.random.default_rng(0).integers(0, 256, (1, 48))
@@ -269,8 +300,8 @@ def test_acceptance_ranks_known_answers():
   assert (acceptance.sampled_ranks(one_hot_p, disjoint_q, 4, rng) == -1).all()   # no overlap: never
   m = tiny()
   windows = [rng.integers(0, 256, 48).tolist()]
-  full = acceptance.profile(m, StreamingDraft(sink=0, window=48), windows, width=3)   # draft == target
-  assert full["acceptance_vector"] == [1.0, 0.0, 0.0] and full["positions"] == 47
+  with pytest.raises(ValueError, match="no window is longer"):    # the window holds every position: draft == target
+    acceptance.profile(m, StreamingDraft(sink=0, window=48), windows, width=3)
 
 
 def test_mesh_flag():
