@@ -136,7 +136,8 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
       ids = list(model.tokenizer.encode(_prompt_text(model, rec, chat and fmt.renders_chat, render_chat)).ids)
       if not ids:
         raise DatagenError("empty prompt (no tokens)")
-      cut, own = 0, getattr(getattr(options, "request", options), "max_new_tokens", None) or max_new_tokens
+      own = getattr(fmt.request(options), "max_new_tokens", None) or max_new_tokens
+      cut = 0
       room = model.config.max_position_embeddings - own       # the record's own budget, as a stream's request
       if len(ids) > room:
         if truncate != "left":

@@ -168,6 +168,11 @@ class NativeFormat:
     return native_options(rec, max_new_tokens, run)
 
   @staticmethod
+  def request(options) -> RequestOptions | None:
+    """A record's own RequestOptions (None: the run's) from what `options` returned."""
+    return options
+
+  @staticmethod
   def refuse_bad_lines(input_path: str, errors: list, on_error: str, err_path: str) -> None:
     """on_error="fail": a DatagenError naming the first bad lines; every one is written to err_path."""
     if errors and on_error == "fail":
@@ -236,6 +241,10 @@ class OpenAIFormat(NativeFormat):
   @staticmethod
   def options(rec: dict, given, max_new_tokens: int, run: Run):
     return given
+
+  @staticmethod
+  def request(options) -> RequestOptions:
+    return options.request
 
   @staticmethod
   def refuse_bad_lines(input_path: str, errors: list, on_error: str, err_path: str) -> None:

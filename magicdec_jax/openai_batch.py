@@ -180,20 +180,19 @@ def _logprobs(res, model, chat: bool) -> dict | None:
     return None
   top = getattr(res, "top_logprobs", None)
   tok = model.tokenizer
+  if not chat:                                   # /v1/completions' legacy shape
+    name = functools.partial(legacy_token, tok)
+    return {"tokens": [name(t) for t in res.tokens], "token_logprobs": [float(p) for _, p in zip(res.tokens, lp)],
+            "top_logprobs": None if top is None else [{name(a): float(b) for a, b in alts}
+                                                   for _, alts in zip(res.tokens, top)],
+            "text_offset": text_offsets(tok, res.tokens)}
 
   def entry(t, p) -> dict:
-    e = {"token": tok.decode([int(t)], skip_special_tokens=False), "logprob": float(p)}
-    return dict(e, bytes=list(token_bytes(tok, t))) if chat else e
+    return {"token": tok.decode([int(t)], skip_special_tokens=False), "logprob": float(p),
+            "bytes": list(token_bytes(tok, t))}
 
-  content = [dict(entry(t, p), top_logprobs=[] if top is None else [entry(a, b) for a, b in top[i]])
-             for i, (t, p) in enumerate(zip(res.tokens, lp))]
-  if chat:
-    return {"content": content}
-  name = functools.partial(legacy_token, tok)
-  return {"tokens": [name(t) for t in res.tokens], "token_logprobs": [c["logprob"] for c in content],
-          "top_logprobs": None if top is None else [{name(a): float(b) for a, b in top[i]}
-                                                   for i in range(len(res.tokens))],
-          "text_offset": text_offsets(tok, res.tokens)}
+  return {"content": [dict(entry(t, p), top_logprobs=[] if top is None else [entry(a, b) for a, b in top[i]])
+                      for i, (t, p) in enumerate(zip(res.tokens, lp))]}
 
 
 def legacy_token(tok, t) -> str:

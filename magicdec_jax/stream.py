@@ -371,9 +371,10 @@ class Generator:
       if board.idle():
         break
       finished, cuts = self._decode_until_rows_finish(board)
-      for result in self._harvest(board, finished, cuts) if finished else ():
-        self._update_stats([result], t_start)      # (counted as yielded: a caller may break out of the loop)
-        yield result
+      if finished:
+        for result in self._harvest(board, finished, cuts):
+          self._update_stats([result], t_start)    # (counted as yielded: a caller may break out of the loop)
+          yield result
     self._update_stats([], t_start)
     if board.error is not None:
       raise board.error

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from absl import app
 
-from magicdec_jax import backend, datagen_files, settings, textdata
+from magicdec_jax import datagen_files, settings, textdata
 from magicdec_jax.cli import flags as cli_flags
 from magicdec_jax.measure import sweep
 
@@ -35,21 +35,12 @@ def validate(fv) -> None:
   for name, low in GRID:
     cli_flags.int_list(fv, name, low)
   cli_flags.refuse_no_draft(fv, "compares against a draft")
-  for g in cli_flags.int_list(fv, "gammas", 1):
+  gammas = cli_flags.int_list(fv, "gammas", 1)
+  for g in gammas:
     if not cli_flags.gamma_ok(str(g)):
       raise app.UsageError(f"--gammas={','.join(fv.gammas)}: {g} is not in [1, {settings.MAX_GAMMA}]")
-  if fv.num_processes == 1 and backend.default_numerics() == "invariant" and \
-      max(cli_flags.int_list(fv, "gammas", 1)) > (deepest := backend.fixed_shapes().max_depth):
-    raise app.UsageError(f"--gammas={','.join(fv.gammas)}: fixed-shape numerics verify at most {deepest} "
-                         "tokens a round on this backend")
-  out = os.path.abspath(fv.output_dir)
-  if os.path.exists(out) and not os.path.isdir(out):
-    raise app.UsageError(f"--output_dir={fv.output_dir}: exists and is not a directory")
-  while not os.path.exists(out):
-    out = os.path.dirname(out)
-  if not os.path.isdir(out) or not os.access(out, os.W_OK):
-    raise app.UsageError(f"--output_dir={fv.output_dir}: {out} is not a writable directory")
-
+  cli_flags.check_fixed_depth(fv, f"--gammas={','.join(fv.gammas)}", max(gammas), None)
+  cli_flags.writable_dir("output_dir", fv.output_dir)
 
 def run(fv, log) -> None:
   """The grid from the flags (or --bench_preset, for the flags not given) -> run_bench; prints the paths."""

@@ -289,6 +289,27 @@ def writable_target(flag: str, path: str):
     raise app.UsageError(f"--{flag}={path}: not writable")
 
 
+def check_fixed_depth(fv, label: str, depth: int, numerics: str | None, hint: str = "") -> None:
+  """UsageError `label: ...` where fixed-shape numerics (`numerics`, else the backend's default) cannot verify
+  `depth` tokens a round. Single-process runs only: asking the backend initializes it, which jax.distributed
+  must precede (the plan checks the depth there)."""
+  if fv.num_processes == 1 and (numerics or backend.default_numerics()) == "invariant" and \
+      depth > (deepest := backend.fixed_shapes().max_depth):
+    raise app.UsageError(f"{label}: fixed-shape numerics verify at most {deepest} tokens a round on this "
+                         f"backend{hint}")
+
+
+def writable_dir(flag: str, path: str) -> None:
+  """UsageError unless `path` is a directory, or can be made one, that this process may write into."""
+  out = os.path.abspath(path)
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise app.UsageError(f"--{flag}={path}: exists and is not a directory")
+  while not os.path.exists(out):
+    out = os.path.dirname(out)
+  if not os.path.isdir(out) or not os.access(out, os.W_OK):
+    raise app.UsageError(f"--{flag}={path}: {out} is not a writable directory")
+
+
 def gamma_ok(value: str) -> bool:
   return value == "auto" or (value.lstrip("-").isdigit() and 1 <= int(value) <= settings.MAX_GAMMA)
 
@@ -307,11 +328,8 @@ def validate(fv) -> None:
   gamma = parse_gamma(fv.gamma)
   # only a --gamma given can be that deep; asking the backend initializes it, which jax.distributed must
   # precede (the plan checks the depth there)
-  early = fv["gamma"].present and fv.draft != "none" and not fv.tree and gamma != "auto" and fv.num_processes == 1
-  if early and (fv.numerics or backend.default_numerics()) == "invariant" and \
-      gamma > (deepest := backend.fixed_shapes().max_depth):
-    raise app.UsageError(f"--gamma={gamma}: fixed-shape numerics verify at most {deepest} tokens a round on this "
-                         "backend; use a smaller --gamma or --numerics=fast")
+  if fv["gamma"].present and fv.draft != "none" and not fv.tree and gamma != "auto":
+    check_fixed_depth(fv, f"--gamma={gamma}", gamma, fv.numerics, "; use a smaller --gamma or --numerics=fast")
   draft_flags.check(fv)
   if fv["gamma"].present and fv.draft == "none":
     raise app.UsageError(f"--gamma={fv.gamma} needs a draft (--draft=none decodes plainly, speculating nothing)")
@@ -355,8 +373,8 @@ def validate_acceptance_file(fv) -> None:
     load_acceptance_vector(fv.acceptance_file)
 
 
-DRAFT_FLAGS = ("draft", "draft_model", "draft_layers", "draft_config", "draft_weights", "draft_vocab", "sink",
-               "window", "budget", "lookup_ngram")
+DRAFT_FLAGS = ("draft", "draft_model", "draft_layers", "draft_config", "draft_weights",
+               "draft_vocab") + draft_flags.SHAPE_FLAGS
 
 
 def refuse_flags(fv, names, why: str) -> None:

@@ -14,7 +14,6 @@ Used by `run.py --mode=bench` (cli/bench.py, `--bench_preset=long_context`) and
 from __future__ import annotations
 
 import os
-
 import time
 from typing import Callable, Sequence
 

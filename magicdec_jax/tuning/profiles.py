@@ -8,6 +8,7 @@ import json
 import os
 import platform
 
+from magicdec_jax import datagen_files
 from magicdec_jax.tuning import stepfit
 
 PROFILE_FORMAT = "magicdec-hardware-profile/1"
@@ -15,11 +16,7 @@ PROFILE_FORMAT = "magicdec-hardware-profile/1"
 
 def save_profile(profile: dict, path: str) -> str:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.tmp{os.getpid()}"           # (then renamed: a kill keeps the last complete profile)
-  with open(tmp, "w") as f:
-    json.dump(profile, f, indent=1)
-    f.write("\n")
-  os.replace(tmp, path)
+  datagen_files.atomic_write(path, json.dumps(profile, indent=1) + "\n")   # (a kill keeps the last complete one)
   return path
 
 
