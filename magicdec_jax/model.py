@@ -43,6 +43,8 @@ class Model:
   tokenizer: Any = None          # a `tokenizers.Tokenizer`, or None (token-id input only)
   chat_template: str | None = None
   name: str = "model"
+  template_tokens: dict | None = None   # {'bos_token', 'eos_token'} texts its chat template sees (HF's
+                                        # tokenizer_config.json); None: the config's BOS id and first EOS id
 
 
 class Block(nn.Module):

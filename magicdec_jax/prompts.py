@@ -11,6 +11,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.model import Model
 from magicdec_jax.options import is_int
 
@@ -26,7 +27,7 @@ def tokenize_prompts(model: Model, prompts, *, first: int = 0, label: str = "pro
     if isinstance(p, str):
       if model.tokenizer is None:
         raise ValueError(f"{label} {i} is text but model {model.name!r} has no tokenizer; pass token ids")
-      ids = model.tokenizer.encode(p).ids
+      ids = tok_lib.encode(model.tokenizer, p)
     else:
       if _is_array(p) and p.ndim == 1 and np.issubdtype(p.dtype, np.integer):
         ids = np.asarray(p).tolist()

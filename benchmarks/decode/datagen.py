@@ -42,7 +42,7 @@ def chat_requests(model, n: int) -> list[list[int]]:
     qs = [f"{q} (#{i})" for i, q in enumerate(qs)]
   if not model.chat_template:      # the random tiny model of --smoke: the plain text
     return [model.tokenizer.encode(q).ids for q in qs]
-  return [model.tokenizer.encode(tok_lib.chat_prompt(model, [{"role": "user", "content": q}])).ids for q in qs]
+  return [tok_lib.encode(model.tokenizer, tok_lib.chat_prompt(model, [{"role": "user", "content": q}])) for q in qs]
 
 
 def run_config(model, source: str, config: str, args) -> dict:

@@ -20,6 +20,7 @@ from magicdec_jax import backend, checkpoints, config, drafts, pallas, sampling,
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.cli import draft_flags
 from magicdec_jax.config import ModelConfig
+from magicdec_jax.datagen_formats import NATIVE_OPTIONS
 from magicdec_jax.options import SEED_LIMIT
 from magicdec_jax.tuning import profiles, shapes
 
@@ -491,8 +492,14 @@ def read_prompts_file(path: str, flag: str = "prompts_file") -> list:
             not isinstance(rec.get("prompt", rec.get("messages")), (str, list)):
           raise app.UsageError(f"--{flag}={path} line {n}: needs one 'prompt' (a string) or 'messages' (a list)")
         if other := sorted(set(rec) - {"prompt", "messages", "id"}):
+          where = " (a record's own settings: --mode=datagen)" if set(other) <= set(NATIVE_OPTIONS) else ""
           raise app.UsageError(f"--{flag}={path} line {n}: field(s) {', '.join(map(repr, other))} are not read "
-                               "here (a record's own settings: --mode=datagen)")
+                               f"here{where}")
+        if "messages" in rec:
+          try:
+            tok_lib.check_messages(rec["messages"])
+          except ValueError as e:
+            raise app.UsageError(f"--{flag}={path} line {n}: {e}") from None
         out.append(rec.get("prompt", rec.get("messages")))
       else:
         out.append(line.rstrip("\n"))

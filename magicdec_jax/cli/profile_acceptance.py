@@ -8,6 +8,7 @@ import json
 from absl import app
 
 from magicdec_jax import datagen_files, textdata
+from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.cli import draft_flags, flags as cli_flags
 from magicdec_jax.sampling import Sampling
 from magicdec_jax.measure import acceptance
@@ -38,7 +39,7 @@ def _windows(fv, model, n: int) -> tuple[list[list[int]], str]:
         "shakespeare (held out)"
   windows = []
   for p in cli_flags.read_prompts_file(fv.input, "input"):
-    ids = model.tokenizer.encode(cli_flags.prompt_text(fv, model, p)).ids[-n:]
+    ids = tok_lib.encode(model.tokenizer, cli_flags.prompt_text(fv, model, p))[-n:]
     if len(ids) >= 32:
       windows.append(ids)
   if not windows:

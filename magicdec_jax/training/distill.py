@@ -88,7 +88,8 @@ def init_draft(target: Model, layers: int | None = None, config: ModelConfig | N
   if layers is not None:
     return drafts.truncate_layers(target, layers)
   params = random_params(config, seed)
-  return Model(config, params, target.tokenizer, target.chat_template, name=f"draft-{config.num_layers}l")
+  return Model(config, params, target.tokenizer, target.chat_template, name=f"draft-{config.num_layers}l",
+               template_tokens=target.template_tokens)
 
 
 def random_params(cfg: ModelConfig, seed: int = 0, scale: float = 0.02) -> dict:

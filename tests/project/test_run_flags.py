@@ -327,8 +327,14 @@ def test_prompts_file_reads_a_marked_file_and_refuses_settings_it_would_ignore(t
   assert read_prompts_file(str(marked)) == ["hello", [{"role": "user", "content": "x"}], "plain"]
   for line, words in (('{"prompt": "a", "max_new_tokens": 8, "stop": "."}',
                        "field(s) 'max_new_tokens', 'stop' are not read"),
-                      ('{"prompt": "a", "messages": []}', "needs one 'prompt'"), ('{"id": 1}', "needs one 'prompt'")):
+                      ('{"prompt": "a", "messages": []}', "needs one 'prompt'"), ('{"id": 1}', "needs one 'prompt'"),
+                      ('{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}',
+                       "message 0: 'content' is a list of content parts, which are not supported"),
+                      ('{"messages": [{"role": "user", "content": 3}]}', "message 0: 'content' must be a string")):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n' + line + "\n")
     with pytest.raises(app.UsageError, match=f"--prompts_file={bad} line 2: {re.escape(words)}"):
       read_prompts_file(str(bad))
+  bad.write_text('{"prompt": "a", "tools": []}\n')          # (datagen refuses tools too: no pointer there)
+  with pytest.raises(app.UsageError, match=r"line 1: field\(s\) 'tools' are not read here$"):
+    read_prompts_file(str(bad))
