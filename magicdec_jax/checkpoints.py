@@ -331,11 +331,17 @@ def load_gguf(path: str, dtype: str = "float32", name: str | None = None) -> Mod
 # -------------------------------------------------------------------------------------------- orbax
 
 def save_orbax(model: Model, directory: str) -> None:
-  """params (orbax), tokenizer.json / chat_template.jinja when the model has them, then magicdec_config.json,
-  written last and atomically: a directory holding it is complete (load_model reads it as the sign)."""
+  """params (orbax), tokenizer.json / chat_template.jinja / tokenizer_config.json when the model has them,
+  then magicdec_config.json, written last and atomically: a directory holding it is complete (load_model
+  reads it as the sign). Saving over an earlier save removes its config first, so a crash in between leaves
+  an unfinished save, never the old config beside the new weights, and removes what the new model lacks."""
   import orbax.checkpoint as ocp   # imported where used: orbax is slow to import, and only its checkpoints need it
   directory = os.path.abspath(directory)
   os.makedirs(directory, exist_ok=True)
+  for name, kept in ((CONFIG_FILE, False), ("tokenizer.json", model.tokenizer is not None),
+                     (TEMPLATE_FILE, bool(model.chat_template)), (TOKENIZER_CONFIG, bool(model.template_tokens))):
+    if not kept and os.path.isfile(os.path.join(directory, name)):
+      os.remove(os.path.join(directory, name))
   ckptr = ocp.StandardCheckpointer()
   ckptr.save(os.path.join(directory, PARAMS_DIR), model.params, force=True)
   ckptr.wait_until_finished()

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 
 import jax.numpy as jnp
 
 from magicdec_jax.backend import FixedShapes, fixed_shapes
 
 ACTIVATIONS = ("silu", "gelu_tanh")
+ROPE_KINDS = ("llama3", "linear")  # RopeScaling.kind (layers/rope.py)
 NUMERICS = ("fast", "invariant")   # ModelConfig.numerics (layers/invariant.py)
 
 
@@ -26,6 +29,22 @@ class RopeScaling:
   low_freq_factor: float = 1.0
   high_freq_factor: float = 4.0
   original_max_position_embeddings: int = 8192
+
+  def __post_init__(self):
+    if self.kind not in ROPE_KINDS:
+      raise ValueError(f"RopeScaling.kind must be one of {ROPE_KINDS}, got {self.kind!r}")
+    fields = ("factor",) + (("low_freq_factor", "high_freq_factor") if self.kind == "llama3" else ())
+    for name in fields:
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"RopeScaling.{name} must be a finite number > 0, got {v!r}")
+    if self.kind == "llama3":
+      if self.high_freq_factor <= self.low_freq_factor:       # (the blend divides by their difference)
+        raise ValueError(f"RopeScaling.high_freq_factor={self.high_freq_factor} must exceed "
+                         f"low_freq_factor={self.low_freq_factor}")
+      n = self.original_max_position_embeddings
+      if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"RopeScaling.original_max_position_embeddings must be an integer >= 1, got {n!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +84,17 @@ class ModelConfig:
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                 "num_kv_heads", "head_dim"):
-      if int(getattr(self, name)) < 1:
-        raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+                 "num_kv_heads", "head_dim", "max_position_embeddings"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"ModelConfig.{name} must be an integer >= 1, got {v!r}")
+    for name in ("rope_theta", "local_rope_theta", "rms_norm_eps"):
+      v, positive = getattr(self, name), name != "rms_norm_eps"
+      if v is None and name == "local_rope_theta":
+        continue
+      if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0 or \
+          positive and v == 0:
+        raise ValueError(f"ModelConfig.{name} must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
     if self.head_dim % 2:
@@ -145,6 +172,9 @@ class ModelConfig:
         d[key] = RopeScaling(**d[key])
     for key in ("eos_token_ids", "layer_windows"):
       d[key] = tuple(d.get(key) or ())
+    if isinstance(d.get("fixed"), dict):                   # (JSON's lists back to the tuples it was saved from)
+      tuples = lambda x: tuple(map(tuples, x)) if isinstance(x, list) else x
+      d["fixed"] = FixedShapes(**{k: tuples(v) for k, v in d["fixed"].items()})
     return cls(**d)
 
 

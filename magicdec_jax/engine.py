@@ -383,10 +383,12 @@ class Engine:
 
 def _segmented(decode_fn, bar, target_params, draft_params, state, **static):
   """decode_fn in segments of SEGMENT_ROUNDS rounds (the same executable: the limit is data), the bar
-  updated with the tokens written after each; returns when decode_fn would have."""
+  updated with the tokens written after each; returns when decode_fn would have. The bar counts on from
+  where it stands: a shrunk batch's state no longer holds the rows it left behind."""
+  before = bar.n - int(np.asarray(state.n_out).sum())
   while True:
     limit = int(state.step) + SEGMENT_ROUNDS
     state = decode_fn(target_params, draft_params, schedule.with_limit(state, limit), **static)
-    bar.update(int(np.asarray(state.n_out).sum()) - bar.n)
+    bar.update(before + int(np.asarray(state.n_out).sum()) - bar.n)
     if int(state.step) < limit:
       return schedule.with_limit(state, schedule.NO_LIMIT)

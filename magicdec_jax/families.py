@@ -58,35 +58,68 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"
 MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
 
 
-def _float(x) -> float | None:
-  return None if x is None else float(x)
-
-
 def _refuse(field: str, value, why: str):
   raise ValueError(f"unsupported config field {field}={value!r}: {why}")
 
 
+def _malformed(field: str, value, what: str):
+  raise ValueError(f"config field {field}={value!r} is malformed: it must be {what}")
+
+
+def _int(field: str, v, low: int = 1) -> int:
+  """A JSON integer >= low (not a bool, not a float: 64.5 is not truncated to 64)."""
+  if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+    _malformed(field, v, f"an integer >= {low}")
+  return int(v)
+
+
+def _positive(field: str, v, zero: bool = False) -> float:
+  """A finite number > 0 (>= 0 with `zero`), not a bool or a string."""
+  if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v) or \
+      v < 0 or v == 0 and not zero:
+    _malformed(field, v, f"a finite number {'>= 0' if zero else '> 0'}")
+  return float(v)
+
+
+def _optional_positive(field: str, v) -> float | None:
+  return None if v is None else _positive(field, v)
+
+
+def _flag(field: str, v) -> bool:
+  """A JSON boolean (null: false); the string "false" is not true."""
+  if v is not None and not isinstance(v, (bool, np.bool_)):
+    _malformed(field, v, "true or false")
+  return bool(v)
+
+
 # --------------------------------------------------------------------------------------------- RoPE
 
-def rope_scaling_from_hf(d: Mapping[str, Any] | None, field: str = "rope_scaling") -> RopeScaling | None:
-  """An HF rope_scaling / rope_parameters dict -> RopeScaling (None: default); other types are refused."""
+def rope_scaling_from_hf(d: Mapping[str, Any] | None, field: str = "rope_scaling",
+                         original_max_positions: int | None = None) -> RopeScaling | None:
+  """An HF rope_scaling / rope_parameters dict -> RopeScaling (None: default); other types are refused.
+  `original_max_positions`: what transformers fills a llama3 set's missing original_max_position_embeddings
+  with (the config's own original_max_position_embeddings, else its max_position_embeddings)."""
   if not d:
     return None
-  if float(d.get("partial_rotary_factor", 1.0)) != 1.0:
+  if not isinstance(d, Mapping):
+    _malformed(field, d, "a mapping (rope_type / factor / ...)")
+  if d.get("partial_rotary_factor", 1.0) != 1.0:
     _refuse(f"{field}.partial_rotary_factor", d["partial_rotary_factor"], "partial rotary embeddings")
   if d.get("mrope_section"):
     _refuse(f"{field}.mrope_section", d["mrope_section"], "multimodal RoPE")
   kind = d.get("rope_type", d.get("type", "default"))
   if kind == "default":
     return None
-  if kind == "llama3":
-    return RopeScaling(
-        kind="llama3", factor=float(d["factor"]),
-        low_freq_factor=float(d.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(d.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(d.get("original_max_position_embeddings", 8192)))
+  factor = _positive(f"{field}.factor", d.get("factor"))
+  if kind == "llama3":                 # (transformers needs both freq factors: no defaults for them)
+    low, high = (_positive(f"{field}.{k}", d.get(k)) for k in ("low_freq_factor", "high_freq_factor"))
+    if high <= low:
+      _malformed(f"{field}.high_freq_factor", high, f"greater than low_freq_factor={low}")
+    original = d.get("original_max_position_embeddings", original_max_positions)
+    return RopeScaling(kind="llama3", factor=factor, low_freq_factor=low, high_freq_factor=high,
+                       original_max_position_embeddings=_int(f"{field}.original_max_position_embeddings", original))
   if kind == "linear":
-    return RopeScaling(kind="linear", factor=float(d["factor"]))
+    return RopeScaling(kind="linear", factor=factor)
   _refuse(f"{field}.rope_type", kind, "only default, linear and llama3 RoPE scaling are implemented")
 
 
@@ -95,18 +128,26 @@ def _rope(d: Mapping[str, Any], get, layer_type: str | None = None,
   """(base, scaling) from `rope_parameters` (transformers 5: flat, or per layer type) or the legacy
   `rope_theta` / `rope_scaling` fields."""
   params = d.get("rope_parameters")
+  if params is not None and not isinstance(params, Mapping):
+    _malformed("rope_parameters", params, "a mapping")
+  nested = isinstance(params, Mapping) and bool({FULL, SLIDING} & params.keys())
+  if nested and layer_type is None:
+    _refuse("rope_parameters", dict(params), "one set per layer type, where this family's layers all take "
+            "one (transformers fails on it too)")
   if isinstance(params, Mapping) and layer_type is not None:
-    if params and not {FULL, SLIDING} & params.keys():
+    if params and not nested:
       _refuse("rope_parameters", dict(params), "one set for every layer where the family has one per layer "
               "type (full_attention / sliding_attention); which the local layers take is ambiguous")
     params = params.get(layer_type)
+  original = get("original_max_position_embeddings") or get("max_position_embeddings")
   scaling = d.get("rope_scaling") if layer_type in (None, FULL) else None
   if isinstance(params, Mapping):     # (its rope_theta, as transformers fills it in: else the legacy field)
-    given = rope_scaling_from_hf(params, "rope_parameters")
-    if scaling and rope_scaling_from_hf(scaling) != given:
+    given = rope_scaling_from_hf(params, "rope_parameters", original)
+    if scaling and rope_scaling_from_hf(scaling, original_max_positions=original) != given:
       _refuse("rope_scaling", dict(scaling), "differs from rope_parameters beside it; give one")
-    return float(params["rope_theta"] if "rope_theta" in params else get(legacy_theta)), given
-  return float(get(legacy_theta)), rope_scaling_from_hf(scaling)
+    field = "rope_parameters.rope_theta" if "rope_theta" in params else legacy_theta
+    return _positive(field, params["rope_theta"] if "rope_theta" in params else get(legacy_theta)), given
+  return _positive(legacy_theta, get(legacy_theta)), rope_scaling_from_hf(scaling, original_max_positions=original)
 
 
 # ----------------------------------------------------------------------------------------------- HF
@@ -119,12 +160,13 @@ def _layer_types(d, get, family: str, n: int) -> list[str]:
       _refuse("layer_types", types, f"{len(types)} entries for num_hidden_layers={n}")
     return types
   if family in ("qwen2", "qwen3"):
-    on = get("use_sliding_window") and get("sliding_window") is not None
-    return [SLIDING if on and i >= int(get("max_window_layers")) else FULL for i in range(n)]
+    on = _flag("use_sliding_window", get("use_sliding_window")) and get("sliding_window") is not None
+    return [SLIDING if on and i >= _int("max_window_layers", get("max_window_layers"), 0) else FULL
+            for i in range(n)]
   if family == "gemma2":
     return [SLIDING if (i + 1) % 2 else FULL for i in range(n)]
   if family == "gemma3_text":
-    pattern = int(d.get("sliding_window_pattern", get("sliding_window_pattern")))   # (transformers' own reading)
+    pattern = _int("sliding_window_pattern", get("sliding_window_pattern"))   # (transformers' own reading)
     if d.get("_sliding_window_pattern", pattern) != pattern:
       _refuse("_sliding_window_pattern", d["_sliding_window_pattern"], f"transformers reads the layers' pattern "
               f"from sliding_window_pattern ({pattern}) or layer_types, not this private field; give layer_types")
@@ -141,10 +183,11 @@ def _windows(d, get, family: str, n: int) -> tuple[int, ...]:
       _refuse("layer_types", d["layer_types"], "MistralForCausalLM ignores layer_types (an alternating-"
               "attention model is a Ministral one); refusing rather than guessing which was meant")
     w = get("sliding_window")
-    return (int(w),) * n if w else ()
+    return (_int("sliding_window", w),) * n if w else ()
   window = get("sliding_window")
-  if family in ("qwen2", "qwen3") and not get("use_sliding_window"):
+  if family in ("qwen2", "qwen3") and not _flag("use_sliding_window", get("use_sliding_window")):
     window = None                     # what HF's config does: use_sliding_window=false drops the window
+  window = None if window is None else _int("sliding_window", window)
   out = []
   for i, t in enumerate(_layer_types(d, get, family, n)):
     if t not in (SLIDING, FULL):
@@ -167,7 +210,7 @@ def _check_common(d: Mapping[str, Any]) -> None:
     _refuse("is_causal", False, "only causal decoders")
   if d.get("pruned_heads"):
     _refuse("pruned_heads", d["pruned_heads"], "pruned attention heads")
-  if float(d.get("partial_rotary_factor") or 1.0) != 1.0:
+  if (d.get("partial_rotary_factor") or 1.0) != 1.0:
     _refuse("partial_rotary_factor", d["partial_rotary_factor"], "partial rotary embeddings")
   if d.get("mlp_bias"):
     _refuse("mlp_bias", True, "MLP biases are not implemented")
@@ -180,6 +223,10 @@ def config_from_hf(d: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
   """A ModelConfig from a parsed HF `config.json` (Gemma3ForConditionalGeneration: its text model)."""
   archs = d.get("architectures") or []
   if d.get("model_type") == "gemma3" and isinstance(d.get("text_config"), Mapping):
+    if archs and set(archs) - {"Gemma3ForConditionalGeneration", "Gemma3ForCausalLM"}:
+      raise ValueError(f"unsupported architecture {archs!r} (model_type 'gemma3'): only "
+                       "Gemma3ForConditionalGeneration's text model is loaded")
+    _check_common(d)                   # (a quantized multimodal checkpoint says so at the top)
     eos = d.get("eos_token_id", d["text_config"].get("eos_token_id"))
     d = dict(d["text_config"], model_type="gemma3_text", eos_token_id=eos, architectures=["Gemma3ForCausalLM"])
     archs = d["architectures"]
@@ -199,7 +246,7 @@ def config_from_hf(d: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
     return get(key)
 
   _check_common(d)
-  n_heads, hidden, n = int(need("num_attention_heads")), int(need("hidden_size")), int(need("num_hidden_layers"))
+  n_heads, hidden, n = (_int(k, need(k)) for k in ("num_attention_heads", "hidden_size", "num_hidden_layers"))
   act_field = "hidden_activation" if family.startswith("gemma") else "hidden_act"
   act = get(act_field)
   if act not in ACTIVATIONS:
@@ -208,29 +255,32 @@ def config_from_hf(d: Mapping[str, Any], dtype: str = "float32") -> ModelConfig:
   if family == "gemma3_text" and get("attn_logit_softcapping") is not None:
     _refuse("attn_logit_softcapping", d["attn_logit_softcapping"], "Gemma 3 has none and transformers' "
             "Gemma3Attention does not apply it; refusing rather than guessing")
-  bias = bool(get("attention_bias")) if family in ("llama", "qwen3") or gemma else False
+  bias = _flag("attention_bias", get("attention_bias")) if family in ("llama", "qwen3") or gemma else False
   bos = d.get("bos_token_id")
   if bos is not None and (isinstance(bos, bool) or not isinstance(bos, int)):
     _refuse("bos_token_id", bos, "one token id (an integer) or null")
-  if gemma and not isinstance(get("query_pre_attn_scalar"), (int, float)):
-    _refuse("query_pre_attn_scalar", get("query_pre_attn_scalar"), "Gemma scales its queries by it: a number")
+  scalar = _positive("query_pre_attn_scalar", get("query_pre_attn_scalar")) if gemma else None  # (its queries' scale)
   windows = _windows(d, get, family, n)
   theta, scaling = _rope(d, get, FULL if family == "gemma3_text" else None)
   local_theta, local_scaling = (_rope(d, get, SLIDING, legacy_theta="rope_local_base_freq")
                                 if family == "gemma3_text" else (None, None))
+  kv, head_dim = get("num_key_value_heads"), d.get("head_dim") or defaults.get("head_dim")
   return ModelConfig(
-      vocab_size=int(need("vocab_size")), hidden_size=hidden, intermediate_size=int(need("intermediate_size")),
-      num_layers=n, num_heads=n_heads, num_kv_heads=int(get("num_key_value_heads") or n_heads),
-      head_dim=int(d.get("head_dim") or defaults.get("head_dim") or hidden // n_heads), rope_theta=theta,
-      rope_scaling=scaling, rms_norm_eps=float(get("rms_norm_eps")),
-      tie_embeddings=bool(get("tie_word_embeddings")),
-      max_position_embeddings=int(need("max_position_embeddings")), bos_token_id=bos,
+      vocab_size=_int("vocab_size", need("vocab_size")), hidden_size=hidden,
+      intermediate_size=_int("intermediate_size", need("intermediate_size")), num_layers=n, num_heads=n_heads,
+      num_kv_heads=n_heads if kv is None else _int("num_key_value_heads", kv),
+      head_dim=hidden // n_heads if head_dim is None else _int("head_dim", head_dim), rope_theta=theta,
+      rope_scaling=scaling, rms_norm_eps=_positive("rms_norm_eps", get("rms_norm_eps"), zero=True),
+      tie_embeddings=_flag("tie_word_embeddings", get("tie_word_embeddings")),
+      max_position_embeddings=_int("max_position_embeddings", need("max_position_embeddings")), bos_token_id=bos,
       eos_token_ids=eos_ids(d.get("eos_token_id")), dtype=dtype,
       qkv_bias=bias or family == "qwen2", o_bias=bias, qk_norm=family in ("qwen3", "gemma3_text"),
       norm_plus_one=gemma, post_norms=gemma, activation=ACTIVATIONS[act], embed_scale=gemma,
-      query_pre_attn_scalar=float(get("query_pre_attn_scalar")) if gemma else None,
-      attn_softcap=_float(get("attn_logit_softcapping")) if family == "gemma2" else None,
-      final_softcap=_float(get("final_logit_softcapping")) if gemma else None, layer_windows=windows,
+      query_pre_attn_scalar=scalar,
+      attn_softcap=_optional_positive("attn_logit_softcapping", get("attn_logit_softcapping")) if family == "gemma2"
+      else None,
+      final_softcap=_optional_positive("final_logit_softcapping", get("final_logit_softcapping")) if gemma else None,
+      layer_windows=windows,
       local_rope_theta=local_theta, local_rope_scaling=local_scaling)
 
 

@@ -97,7 +97,8 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
   id), never on the rest of the batch. mesh: a sharding.make_mesh mesh (same tokens as one device; place
   the params once with sharding.shard_model). device_memory: bytes per device for the memory check;
   configurations that do not fit are refused before compiling. shrink_batch: once half the rows are done,
-  go on with the rest in a batch half as large, and so on (shrink.py); same tokens; not with a mesh.
+  go on with the rest in a batch half as large, and so on (shrink.py); same tokens; not with a mesh of
+  several devices.
   progress: a tqdm bar (tokens, tokens/s) while decoding, the loop returning to the host every
   engine.SEGMENT_ROUNDS rounds (same tokens); None: for max_new_tokens >= LONG_OUTPUT.
 

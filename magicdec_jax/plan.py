@@ -124,6 +124,12 @@ class DecodePlan:
     return self.settings.max_new_tokens
 
   @property
+  def device_rows(self) -> int:
+    """The rows one device decodes (the data axis splits the batch): what the cost model prices, a device's
+    step. (A model axis splits weights and caches alike, which the price does not yet count.)"""
+    return -(-self.batch // meshes.axis_sizes(self.mesh)[0]) if self.mesh is not None else self.batch
+
+  @property
   def draft_name(self) -> str | None:
     return None if self.draft is None else type(self.draft).__name__
 
@@ -309,7 +315,7 @@ def _pricing(p: DecodePlan, want_tree: bool):
 
   @functools.lru_cache(maxsize=None)
   def priced(context, allow, alpha=None):
-    return autotune.choose(p.cfg, p.spec, p.batch, context, want_tree=want_tree, hardware=st.hardware,
+    return autotune.choose(p.cfg, p.spec, p.device_rows, context, want_tree=want_tree, hardware=st.hardware,
                            alpha=alpha, acceptance_vector=st.acceptance, allow_autoregressive=allow,
                            max_gamma=max(schedule.AUTO_GAMMAS),
                            new_tokens=st.max_new_tokens if p.fixed_batch else None)
@@ -372,7 +378,7 @@ def replan(p: DecodePlan, alpha: float, context: int) -> tuple[DecodePlan, list[
   if attention_reads_live_range(p.impl):
     return new, []
   depth = [t.max_depth for t in p.variants]
-  band = autotune.chain_band(p.cfg, p.spec, p.batch, whole_cache, hardware=p.settings.hardware, alpha=alpha,
+  band = autotune.chain_band(p.cfg, p.spec, p.device_rows, whole_cache, hardware=p.settings.hardware, alpha=alpha,
                              max_gamma=max(schedule.AUTO_GAMMAS), allow_autoregressive=plain,
                              new_tokens=p.max_new_tokens if p.fixed_batch else None)
   return new, [depth.index(g) for g in band]

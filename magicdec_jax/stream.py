@@ -236,6 +236,17 @@ class Generator:
   def __next__(self) -> StreamResult:
     return next(self._it)
 
+  def close(self) -> None:
+    """Stop the stream, as a generator's close() does: the rows in flight are dropped and the batch's state
+    (its KV caches) freed now, not when the Generator is; iterating on ends at once."""
+    self._it.close()
+
+  def __enter__(self) -> "Generator":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
   # ---------------------------------------------------------------------------------------------- requests
 
   @staticmethod

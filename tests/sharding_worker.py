@@ -199,6 +199,22 @@ def planner_facts(model, prompts, mesh_spec: str) -> dict:
   return out
 
 
+def auto_facts(mesh_spec: str) -> dict:
+  """gamma="auto" plans (LLaMA-3.1-8B's shapes, an H100, 64 rows at 2K) on the mesh, on one device with the
+  rows one device of the mesh holds, and on one device with them all: (variants, thresholds, speedup)."""
+  from magicdec_jax.model import Model
+  from magicdec_jax.tuning import shapes
+  m = Model(shapes.model_shape("llama31_8b"), None, name="shape-only")
+  st = md.DecodeSettings(max_new_tokens=256, draft=md.StreamingDraft(sink=4, window=256), gamma="auto",
+                         hardware="h100")
+  mesh = sharding.make_mesh(mesh_spec)
+  fact = lambda p: [repr(p.variants), repr(p.thresholds), p.report.get("speedup")]
+  kw = dict(shortest=2000, longest=2000, fixed_batch=True)
+  return {"mesh": fact(plan.make_plan(m, st, batch=64, mesh=mesh, **kw)),
+          "device_rows": fact(plan.make_plan(m, st, batch=64 // mesh.shape["data"], **kw)),
+          "whole_batch": fact(plan.make_plan(m, st, batch=64, **kw))}
+
+
 def orbax_facts(model, tmpdir: str, mesh_spec: str) -> dict:
   """Save, restore straight into shards; every leaf's sharding and per-device block vs the rules."""
   path = os.path.join(tmpdir, "ckpt")
@@ -293,6 +309,8 @@ def main(which: str, tmpdir: str):
     out["planner"] = planner_facts(model, prompts, "data:2,model:4")
     out["orbax"] = orbax_facts(model, tmpdir, "data:2,model:4")
     out["refusal"] = refusal_facts(model, prompts)
+  elif which == "auto":                                   # plans only: nothing compiles
+    out["auto"] = auto_facts("data:8,model:1")
   elif which == "family":
     model = family_model()
     rng = np.random.default_rng(1)

@@ -280,6 +280,50 @@ def test_a_save_cut_before_its_config_is_not_a_model(tmp_path):
     checkpoints.convert(str(tmp_path / "nowhere"), str(tmp_path / "ck"))
 
 
+def test_saving_over_a_save(tmp_path, monkeypatch):
+  """The earlier save's config goes first: a save that dies before its own config leaves an unfinished
+  save (never the old config beside the new weights); what the new model lacks (a chat template) goes."""
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                    num_kv_heads=2, head_dim=8)
+  a = Model(cfg, init_params(cfg, jax.random.key(0)), None, "{{ 'A' }}", template_tokens={"bos_token": "<a>"})
+  b = Model(cfg.replace(rope_theta=50.0), init_params(cfg, jax.random.key(1)))
+  where = str(tmp_path / "ck")
+  checkpoints.save_orbax(a, where)
+  checkpoints.save_orbax(b, where)
+  back = load_model(where)
+  assert back.config == b.config and back.chat_template is None and back.template_tokens is None
+  jax.tree.map(np.testing.assert_array_equal, back.params, b.params)
+  checkpoints.save_orbax(a, where)
+  monkeypatch.setattr(ModelConfig, "to_json", lambda self: (_ for _ in ()).throw(RuntimeError("killed")))
+  with pytest.raises(RuntimeError, match="killed"):
+    checkpoints.save_orbax(b, where)
+  monkeypatch.undo()
+  with pytest.raises(ValueError, match="a save or conversion that did not finish"):
+    load_model(where)
+
+
+def test_a_saved_config_is_checked_and_round_trips():
+  """from_json gives back the config to_json saved, fixed shapes too; a RoPE kind nothing implements (a
+  hand-edited config) is refused by name, not computed as llama3."""
+  from magicdec_jax.config import RopeScaling
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                    num_kv_heads=2, head_dim=8, numerics="invariant", rope_scaling=RopeScaling("llama3"))
+  assert ModelConfig.from_json(cfg.to_json()) == cfg and hash(ModelConfig.from_json(cfg.to_json())) == hash(cfg)
+  d = json.loads(cfg.to_json())
+  d["rope_scaling"]["kind"] = "yarn"
+  with pytest.raises(ValueError, match="RopeScaling.kind must be one of .*, got 'yarn'"):
+    ModelConfig.from_json(json.dumps(d))
+  for kw, words in ((dict(factor=-2.0), "factor must be a finite number > 0"),
+                    (dict(low_freq_factor=4.0, high_freq_factor=4.0), "high_freq_factor=4.0 must exceed")):
+    with pytest.raises(ValueError, match=words):
+      RopeScaling("llama3", **kw)
+  for kw, words in ((dict(hidden_size=32.5), "hidden_size must be an integer"),
+                    (dict(rope_theta=float("nan")), "rope_theta must be a finite number > 0"),
+                    (dict(rms_norm_eps=-1e-6), "rms_norm_eps must be a finite number >= 0")):
+    with pytest.raises(ValueError, match=words):
+      cfg.replace(**kw)
+
+
 def test_orbax_round_trip(tmp_path):
   cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
                     num_kv_heads=2, head_dim=8, eos_token_ids=(3, 5), bos_token_id=1)

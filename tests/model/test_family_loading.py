@@ -119,6 +119,12 @@ def test_gemma3_for_conditional_generation_text_model(tmp_path):
   with torch.no_grad():
     want = hf(input_ids=torch.tensor(x)).logits.float().numpy()
   assert max_diff(logits(ours, x), want) < TOL
+  # the top level is read too: a quantized checkpoint or another head says so there
+  d = json.loads((tmp_path / "config.json").read_text())
+  for edit, field in (({"quantization_config": {"quant_method": "awq"}}, "quantization_config"),
+                      ({"architectures": ["Gemma3ForSequenceClassification"]}, "Gemma3ForSequenceClassification")):
+    with pytest.raises(ValueError, match=field):
+      config_from_hf(dict(d, **edit))
 
 
 def test_hf_tokenizer_and_chat_template(tmp_path):
@@ -213,6 +219,22 @@ REFUSALS = [  # (family, config.json edits, the field the error names)
      "_sliding_window_pattern=3"),
     ("mistral", {"bos_token_id": [1, 2]}, r"bos_token_id=\[1, 2\]"),
     ("gemma2", {"query_pre_attn_scalar": None}, "query_pre_attn_scalar=None"),
+    # one rope set per layer type for a family whose layers all take one: transformers fails on it too
+    ("qwen2", {"rope_parameters": {"full_attention": {"rope_type": "yarn", "rope_theta": 5.0, "factor": 4.0}}},
+     "rope_parameters=.*one set per layer type"),
+    ("qwen2", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}},
+     "rope_parameters.low_freq_factor=None"),      # (transformers needs both freq factors)
+    # malformed values: a ValueError naming the field, never a TypeError / KeyError or a silent truncation
+    ("qwen2", {"rms_norm_eps": None}, "rms_norm_eps=None is malformed"),
+    ("qwen2", {"rms_norm_eps": "1e-6x"}, "rms_norm_eps='1e-6x' is malformed"),
+    ("qwen2", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "rope_parameters.factor=None"),
+    ("qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": -5.0}}, "rope_parameters.rope_theta=-5.0"),
+    ("mistral", {"rope_scaling": "linear"}, "rope_scaling='linear' is malformed"),
+    ("qwen2", {"tie_word_embeddings": "false"}, "tie_word_embeddings='false' is malformed"),
+    ("qwen3", {"attention_bias": "false"}, "attention_bias='false' is malformed"),
+    ("mistral", {"hidden_size": 64.5}, "hidden_size=64.5 is malformed"),
+    ("mistral", {"max_position_embeddings": 0}, "max_position_embeddings=0 is malformed"),
+    ("gemma2", {"final_logit_softcapping": "30"}, "final_logit_softcapping='30' is malformed"),
 ]
 
 
@@ -229,20 +251,25 @@ def test_unimplemented_fields_are_refused(family, edit, field, tmp_path):
 
 @pytest.mark.parametrize("family,edit", [
     ("qwen2", {"rope_theta": 500.0, "rope_parameters": {"rope_type": "linear", "factor": 3.0}}),
+    # llama3 without original_max_position_embeddings: transformers fills in max_position_embeddings (1024)
+    ("qwen2", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "rope_theta": 500000.0}}),
     ("gemma3", {"rope_theta": 900.0, "rope_local_base_freq": 77.0,
                 "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0},
                                     "sliding_attention": {"rope_type": "default"}}}),
 ])
 def test_rope_parameters_without_their_theta_match_hf(family, edit, tmp_path):
   """A rope_parameters set without rope_theta: transformers takes the theta from the top-level field and
-  applies the set's scaling (it was read as no scaling at all)."""
+  applies the set's scaling (it was read as no scaling at all); a llama3 set without its original length
+  takes the config's (it was read as 8192)."""
   hf_model(family, seed=14).save_pretrained(tmp_path)
   d = dict(json.loads((tmp_path / "config.json").read_text()), **edit)
   (tmp_path / "config.json").write_text(json.dumps(d))
   hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path)).eval()
   x = ids()
   ours = load_model(str(tmp_path))
-  assert ours.config.rope_scaling is not None and ours.config.rope_scaling.kind == "linear"
+  kind = (edit["rope_parameters"].get("full_attention") or edit["rope_parameters"])["rope_type"]
+  assert ours.config.rope_scaling is not None and ours.config.rope_scaling.kind == kind
   assert max_diff(logits(ours, x), hf_logits(hf, x)) < TOL
 
 

@@ -34,7 +34,8 @@ SMOL_MESHES = ("data:1,model:8", "data:4,model:2", "data:8,model:1")     # as sh
 
 
 def worker(which: str) -> dict:
-  """sharding_worker.py's facts for `which` model ("tiny" or "smollm2"), from an 8-device subprocess."""
+  """sharding_worker.py's facts for `which` model ("tiny", "family" or "smollm2"; "auto": plans only), from an
+  8-device subprocess."""
   env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=8"), JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))   # this checkout's code
   with tempfile.TemporaryDirectory(prefix="shard_worker_") as tmp:
@@ -43,8 +44,8 @@ def worker(which: str) -> dict:
   lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
   assert r.returncode == 0 and lines, f"worker failed (rc {r.returncode}):\n{r.stderr[-4000:]}"
   out = json.loads(lines[-1][len("RESULT "):])
-  print(f"{which} worker: {out['seconds']:.0f}s {out['timings']}\ncollectives: "
-        f"{json.dumps(out['collectives'], indent=1)}")
+  print(f"{which} worker: {out['seconds']:.0f}s {out.get('timings')}\ncollectives: "
+        f"{json.dumps(out.get('collectives'), indent=1)}")
   assert out["devices"] == 8
   return out
 
@@ -67,6 +68,13 @@ def check_collectives(c: dict):
 # under pytest-xdist the two can run side by side.
 
 # slow: on the 2-vCPU Intel VM of 2026-11-24 the default suite took 96 min (CI allows 90); run with -m slow
+def test_gamma_auto_prices_the_rows_one_device_holds():
+  """On data:8 each device decodes 8 of the 64 rows: gamma="auto" plans as one device with 8 rows does (here
+  plain decoding), not as one device with all 64 (a chain: the KV read would dominate)."""
+  a = worker("auto")["auto"]
+  assert a["mesh"] == a["device_rows"] and a["mesh"] != a["whole_batch"]
+
+
 @pytest.mark.slow
 def test_tiny_model_on_every_mesh():
   """Greedy AR / chain / tree and fixed-seed sampling on 1x8, 2x4, 4x2, 8x1; the Pallas kernel under

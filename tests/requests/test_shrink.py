@@ -46,6 +46,26 @@ def test_shrinking_batch_gives_the_autoregressive_tokens(draft, kw):
   assert all(isinstance(t, float) and t >= 0 for _, _, t in res.stats["batch_stages"])
 
 
+def test_the_progress_bar_of_a_shrinking_batch_only_rises(monkeypatch):
+  """Segments of 2 rounds over shrinking stages: the bar rises to the tokens plain decoding makes (it fell
+  back to the shrunk batch's own count)."""
+  import tqdm
+  from magicdec_jax import engine
+  seen = []
+
+  class Bar(tqdm.tqdm):
+    def update(self, n=1):
+      super().update(n)
+      seen.append(self.n)
+  prompts, eos = prompts_and_eos()
+  ref = md.generate(target(), prompts, max_new_tokens=NEW, eos_token_id=eos)
+  monkeypatch.setattr(engine, "SEGMENT_ROUNDS", 2)
+  monkeypatch.setattr(tqdm, "tqdm", Bar)
+  res = md.generate(target(), prompts, max_new_tokens=NEW, eos_token_id=eos, shrink_batch=True, progress=True)
+  assert res.tokens == ref.tokens and len(_stage_batches(res)) > 1
+  assert seen == sorted(seen) and seen[-1] == sum(map(len, ref.tokens))
+
+
 @pytest.mark.heavy
 def test_shrinking_batch_keeps_every_rows_samples():
   prompts, eos = prompts_and_eos()

@@ -160,6 +160,20 @@ def test_stats_after_a_break_count_what_was_yielded(model, prompts):
   assert g.stats["records"] == 1 and g.stats["new_tokens"] == len(first.tokens) == NEW
 
 
+def test_a_stream_closed_early_frees_its_batch(model, prompts):
+  """close() (or leaving a with block) drops the rows in flight and frees the batch's caches at once, as a
+  generator's close() does; the stream then ends."""
+  import jax
+  live = lambda: sum(a.nbytes for a in jax.live_arrays())
+  g = generate_stream(model, prompts[:6], batch_size=4, max_new_tokens=NEW)
+  base = live()                               # (the engine's placed params: the Generator's own)
+  with g:
+    first = next(g)
+    assert live() > base                      # the batch's state is held while the stream runs
+  assert live() == base and list(g) == []
+  assert first.tokens == reference_greedy(model, [prompts[first.index]], NEW)[0]
+
+
 def test_more_samples_than_slots_one_prefill(model, prompts):
   kw = dict(max_new_tokens=NEW, temperature=1.0, seed=7)
   g = generate_stream(model, [Request(prompts[0], stream_ids=[11, 12, 13, 14, 15], tag="a")], batch_size=2,
