@@ -307,7 +307,7 @@ class OpenAIFormat(NativeFormat):
 
     def line(it, s, res):
       return openai_batch.output_line(model, it.id, it.options, len(it.ids), s, res, res.text, int(time.time()))
-    tot = _generate_jobs(model, streams, line, out_f, _bar(todo, len(done), job.progress))
+    tot = _generate_jobs(model, streams, line, out_f, _bar(todo, len(done) + n_err, job.progress))
     tot["error_lines"] = n_err
     return tot
 

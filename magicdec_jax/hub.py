@@ -10,7 +10,7 @@ import os
 import re
 
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-FILES = ("*.json", "*.safetensors", "*.jinja")
+FILES = ("*.json", "model*.safetensors", "*.jinja")   # (the loader's: not Mistral's consolidated.safetensors)
 
 
 def is_hub_id(name: str) -> bool:

@@ -7,10 +7,12 @@ from magicdec_jax import checkpoints
 from magicdec_jax.cli import flags as cli_flags
 
 OWN_FLAGS = ("src", "dst")
+# the run-wide flags a conversion has no use for: one process writes the files, nothing compiles, no bar
+RUN_FLAGS = ("coordinator_address", "num_processes", "process_id", "compilation_cache_dir", "progress")
 
 
 def validate(fv) -> None:
-  cli_flags.refuse_flags(fv, ("model",) + cli_flags.DRAFT_FLAGS, "it converts --src into --dst")
+  cli_flags.refuse_flags(fv, ("model",) + cli_flags.DRAFT_FLAGS + RUN_FLAGS, "it converts --src into --dst")
   cli_flags.need(fv, "src", "dst")
 
 

@@ -63,3 +63,15 @@ def test_missing_hub_id_offline_fails_naming_it(hub_cache):
     load_model("smollm2-135m", revision="main")
   with pytest.raises(ValueError, match="not an existing path, a Hugging Face Hub id"):
     load_model("no-such-model")
+
+
+def test_the_download_patterns_take_what_the_loader_reads():
+  """transformers' file names (a single file, shards, the index) and the tokenizer's; not Mistral's
+  consolidated.safetensors, the same weights again in another layout."""
+  from fnmatch import fnmatch
+  from magicdec_jax import hub
+  take = lambda name: any(fnmatch(name, p) for p in hub.FILES)
+  assert all(map(take, ("model.safetensors", "model-00001-of-00004.safetensors", "model.safetensors.index.json",
+                        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                        "chat_template.jinja")))
+  assert not any(map(take, ("consolidated.safetensors", "pytorch_model.bin")))

@@ -142,6 +142,9 @@ def usage_cases(tmp_path):
       # flags a mode would have ignored, and values it would have failed on after loading and measuring
       (["--mode=plan", "--model=random-tiny"], "--model=random-tiny is not read by --mode=plan"),
       (["--mode=convert", "--src=a", f"--dst={tmp_path}/c", "--sink=8"], "--sink=8 is not read by --mode=convert"),
+      (["--mode=convert", "--src=a", f"--dst={tmp_path}/c", "--noprogress"], "--progress=False is not read by"),
+      (["--mode=convert", "--src=a", f"--dst={tmp_path}/c", f"--compilation_cache_dir={tmp_path}/cc"],
+       f"--compilation_cache_dir={tmp_path}/cc is not read by --mode=convert"),
       (["--mode=distill", f"--distill_data={good}", f"--distill_out={tmp_path}/d", "--draft_layers=1",
         "--draft=lookup"], "--mode=distill trains a draft model or a feature head"),
       (["--mode=distill", f"--distill_data={good}", f"--distill_out={tmp_path}/d", "--draft_layers=1",

@@ -132,8 +132,15 @@ def _write(path, lines):
   return str(path)
 
 
-def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path):
+def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path, monkeypatch):
   model = tiny()
+  bars = []                    # (total, count) of each run's progress bar: the same on a first run and a resume
+
+  class Bar(datagen_formats.tqdm):
+    def close(self):
+      bars.append((self.total, self.n))
+      super().close()
+  monkeypatch.setattr(datagen_formats, "tqdm", Bar)
   greedy = generate(model, ["The quick brown fox"], max_new_tokens=10)
   stop = next(c for c in greedy.texts[0][1:] if c.isascii() and c.isprintable())
   good = [_line("g1", COMP, {"prompt": "Hello world", "max_tokens": 6}),
@@ -149,7 +156,7 @@ def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path):
   out = str(tmp_path / "out.jsonl")
   kw = dict(max_new_tokens=10, batch_size=3, seed=3, progress=False)
   t0 = int(time.time())
-  s = datagen.run(model, inp, out, **kw)
+  s = datagen.run(model, inp, out, **dict(kw, progress=True))
   t1 = time.time()
   assert s["input_format"] == "openai" and s["sampling_groups"] == 1 and s["bad_lines"] == 5   # one mixed stream
   lines = open(out).read().splitlines()
@@ -195,7 +202,8 @@ def test_openai_batch_mixed_file_bad_lines_and_resume(tmp_path):
   s2 = datagen.run(model, inp, out2, **kw)
   assert s2["records_written"] == 6 - kept_choices and s2["torn_bytes_repaired"] == 25
   assert sorted(map(_without_created, open(out2).read().splitlines())) == sorted(map(_without_created, lines))
-  assert datagen.run(model, inp, out2, **kw)["records_written"] == 0
+  assert datagen.run(model, inp, out2, **dict(kw, progress=True))["records_written"] == 0
+  assert bars[0] == bars[-1] == (len(lines), len(lines))          # 6 choices + 5 error lines
   # its requests sample (rejection sampling), so another draft would change their samples: refused
   with pytest.raises(datagen.DatagenError, match="different settings.*draft"):
     datagen.run(model, inp, out2, **kw, draft=md.StreamingDraft(sink=1, window=4), gamma=2)
