@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -292,9 +293,16 @@ def eos_ids(*values) -> tuple[int, ...]:
   return tuple(dict.fromkeys(int(e) for e in out))
 
 
+# generation_config.json fields with which transformers' generate() would decode otherwise than asked: a
+# model's recommended sampling. Settings here are the caller's own, so a warning names them at load.
+GENERATION_DEFAULTS = ("do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "repetition_penalty",
+                       "no_repeat_ngram_size", "num_beams", "max_new_tokens", "max_length")
+
+
 def load_hf_config(path: str, dtype: str = "float32") -> ModelConfig:
   """config.json of an HF dir, with generation_config.json's EOS ids added (Qwen's <|im_end|> and
-  <|endoftext|>, Gemma's <eos> and <end_of_turn>: every one stops a row)."""
+  <|endoftext|>, Gemma's <eos> and <end_of_turn>: every one stops a row); its decoding defaults (sampling,
+  penalties, lengths) are not applied, and a warning names them."""
   cfg_path = os.path.join(path, "config.json")
   try:
     with open(cfg_path) as f:
@@ -305,10 +313,14 @@ def load_hf_config(path: str, dtype: str = "float32") -> ModelConfig:
   if os.path.isfile(gen):
     try:
       with open(gen) as f:
-        extra = json.load(f).get("eos_token_id")
+        g = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
       raise ValueError(f"cannot read {gen!r}: {e}") from e
-    cfg = cfg.replace(eos_token_ids=eos_ids(cfg.eos_token_ids, extra))
+    if steer := {k: g[k] for k in GENERATION_DEFAULTS if g.get(k) is not None}:
+      warnings.warn(f"{gen}: its decoding defaults are not applied ({', '.join(f'{k}={v!r}' for k, v in steer.items())}"
+                    "): pass the settings you want (repetition penalties and beams are not implemented)",
+                    UserWarning, stacklevel=3)
+    cfg = cfg.replace(eos_token_ids=eos_ids(cfg.eos_token_ids, g.get("eos_token_id")))
   return cfg
 
 

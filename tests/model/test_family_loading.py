@@ -326,3 +326,18 @@ def test_gemma3_shapes():
   assert g27.layer_windows == tuple(0 if (i + 1) % 6 == 0 else 1024 for i in range(62))
   assert g27.eos_token_ids == (1, 106) and g27.local_rope_theta == 10000.0 and g27.rope_scaling.factor == 8.0
   assert shapes.model_shape("mistral_7b").layer_windows == (4096,) * 32
+
+
+def test_generation_config_decoding_defaults_are_named_not_applied(tmp_path):
+  """transformers' generate() would sample with a generation_config.json's temperature / top_p and apply its
+  repetition penalty; here settings are the caller's, so loading names what is not applied (and only that:
+  the file transformers writes itself, ids only, loads quietly)."""
+  import warnings
+  hf_model("qwen2", seed=14).save_pretrained(tmp_path)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", UserWarning)
+    load_model(str(tmp_path))
+  (tmp_path / "generation_config.json").write_text(json.dumps(
+      {"eos_token_id": [1, 2], "do_sample": True, "temperature": 0.7, "top_p": 0.8, "repetition_penalty": 1.05}))
+  with pytest.warns(UserWarning, match="do_sample=True, temperature=0.7, top_p=0.8, repetition_penalty=1.05"):
+    assert load_model(str(tmp_path)).config.eos_token_ids[-2:] == (1, 2)
