@@ -146,13 +146,20 @@ def signature(*trees) -> tuple:
   return treedef, tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves)
 
 
+# process-wide JAX settings that change what a trace lowers to (as jax.jit's own cache keys on them): a
+# long-lived process that flips one compiles anew, as a fresh one would
+TRACE_SETTINGS = ("jax_enable_x64", "jax_threefry_partitionable", "jax_default_prng_impl",
+                  "jax_default_matmul_precision", "jax_numpy_dtype_promotion", "jax_numpy_rank_promotion")
+
+
 def executable(key, lower: Callable[[], "jax.stages.Lowered"], options: Mapping[str, Any] | None = None):
   """The compiled executable for `key`: kept from an earlier call, or `lower().compile(options)` now.
 
   `key` must determine the executable (static configuration + argument signature); `lower` must build a
-  fresh `jax.jit` (so that no jit cache keeps what the LRU drops).
+  fresh `jax.jit` (so that no jit cache keeps what the LRU drops). The JAX settings in TRACE_SETTINGS join
+  the key.
   """
-  full = (key, _freeze(options or {}))
+  full = (key, _freeze(options or {}), tuple(getattr(jax.config, n, None) for n in TRACE_SETTINGS))
   with _lock:
     if full in _cache:
       _cache.move_to_end(full)

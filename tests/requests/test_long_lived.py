@@ -111,3 +111,19 @@ def test_persistent_cache_switch(tmp_path, monkeypatch):
     jax.config.update("jax_compilation_cache_dir", None)      # set as generate sets it (old_dir None: the
     compiling.enable_persistent_cache(old_dir)                # environment's directory, as generate would)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", floor)
+
+
+def test_a_jax_setting_flipped_mid_process_is_compiled_anew():
+  """jax_threefry_partitionable changes every sampled token: a process that flips it gets what a fresh
+  cache computes, not the executable compiled before (as jax.jit's own cache)."""
+  model, prompts = tiny_model(2), random_prompts([6, 9], 64, seed=4)
+  kw = dict(max_new_tokens=8, temperature=1.0, seed=1)
+  before = md.generate(model, prompts, **kw).tokens
+  was = jax.config.jax_threefry_partitionable
+  try:
+    jax.config.update("jax_threefry_partitionable", not was)
+    got = md.generate(model, prompts, **kw).tokens
+    compiling.clear()
+    assert got == md.generate(model, prompts, **kw).tokens != before
+  finally:
+    jax.config.update("jax_threefry_partitionable", was)
