@@ -503,7 +503,9 @@ class Generator:
 
 
 def generate_stream(model: Model, requests: Iterable, *, batch_size: int = 8, refill_at: int = 1,
-                    **kwargs) -> Generator:
+                    num_samples: int = 1, prefill_batch: int | None = None, max_prompt_tokens: int | None = None,
+                    settings: DecodeSettings | None = None, decode_plan: DecodePlan | None = None, mesh=None,
+                    device_memory: int | None = None, stop_check_rounds: int = 1, **kwargs) -> Generator:
   """Continuous-batching generation: yields a StreamResult per (request, sample) as soon as it finishes.
 
   requests: any iterable (consumed lazily) of prompts (text or token-id lists) or `Request`s. A list is
@@ -524,4 +526,7 @@ def generate_stream(model: Model, requests: Iterable, *, batch_size: int = 8, re
   strings or stop ids, the loop returns to the host every this many rounds to search them (a row runs
   at most this many rounds past its stop; each return costs a host round trip).
   """
-  return Generator(model, requests, batch_size=batch_size, refill_at=refill_at, **kwargs)
+  return Generator(model, requests, batch_size=batch_size, refill_at=refill_at, num_samples=num_samples,
+                   prefill_batch=prefill_batch, max_prompt_tokens=max_prompt_tokens, settings=settings,
+                   decode_plan=decode_plan, mesh=mesh, device_memory=device_memory,
+                   stop_check_rounds=stop_check_rounds, **kwargs)

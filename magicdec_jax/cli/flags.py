@@ -139,7 +139,8 @@ def define_sampling_flags(d: dict) -> None:
 def define_generate_flags(d: dict) -> None:
   """generate."""
   flags.DEFINE_multi_string("prompt", [], "A prompt (repeatable).", **d)
-  flags.DEFINE_string("prompts_file", None, "Prompts: one per line, or JSONL with a 'prompt' field.", **d)
+  flags.DEFINE_string("prompts_file", None, "Prompts: one per line, or JSONL records with 'prompt' (text) or "
+                      "'messages' (chat) and perhaps an 'id'.", **d)
   flags.DEFINE_boolean("chat", False, "Render prompts with the model's chat template.", **d)
   flags.DEFINE_string("json_schema", None, "generate: structured output, every prompt's output valid JSON under "
                       "this JSON schema: its JSON text or @PATH of a file holding it (docs/structured-output.md).",

@@ -93,6 +93,7 @@ def usage_cases(tmp_path):
       (["--mode=plan", "--device_memory_gb=8"], "--device_memory_gb is for --mode=generate|datagen"),
       (["--mode=bench", "--bench_preset=long_context"], None),
       (["--draft=none"], "--mode=demo compares against a draft"),
+      (["--draft=lookup"], "--mode=demo compares the StreamingLLM self-draft (--draft=streaming), got --draft=lookup"),
       (["--prompt_tokens=512", "--shared_tokens=512"], "--shared_tokens=512 must be below --prompt_tokens=512"),
       (["--prompt_tokens=512", "--shared_tokens=256", "--draft_weights=none", "--demo_repeats=1"], None),
       (["--mode=generate", "--prompt=a", "--draft=lookup", "--draft_weights=int8"],
