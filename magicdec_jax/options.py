@@ -177,6 +177,10 @@ class RequestOptions(OptionFields):
     if len(given) > 1:
       raise OptionError(given[1], getattr(self, given[1]), "",
                         message=f"give one of {', '.join(CONSTRAINT_FIELDS)}, not {' and '.join(given)}")
+    for name in ("stop", "stop_token_ids"):
+      if given and getattr(self, name):        # (a constrained output ends where its constraint is met)
+        raise OptionError(name, getattr(self, name), "", message=f"not with {given[0]}: a stop would cut the "
+                          "constrained output before it is complete, reported as finished all the same")
     schema = self.json_schema
     note = ""
     if isinstance(schema, str):

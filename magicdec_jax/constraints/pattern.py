@@ -27,8 +27,9 @@ def _escape_end(p: str, i: int) -> int:
   return i + {"x": 4, "u": 6, "U": 10, "p": 3, "P": 3}.get(c, 2)
 
 
-def _class_end(p: str, i: int) -> int:
-  """The index past the character class starting at p[i] == '[' (nested classes included)."""
+def _class_end(p: str, i: int, ecma: bool = False) -> int:
+  """The index past the character class starting at p[i] == '[': nested classes included (Rust's syntax),
+  or with `ecma` none (ECMA-262 and Python's re, which validates JSON: a '[' inside is a member)."""
   j, depth = i + 1, 1
   j += p[j:j + 1] == "^"
   j += p[j:j + 1] == "]"                       # a leading ']' is a member
@@ -36,23 +37,27 @@ def _class_end(p: str, i: int) -> int:
     if p[j] == "\\":
       j = _escape_end(p, j)
       continue
-    depth += {"[": 1, "]": -1}.get(p[j], 0)
+    depth += {"[": 0 if ecma else 1, "]": -1}.get(p[j], 0)
     j += 1
     if depth == 0:
       return j
   raise ConstraintError(f"pattern {p!r:.80}: unterminated character class")
 
 
-def tokens(p: str) -> list[tuple[str, str, int]]:
-  """p as (text, kind, group depth) tokens; kinds: esc, class, open, flags, close, alt, start, end, dot, lit."""
+def tokens(p: str, ecma: bool = False) -> list[tuple[str, str, int]]:
+  """p as (text, kind, group depth) tokens; kinds: esc, class, open, flags, close, alt, start, end, dot, lit.
+  ecma: classes as ECMA-262 reads them (no nesting), and no Unicode property escapes (Python's re, which
+  validates a JSON Schema pattern, has none)."""
   out, i, depth = [], 0, 0
   while i < len(p):
     c, kind = p[i], "lit"
     if c == "\\":
       j = _escape_end(p, i)
       kind = {"\\A": "start", "\\z": "end", "\\Z": "end"}.get(p[i:j], "esc")
+      if ecma and p[i + 1] in "pP":
+        raise ConstraintError(f"pattern {p!r:.80}: the Unicode property escape {p[i:j]} is not supported")
     elif c == "[":
-      j, kind = _class_end(p, i), "class"
+      j, kind = _class_end(p, i, ecma), "class"
     elif c == "(":
       m = _FLAGS.match(p, i)
       if m and "x" in m.group(1).split("-")[0]:
@@ -81,11 +86,11 @@ def _alternatives(toks: list) -> list[list]:
   return alts
 
 
-def strip_anchors(p: str) -> str:
+def strip_anchors(p: str, ecma: bool = False) -> str:
   """p without the anchors (^, \\A; $, \\z) at the ends of its top-level alternatives, which a whole-text
   match makes redundant; an anchor elsewhere (which no text past its first character can meet) is refused."""
   alts = []
-  for alt in _alternatives(tokens(p)):
+  for alt in _alternatives(tokens(p, ecma)):
     lead = 0
     while lead < len(alt) and alt[lead][1] in ("start", "flags"):
       lead += 1
@@ -102,15 +107,21 @@ def strip_anchors(p: str) -> str:
 
 
 def _class_body(body: str) -> str:
-  """A class's members with ECMA's \\d \\w \\s (and their negations as nested classes)."""
+  """An ECMA class's members in Rust's syntax: ECMA's \\d \\w \\s (and their negations as nested classes);
+  '[', '&' and '~' escaped (members in ECMA, nesting and set operators in Rust); '--' refused (a range to
+  or from '-' in ECMA, a set difference in Rust)."""
   out, i = [], 0
   while i < len(body):
+    if body.startswith("--", i):
+      raise ConstraintError(f"character class [{body}]: '--' is not supported (escape the '-': \\-)")
     if body[i] != "\\":
-      out.append(body[i])
+      out.append("\\" + body[i] if body[i] in "[&~" else body[i])
       i += 1
       continue
     j = _escape_end(body, i)
     e = body[i + 1:j]
+    if e[:1] in ("p", "P"):
+      raise ConstraintError(f"character class [{body}]: the Unicode property escape \\{e} is not supported")
     out.append(ECMA[e] if e in ECMA else f"[^{ECMA[e.lower()]}]" if e.lower() in ECMA and len(e) == 1
                else e if e in ('"', "/") else body[i:j])
     i = j
@@ -123,8 +134,8 @@ def _json_token(text: str, kind: str) -> str:
     return f"[[{'^' if neg else ''}{_class_body(text[2 if neg else 1:-1])}]--[{SPECIAL}]]"
   if kind == "dot":
     return f"[[^\\n\\r\\x{{2028}}\\x{{2029}}]--[{SPECIAL}]]"
-  if kind == "lit" and text == '"' or kind == "esc" and text in ('\\"', "\\\\"):
-    return "\\x{5c}" + ("\\x{22}" if text.endswith('"') else "\\x{5c}")     # written escaped, as JSON does
+  if kind == "lit" and text == '"' or kind == "esc" and text in ('\\"', "\\\\"):   # written escaped, as JSON does:
+    return "(?:\\x{5c}" + ("\\x{22}" if text.endswith('"') else "\\x{5c}") + ")"  # one atom (a quantifier's)
   if kind == "esc" and text[1:] in ECMA:
     return f"[{ECMA[text[1:]]}]" if text[1] != "s" else f"[[{_SPACE}]--[{SPECIAL}]]"
   if kind == "esc" and text[1:].lower() in ECMA and len(text) == 2:
@@ -162,7 +173,7 @@ def json_string_pattern(p: str) -> str:
   quotes: ECMA-262's character classes, only characters allowed unescaped, `"` and `\\` written escaped.
   Raises ConstraintError when the result still lets a character through that JSON holds only escaped (an
   escape such as \\n or \\x22 written in the pattern), naming it."""
-  out = "(?:" + "".join(_json_token(text, kind) for text, kind, _ in tokens(strip_anchors(p))) + ")"
+  out = "(?:" + "".join(_json_token(text, kind) for text, kind, _ in tokens(strip_anchors(p, True), True)) + ")"
   bad = _unescaped(out)
   if bad is not None:
     raise ConstraintError(f"pattern {p!r:.80} lets {chr(bad)!r} into the string unescaped, which JSON does "

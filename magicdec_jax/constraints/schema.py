@@ -349,6 +349,10 @@ def normalize_schema(schema: Any) -> dict:
       raise ConstraintError(f"JSON schema is not valid JSON: {e}") from e
   if not isinstance(schema, (dict, bool)):
     raise ConstraintError(f"a JSON schema must be a JSON object, got {schema!r:.60}")
+  try:                      # as JSON would carry it (keys strings); a value JSON has no form for is refused
+    schema = json.loads(json.dumps(schema, allow_nan=False))
+  except (TypeError, ValueError) as e:
+    raise ConstraintError(f"the JSON schema holds a value JSON cannot: {e}") from None
   return _Normalizer(schema).node(schema, "#")       # (a boolean one is refused there, as when nested)
 
 

@@ -181,6 +181,8 @@ def test_integers_outlines_core_cannot_write_exactly_are_refused():
     ({"maxLength": 3}, "need a type"),
     ({"type": "array", "prefixItems": [{}], "items": 5}, "at #/items: a schema must be a JSON object"),
     ({"properties": {"a": {}}, "additionalProperties": {"not": {}}}, "at #/additionalProperties: keyword 'not'"),
+    ({"enum": [b"x"]}, "holds a value JSON cannot: Object of type bytes"),      # a ConstraintError, not a TypeError
+    ({"const": float("nan")}, "holds a value JSON cannot"),
 ])
 def test_malformed_or_unsupported_schemas_raise_naming_the_problem(schema, needle):
   with pytest.raises(ConstraintError, match=re.escape(needle)):

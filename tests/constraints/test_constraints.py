@@ -153,7 +153,11 @@ def ecma(pattern: str) -> str:
 
 
 PATTERNS = ["^.{3,6}$", r'^[a-z\\"]{1,4}$', "^[^@]+@[^@]+$", r"^\d{3}$", "^a$|^b$", 'say "(hi|yo)"', r"[ -~]{2,5}",
-            r"\w\s\S\D\W", r"^C:\\[A-Z]+$"]
+            r"\w\s\S\D\W", r"^C:\\[A-Z]+$",
+            # ECMA's classes do not nest: '[' is a member, '&&' and '~' characters, POSIX names plain text
+            "^[[:alpha:]]$", "^[[a]b]$", "^[a-z&&[^aeiou]]$", "^[[]$", "^[~]{2}$",
+            # a quantifier after a quote or a backslash repeats the whole escape
+            '^"+$', '^a"?$', r"^\\{2}$"]
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
@@ -172,7 +176,10 @@ def test_a_patterns_strings_are_valid_json_and_match_it_as_ecma_reads_it(pattern
 @pytest.mark.parametrize("pattern, needle", [(r"^a\nb$", "lets '\\n' into the string"),
                                              (r"\x22", "lets '\"' into the string"),
                                              ("(a|^b)", "the anchor '^' inside it"),
-                                             ("(?x) a # b", "verbose mode")])
+                                             ("(?x) a # b", "verbose mode"),
+                                             (r"^\pL+$", "the Unicode property escape \\pL is"),
+                                             (r"^[\p{L}]$", "the Unicode property escape \\p{L}"),
+                                             ("^[a--b]$", "'--' is not supported")])
 def test_patterns_json_cannot_hold_are_refused_by_name(pattern, needle):
   with pytest.raises(ConstraintError, match=re.escape(needle)):
     Constraint.json_schema({"type": "string", "pattern": pattern})

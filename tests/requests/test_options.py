@@ -56,9 +56,14 @@ def test_a_bad_value_names_the_field_in_each_way_ins_words(field, value, python,
 
 
 def test_values_are_normalised_and_run_checks_are_apart():
-  o = RequestOptions(stop="\n", stop_token_ids=[3, 4], json_schema='{"type": "object"}')
-  assert o.stop == ("\n",) and o.stop_token_ids == (3, 4) and o.json_schema == {"type": "object"}
-  assert o.given() == {"stop": ("\n",), "stop_token_ids": (3, 4), "json_schema": {"type": "object"}}
+  o = RequestOptions(stop="\n", stop_token_ids=[3, 4], top_p=0.5)
+  assert o.stop == ("\n",) and o.stop_token_ids == (3, 4)
+  assert o.given() == {"stop": ("\n",), "stop_token_ids": (3, 4), "top_p": 0.5}
+  assert RequestOptions(json_schema='{"type": "object"}').json_schema == {"type": "object"}
+  # a stop would cut a constrained output short, and it would still read as finished
+  for stop in (dict(stop="}"), dict(stop_token_ids=[3])):
+    with pytest.raises(OptionError, match=f"{next(iter(stop))}: not with choices: a stop would cut"):
+      RequestOptions(choices=["xyz"], **stop)
   RequestOptions(max_new_tokens=9)                      # alone it is fine; against a run of 8 it is not
   with pytest.raises(OptionError, match=r"max_new_tokens must be an integer in \[1, 8\]"):
     RequestOptions(max_new_tokens=9).check_budget(8)
