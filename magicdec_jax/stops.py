@@ -9,7 +9,8 @@ def find_stop(decode, toks: list[int], stop: Sequence[str], stop_ids, keep: bool
               start: int = 0, eos=()) -> tuple[int, str] | None:
   """The first stop in `toks` past the first `start` tokens (already searched): (tokens kept, text) or
   None. A stop string ends the output at the token completing its first occurrence (the earliest
-  completed; of those, the earliest in the text); a stop id at that id. decode: token ids -> text.
+  completed; of those, the earliest in the text); a stop id at that id. decode: token ids -> text (None: a
+  model without a tokenizer, which takes stop ids only; the text is then None).
   eos: the run's end-of-sequence ids; the row ends at one with its text not output, so stop strings are
   searched in the text before it (a stop '|' is not found in '<|im_end|>')."""
   k_id = next((i + 1 for i in range(start, len(toks)) if toks[i] in stop_ids), None)
@@ -25,7 +26,7 @@ def find_stop(decode, toks: list[int], stop: Sequence[str], stop_ids, keep: bool
         return k, text[:pos - neg if keep else pos]
   if k_id is None:
     return None
-  return k_id, decode(toks[:k_id if keep else k_id - 1])
+  return k_id, None if decode is None else decode(toks[:k_id if keep else k_id - 1])
 
 
 def _in_tail(decode, toks: list[int], stop: Sequence[str], start: int) -> bool:

@@ -356,7 +356,8 @@ class Generator:
     if not rows:
       return state, done, {}
     out = np.asarray(state.out)
-    decode = lambda t: self.model.tokenizer.decode(t, skip_special_tokens=False)    # noqa: E731
+    tok = self.model.tokenizer              # (None: stop ids only; stop strings were refused without one)
+    decode = None if tok is None else lambda t: tok.decode(t, skip_special_tokens=False)    # noqa: E731
     cuts = {}
     for s in rows:
       job = occupant[s][0]

@@ -110,6 +110,19 @@ def test_eos_on_first_token_frees_the_slot(model, prompts):
     assert got[i, 0].tokens == want
 
 
+def test_stop_ids_on_a_model_without_a_tokenizer(model, prompts):
+  """Token-id prompts and stop ids need no tokenizer: the row ends at the id (kept), its text None (it
+  crashed decoding the cut)."""
+  ref = reference_greedy(model, prompts[:2], NEW)
+  stop = ref[0][3]
+  got = _by_key(generate_stream(model, [Request(p, stop_token_ids=[stop]) for p in prompts[:2]],
+                                max_new_tokens=NEW, batch_size=2, eos_token_id=[]))
+  for i, row in enumerate(ref):
+    want = row[:row.index(stop) + 1] if stop in row else row
+    assert got[i, 0].tokens == want and got[i, 0].text is None
+  assert got[0, 0].finish_reason == "stop"
+
+
 def test_prompt_at_context_limit_and_fewer_prompts_than_slots(model):
   limit = model.config.max_position_embeddings
   prompts = random_prompts((limit - NEW, 6), 64, seed=4)
