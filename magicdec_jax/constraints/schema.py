@@ -151,14 +151,22 @@ def _resolve(root: dict, ref: Any, path: str) -> Any:
 ANY_VALUE = {"anyOf": [{}]}
 
 
+MAX_SUBSCHEMAS = 20_000   # subschemas after inlining $ref: past it the regex takes minutes to build, or never
+
+
 class _Normalizer:
   """One pass over a schema: checks every keyword and returns what outlines-core is given."""
 
   def __init__(self, root: dict):
     self.root = root
     self.refs: list[str] = []
+    self.nodes = 0
 
   def node(self, node: Any, path: str) -> dict:
+    self.nodes += 1
+    if self.nodes > MAX_SUBSCHEMAS:
+      _refuse(path, f"the schema expands to more than {MAX_SUBSCHEMAS:,} subschemas once its $refs are inlined: "
+              "too large to compile (a $ref used twice at every level doubles it)")
     if isinstance(node, bool):
       _refuse(path, f"boolean schema {str(node).lower()} is not supported (write {{}} for any value)")
     if not isinstance(node, dict):

@@ -252,3 +252,17 @@ def test_make_constraint_takes_one():
     make_constraint(regex="a", choices=["a"])
   with pytest.raises(ConstraintError, match="kind 'grammar'"):
     Constraint("grammar", "x")
+
+
+def test_a_schema_that_doubles_at_every_ref_is_refused_before_it_is_built():
+  """Twenty levels of an array of two $refs to the level below: 2^20 subschemas once inlined (it ran for
+  minutes and tens of megabytes); a size limit refuses it at once, naming why."""
+  defs = {"A0": {"type": "integer"}}
+  for i in range(1, 21):
+    defs[f"A{i}"] = {"type": "array", "prefixItems": [{"$ref": f"#/$defs/A{i - 1}"}] * 2}
+  with pytest.raises(ConstraintError, match="more than 20,000 subschemas once its \\$refs are inlined"):
+    Constraint.json_schema({"$defs": defs, "$ref": "#/$defs/A20"})
+  defs = {"A0": {"type": "integer"}}
+  for i in range(1, 6):                                         # 2^5: fine
+    defs[f"A{i}"] = {"type": "array", "prefixItems": [{"$ref": f"#/$defs/A{i - 1}"}] * 2}
+  Constraint.json_schema({"$defs": defs, "$ref": "#/$defs/A5"})
