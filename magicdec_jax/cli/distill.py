@@ -39,6 +39,9 @@ def validate(fv) -> None:
                            "--draft_config or --draft_model")
     if fv.mesh:
       raise app.UsageError(f"--mode=distill --draft={fv.draft} runs on one device (no --mesh)")
+    if fv["distill_loss"].present:
+      raise app.UsageError(f"--distill_loss={fv.distill_loss} is for a draft model (--draft_layers / "
+                           f"--draft_config): a head trains on the target's soft cross-entropy")
   elif bool(fv.draft_layers) == bool(fv.draft_config):
     raise app.UsageError("--mode=distill needs exactly one of --draft_layers (the target's first N layers) "
                          "or --draft_config (a config JSON for a random draft)")
@@ -88,6 +91,8 @@ def _data(fv, model, seq_len: int):
     try:
       held = distill_data.load_windows(fv.distill_heldout, model.tokenizer, model.config.vocab_size,
                                        n_eval)[:2].tolist()
+      if len(held) < 2:
+        raise ValueError(f"{len(held)} window, the held-out measure needs 2")
     except ValueError as e:     # (its windows are the held-out measure's n_eval tokens, not --seq_len)
       raise ValueError(f"--distill_heldout={fv.distill_heldout} (held-out windows of {n_eval} tokens): "
                        f"{e}") from None

@@ -65,6 +65,8 @@ class DistillConfig:
   def validate(self):
     trainer.check_settings(self, "distill")
     trainer.check_int("distill", "seq_len", self.seq_len)
+    trainer.check_int("distill", "window", self.window)           # (the held-out acceptance's draft)
+    trainer.check_int("distill", "sink", self.sink, low=0)
     if self.loss not in LOSSES:
       raise ValueError(f"distill loss must be one of {LOSSES}, got {self.loss!r}")
 

@@ -2,6 +2,7 @@
 trained draft loads and decodes losslessly."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -188,6 +189,10 @@ def test_bad_inputs_raise_before_compiling(tmp_path, monkeypatch):
     distill.distill(target, draft, _data(), str(tmp_path / "afile" / "out"), CFG, progress=False)
   with pytest.raises(ValueError, match="seq_len"):
     distill.distill(target, draft, _data()[:, :16], str(tmp_path / "o3"), CFG, progress=False)
+  for kw, words in ((dict(window=-5), "window must be an integer >= 1, got -5"),      # (a ZeroDivisionError)
+                    (dict(sink=-3), "sink must be an integer >= 0, got -3")):
+    with pytest.raises(ValueError, match=words):
+      dataclasses.replace(CFG, **kw).validate()
   assert not any((tmp_path / d).exists() for d in ("o1", "o2", "o3"))
   # a run that wrote no checkpoint yet (killed at its first compile) starts over with new settings; one that
   # did refuses other settings, other data among them

@@ -150,6 +150,8 @@ def usage_cases(tmp_path):
         "--draft=lookup"], "--mode=distill trains a draft model or a feature head"),
       (["--mode=distill", f"--distill_data={good}", f"--distill_out={tmp_path}/d", "--draft_layers=1",
         "--draft_weights=int8"], "--draft_weights=int8 is not read by --mode=distill"),
+      (["--mode=distill", f"--distill_data={good}", f"--distill_out={tmp_path}/d", "--draft=feature",
+        "--distill_loss=kl"], "--distill_loss=kl is for a draft model"),
       (["--mode=bench", "--gammas=2,100"], "--gammas=2,100: 100 is not in [1, 64]"),
       (["--mode=bench", "--gammas=2,17", "--numerics=invariant"], "--numerics is for"),
       (["--mode=bench", f"--output_dir={good}"], "exists and is not a directory"),
