@@ -174,9 +174,9 @@ def validate(fv) -> None:
   if fv.shared_tokens is not None and fv["prompt_tokens"].present and fv.shared_tokens >= fv.prompt_tokens:
     raise app.UsageError(f"--shared_tokens={fv.shared_tokens} must be below --prompt_tokens={fv.prompt_tokens}")
   cli_flags.refuse_no_draft(fv, "compares against a draft")
-  if fv.draft != "streaming":        # (run builds the StreamingLLM self-draft: another would be ignored)
-    raise app.UsageError(f"--mode=demo compares the StreamingLLM self-draft (--draft=streaming), got "
-                         f"--draft={fv.draft}; --mode=generate or bench run the others")
+  if drafts.REGISTRY.get(fv.draft) is not drafts.StreamingDraft:     # (run builds it: another would be ignored)
+    raise app.UsageError(f"--mode=demo compares the StreamingLLM self-draft (--draft={drafts.StreamingDraft.name}), "
+                         f"got --draft={fv.draft}; --mode=generate or bench run the others")
 
 
 def run(fv, log) -> None:
