@@ -104,7 +104,7 @@ def rope_scaling_from_hf(d: Mapping[str, Any] | None, field: str = "rope_scaling
     return None
   if not isinstance(d, Mapping):
     _malformed(field, d, "a mapping (rope_type / factor / ...)")
-  if d.get("partial_rotary_factor", 1.0) != 1.0:
+  if d.get("partial_rotary_factor") not in (None, 1, 1.0):            # (null: transformers' default, 1)
     _refuse(f"{field}.partial_rotary_factor", d["partial_rotary_factor"], "partial rotary embeddings")
   if d.get("mrope_section"):
     _refuse(f"{field}.mrope_section", d["mrope_section"], "multimodal RoPE")

@@ -286,6 +286,9 @@ def test_harmless_fields_change_nothing(tmp_path):
   assert config_from_hf(dict(d, attention_dropout=0.3, initializer_range=0.5, cache_implementation="hybrid",
                              use_cache=False)) == plain
   assert plain.layer_window(1) is None and plain.layer_window(0) == 5
+  q = hf_model("qwen2").config.to_dict()                 # a null partial_rotary_factor: transformers' default, 1
+  assert config_from_hf(dict(q, rope_parameters=dict(q["rope_parameters"], partial_rotary_factor=None))) == \
+      config_from_hf(q)
 
 
 def test_gguf_qwen2_tokenizer_matches_hf(tmp_path):
