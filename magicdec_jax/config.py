@@ -36,14 +36,14 @@ class RopeScaling:
     fields = ("factor",) + (("low_freq_factor", "high_freq_factor") if self.kind == "llama3" else ())
     for name in fields:
       v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+      if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
         raise ValueError(f"RopeScaling.{name} must be a finite number > 0, got {v!r}")
     if self.kind == "llama3":
       if self.high_freq_factor <= self.low_freq_factor:       # (the blend divides by their difference)
         raise ValueError(f"RopeScaling.high_freq_factor={self.high_freq_factor} must exceed "
                          f"low_freq_factor={self.low_freq_factor}")
       n = self.original_max_position_embeddings
-      if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+      if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"RopeScaling.original_max_position_embeddings must be an integer >= 1, got {n!r}")
 
 
