@@ -257,11 +257,14 @@ def load_head(directory: str) -> FeatureHead:
   path = os.path.join(directory, HEAD_FILE)
   if not os.path.isfile(path):
     raise ValueError(f"{directory!r} holds no feature head ({HEAD_FILE} missing; training unfinished?)")
-  with open(path) as f:
-    meta = json.load(f)
-  cfg = ModelConfig.from_json(json.dumps(meta["config"]))
-  layers = tuple(meta["layers"])
-  vocab = None if meta.get("vocab") is None else tuple(meta["vocab"])
+  try:
+    with open(path) as f:
+      meta = json.load(f)
+    cfg = ModelConfig.from_json(json.dumps(meta["config"]))
+    layers = tuple(meta["layers"])
+    vocab = None if meta.get("vocab") is None else tuple(meta["vocab"])
+  except (OSError, ValueError, TypeError, KeyError) as e:
+    raise ValueError(f"cannot read the feature head in {directory!r} ({HEAD_FILE}): {type(e).__name__}: {e}") from e
   d, nf = cfg.hidden_size, len(layers)
   abstract = {
       "fuse": jax.ShapeDtypeStruct((nf * d, d), cfg.jnp_dtype),
@@ -271,5 +274,14 @@ def load_head(directory: str) -> FeatureHead:
   }
   if vocab is not None:
     abstract["vocab_head"] = jax.ShapeDtypeStruct((len(vocab), d), cfg.jnp_dtype)
-  params = ocp.StandardCheckpointer().restore(os.path.join(directory, PARAMS_DIR), abstract)
+  try:
+    params = ocp.StandardCheckpointer().restore(os.path.join(directory, PARAMS_DIR), abstract)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"cannot restore the feature head's params in {directory!r}: {e}") from e
+  got = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  want = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(abstract)}
+  if got != want:                                 # (orbax restores the stored shapes whatever it is asked)
+    bad = next(k for k in want if got.get(k) != want[k])
+    raise ValueError(f"feature head {directory!r}: params{bad} has shape {got.get(bad)}, its {HEAD_FILE} says "
+                     f"{want[bad]} (params from another head?)")
   return FeatureHead(cfg, layers, params, name=os.path.basename(directory), vocab=vocab, target=meta.get("target"))

@@ -317,3 +317,29 @@ def test_cli_distill_then_generate(tmp_path):
   bad = subprocess.run(base + ["--mode=generate", "--prompt=x", "--draft=feature"], capture_output=True,
                        text=True, cwd=root, env=env, timeout=600)
   assert bad.returncode != 0 and "--draft=feature needs --draft_model" in bad.stderr
+
+
+def test_a_damaged_head_directory_is_a_value_error_naming_it(tmp_path):
+  """Params of another head under this head's file (orbax restores the stored shapes whatever it is asked),
+  an unreadable or incomplete head file, missing params: each a ValueError naming the directory, before
+  any decode (they were a reshape TypeError mid-decode, a bare JSONDecodeError, a KeyError, orbax's own)."""
+  import json
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  feature_head.save_head(feature_head.init_head(tiny_model(0)), a)
+  feature_head.save_head(feature_head.init_head(tiny_model(0, hidden=64)), b)
+  shutil.rmtree(os.path.join(a, feature_head.PARAMS_DIR))
+  shutil.copytree(os.path.join(b, feature_head.PARAMS_DIR), os.path.join(a, feature_head.PARAMS_DIR))
+  with pytest.raises(ValueError, match=f"feature head '{a}': params.* has shape .*64.*says.*32"):
+    feature_head.load_head(a)
+  head_file = os.path.join(b, feature_head.HEAD_FILE)
+  meta = json.loads(open(head_file).read())
+  for text in ("{not json", json.dumps({k: v for k, v in meta.items() if k != "layers"})):
+    with open(head_file, "w") as f:
+      f.write(text)
+    with pytest.raises(ValueError, match=f"cannot read the feature head in '{b}'"):
+      feature_head.load_head(b)
+  with open(head_file, "w") as f:
+    json.dump(meta, f)
+  shutil.rmtree(os.path.join(b, feature_head.PARAMS_DIR))
+  with pytest.raises(ValueError, match=f"cannot restore the feature head's params in '{b}'"):
+    feature_head.load_head(b)
