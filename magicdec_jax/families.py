@@ -86,6 +86,12 @@ def _optional_positive(field: str, v) -> float | None:
   return None if v is None else _positive(field, v)
 
 
+def _check_full_rotary(field: str, v) -> None:
+  """A partial_rotary_factor (top level or in a RoPE set) other than 1 (or null: transformers' default)."""
+  if v not in (None, 1, 1.0):
+    _refuse(field, v, "partial rotary embeddings")
+
+
 def _flag(field: str, v) -> bool:
   """A JSON boolean (null: false); the string "false" is not true."""
   if v is not None and not isinstance(v, (bool, np.bool_)):
@@ -104,8 +110,7 @@ def rope_scaling_from_hf(d: Mapping[str, Any] | None, field: str = "rope_scaling
     return None
   if not isinstance(d, Mapping):
     _malformed(field, d, "a mapping (rope_type / factor / ...)")
-  if d.get("partial_rotary_factor") not in (None, 1, 1.0):            # (null: transformers' default, 1)
-    _refuse(f"{field}.partial_rotary_factor", d["partial_rotary_factor"], "partial rotary embeddings")
+  _check_full_rotary(f"{field}.partial_rotary_factor", d.get("partial_rotary_factor"))
   if d.get("mrope_section"):
     _refuse(f"{field}.mrope_section", d["mrope_section"], "multimodal RoPE")
   kind = d.get("rope_type", d.get("type", "default"))
@@ -211,8 +216,7 @@ def _check_common(d: Mapping[str, Any]) -> None:
     _refuse("is_causal", False, "only causal decoders")
   if d.get("pruned_heads"):
     _refuse("pruned_heads", d["pruned_heads"], "pruned attention heads")
-  if (d.get("partial_rotary_factor") or 1.0) != 1.0:
-    _refuse("partial_rotary_factor", d["partial_rotary_factor"], "partial rotary embeddings")
+  _check_full_rotary("partial_rotary_factor", d.get("partial_rotary_factor"))
   if d.get("mlp_bias"):
     _refuse("mlp_bias", True, "MLP biases are not implemented")
   for f in MOE_FIELDS:
