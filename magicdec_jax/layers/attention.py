@@ -46,12 +46,14 @@ class DenseMask:
   at `alt_pos` instead of its true position: StreamingLLM's positions-within-the-cache, where sink keys
   sit just before the window (keys are stored rotated at their absolute positions). `key_pos`: the position
   each slot holds (a ring, where slot != position; -1: none); None means slot s holds position s. A mask
-  over a target KVCache's linear slots gives `filled` for its ring layers (ring_rule)."""
+  over a target KVCache's linear slots gives `filled` for its ring layers (ring_rule). `tree`: the PrefixTree
+  a ring layer's mask was made from, so fixed-shape numerics sum its nodes where plain decoding holds them."""
   mask: jax.Array                    # [B, T, S] bool
   alt_pos: jax.Array | None = None   # [B, T] int32
   alt_slots: jax.Array | None = None  # [S] bool
   key_pos: jax.Array | None = None   # [B, S] int32
   filled: jax.Array | None = None    # [B] over a target KVCache: virtual slots below it are written (ring layers)
+  tree: PrefixTree | None = None     # the linear rule a ring layer's mask shows (ring_rule): fixed-shape sums
 
 
 def in_window(key_pos: jax.Array, q_pos: jax.Array, window: int) -> jax.Array:
@@ -100,17 +102,19 @@ def ring_rule(spec, q_pos: jax.Array, size: int) -> DenseMask:
                                                                                    node, axis=1)))
   tree = jnp.moveaxis(jnp.take(anc, node, axis=1), 1, 0)                     # [B, T, S]: anc[j, node]
   mask = jnp.where((rel < 0)[:, None, :], (virt >= 0)[:, None, :], tree)
-  return DenseMask(mask, key_pos=key_pos)
+  return DenseMask(mask, key_pos=key_pos, tree=spec if isinstance(spec, PrefixTree) else None)
 
 
 def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                      return_scores: bool = False, q_alt: jax.Array | None = None,
                      alt_slots: jax.Array | None = None, *, scale: float | None = None,
-                     softcap: float | None = None, fixed: FixedShapes | None = None, tree=None):
+                     softcap: float | None = None, fixed: FixedShapes | None = None, tree=None,
+                     window: int | None = None, ring: bool = False):
   """q [B,T,H,D], k/v [B,K,S,D], mask [B,T,S] -> out [B,T,H,D] (and [B,K,S] probability mass per KV head).
   Logits are q.k x `scale` (default D ** -0.5), soft-capped to softcap * tanh(. / softcap) if given.
   `fixed`: fixed-shape numerics at those shapes (layers/invariant.tiled_attention; not with scores or q_alt),
-  with tree = (base, anc) where the mask is a PrefixTree's (a tree's nodes then summed at canonical slots)."""
+  with tree = (base, anc) where the mask is a PrefixTree's (a tree's nodes then summed at canonical slots;
+  `window`: the layer's, already in the mask; `ring`: k/v are a ring layer's, slot = virtual slot % S)."""
   b, t, h, d = q.shape
   kh = k.shape[1]
   out_dtype = q.dtype
@@ -123,7 +127,7 @@ def masked_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     if return_scores or q_alt is not None:
       raise ValueError("fixed-shape attention returns no scores and takes no alternative query positions")
     out = tiled_attention(fold_queries(q, kh), k, v, mask_q, tokens=t, scale=scale, softcap=softcap,
-                          precision=prec, fixed=fixed, tree=tree)
+                          precision=prec, fixed=fixed, tree=tree, window=window, ring=ring)
     return unfold_queries(out, t).astype(out_dtype)
 
   def scores(qq):
@@ -164,15 +168,16 @@ def attend(q, k, v, spec, impl: str = "xla", return_scores: bool = False, q_alt=
     if window is not None:
       mask = mask & in_window(tree_key_positions(spec.base, q_pos, num_slots), q_pos, window)
     return masked_attention(q, k, v, mask, return_scores, scale=scale, softcap=softcap, fixed=fixed,
-                            tree=(spec.base, spec.anc) if window is None else None)
+                            tree=(spec.base, spec.anc), window=window)
   mask = spec.mask
   if window is not None:
     key_pos = spec.key_pos
     if key_pos is None:                                            # a linear cache: slot s holds position s
       key_pos = jnp.broadcast_to(jnp.arange(num_slots, dtype=jnp.int32), (q.shape[0], num_slots))
     mask = mask & in_window(key_pos, q_pos, window)
+  tree = None if spec.tree is None or fixed is None else (spec.tree.base, spec.tree.anc)
   return masked_attention(q, k, v, mask, return_scores, q_alt, spec.alt_slots, scale=scale, softcap=softcap,
-                          fixed=fixed)
+                          fixed=fixed, tree=tree, window=window, ring=tree is not None)
 
 
 class Attention(nn.Module):

@@ -127,7 +127,8 @@ def max_depth(anc) -> int:
 
 def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, tokens: int, scale: float,
                     softcap: float | None, precision, fixed: FixedShapes,
-                    tree: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
+                    tree: tuple[jax.Array, jax.Array] | None = None, window: int | None = None,
+                    ring: bool = False) -> jax.Array:
   """Folded queries qf [B, K, T*G, D] of `tokens` = T query tokens, one layer's k/v [B, K, S, D] (already in
   the dot's dtype) and the visibility mask [B, T*G, S] -> [B, K, T*G, D] float32, in tiles of
   fixed.query_tokens tokens (several: one loop over one tile body, each tile reading the whole cache).
@@ -138,8 +139,11 @@ def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
   the cache, whose zeros past s add nothing; and the tail, tail_blocks blocks from s on, with the query
   token's ancestors gathered to their canonical slots base + depth (tree_sources), as one dot over those
   slots. A tree node's output is then bitwise the one-token step's at its position (chains and plain
-  steps take the same path), whatever the slot count or the batch. Without `tree` (a ring's DenseMask):
-  value sums over key blocks added in slot order."""
+  steps take the same path), whatever the slot count or the batch. A sliding `window` (already in the
+  mask) hides tail slots out of it too. With `ring`, k/v are a ring layer's S slots holding virtual slot c
+  at c % S (cache.py: the ring keeps a round's nodes beyond the window): the prefix is every slot outside
+  the tail's blocks and the round's node slots, the tail is gathered from the ring. Without `tree` (a
+  draft's ring): value sums over key blocks added in slot order."""
   b, kh, tg, d = qf.shape
   s = k.shape[2]
   g = tg // tokens
@@ -196,15 +200,23 @@ def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
     logits, top = scores(qt, mt)
     pos = base[:, None] + dt[None, :]                                          # [B, tt] query positions
     cut = jnp.maximum((pos - lookback) // blk * blk, 0)                        # [B, tt] where the tail starts
-    cut_q = jnp.repeat(cut, g, axis=1)                                         # [B, q0]
-    p = jnp.where(slot_ids[None, None, None, :] < cut_q[:, None, :, None], jnp.exp(logits - top), 0.0)
+    if ring:     # the prefix: slots holding a virtual slot below cut (outside the tail, not the round's)
+      node_slot = jnp.mod(slot_ids[None, :] - base[:, None], s) < tokens       # [B, S]
+      in_tail = jnp.mod(slot_ids[None, None, :] - cut[:, :, None], s) < width  # [B, tt, S]
+      prefix = jnp.repeat(~node_slot[:, None, :] & ~in_tail, g, axis=1) & mt    # [B, q0, S]
+    else:
+      prefix = slot_ids[None, None, :] < jnp.repeat(cut, g, axis=1)[:, :, None]
+    p = jnp.where(prefix[:, None], jnp.exp(logits - top), 0.0)
     o = value_dot(p, v, "BKQS,BKSD->BKQD")                                     # the prefix: one dot
     l = value_dot(p, ones, "BKQS,BKSE->BKQE")[..., 0]
     c = cut[:, :, None] + jnp.arange(width, dtype=jnp.int32)[None, None, :]    # [B, tt, C] canonical slots
     rel = c - base[:, None, None]
     node = jnp.take_along_axis(jnp.broadcast_to(st[None], (b,) + st.shape), jnp.clip(rel, 0, tokens - 1), axis=2)
-    live = jnp.where(rel < 0, True, (rel <= dt[None, :, None]) & (node >= 0)) & (c < s)
-    slot = jnp.where(live, jnp.where(rel < 0, c, base[:, None, None] + node), 0)   # [B, tt, C]
+    live = jnp.where(rel < 0, True, (rel <= dt[None, :, None]) & (node >= 0))
+    live = live & (c > pos[:, :, None] - window) if window is not None else live
+    slot = jnp.where(rel < 0, c, base[:, None, None] + node)                   # virtual: a ring holds c at c % S
+    live = live if ring else live & (c < s)
+    slot = jnp.where(live, jnp.mod(slot, s) if ring else slot, 0)              # [B, tt, C]
     rows = jnp.repeat(slot, g, axis=1)                                         # [B, q0, C]
     lt = jnp.take_along_axis(logits, jnp.broadcast_to(rows[:, None], (b, kh, q0, width)), axis=3)
     pt = jnp.where(jnp.repeat(live, g, axis=1)[:, None], jnp.exp(lt - top), 0.0)  # [B, K, q0, C]

@@ -109,8 +109,8 @@ def test_verify_pass_logits_are_the_one_token_steps_bit_for_bit(name):
         np.testing.assert_array_equal(got, want, err_msg=f"T={t} layer {layer} row {r} keys")
 
 
-def smol_layers(layers: int) -> Model:
-  model = md.load_model("smollm2-135m", dtype="bfloat16")
+def smol_layers(layers: int, dtype: str = "bfloat16") -> Model:
+  model = md.load_model("smollm2-135m", dtype=dtype)
   return Model(dataclasses.replace(model.config, num_layers=layers),
                dict(model.params, layers=model.params["layers"][:layers]))
 
@@ -171,6 +171,40 @@ def test_a_tree_nodes_logits_are_the_chain_along_its_path_bit_for_bit(name):
   cache = random_cache(cfg, b, 1024, seed=7)
   nodes = jnp.asarray(rng.integers(0, 49152, (b, n)), jnp.int32)
   base = jnp.asarray(rng.integers(400, 1024 - n - 1, (b,)), jnp.int32)
+  got = pass_logits(model, cfg, cache, nodes, base[:, None] + jnp.asarray(tree.depths)[None],
+                    base[:, None] + jnp.arange(n)[None], base, jnp.asarray(tree.ancestor_mask))
+  for node in range(n):
+    path = [node]
+    while tree.parents[path[-1]] != -1:
+      path.append(tree.parents[path[-1]])
+    path = path[::-1]
+    t = len(path)
+    pos = base[:, None] + jnp.arange(t)[None]
+    want = pass_logits(model, cfg, cache, nodes[:, jnp.asarray(path)], pos, pos, base,
+                       jnp.tril(jnp.ones((t, t), bool)))[:, -1]
+    np.testing.assert_array_equal(got[:, node], want, err_msg=f"node {node} (path {path})")
+
+
+
+@pytest.mark.parametrize("cache_kind,window", [("ring", 40), ("ring", 5), ("linear", 40)])
+def test_tree_nodes_on_windowed_layers_are_the_chain_along_their_paths(cache_kind, window):
+  """The same on a sliding-window layer (SmolLM2's first layer given a window; the second stays global):
+  held as a ring (cache.ring_sizes: the round's nodes overwrite slots of old positions, the tree's ancestors
+  sit at other ring slots than their depths') and as a linear cache with a window mask. A window of 5 hides
+  a deep node's first ancestors."""
+  from magicdec_jax import trees
+  from magicdec_jax.cache import ring_margin
+  tree = trees.build_default_tree("sequoia16")
+  model = smol_layers(2, "float32")
+  cfg = dataclasses.replace(invariant_cfg(model), layer_windows=(window, 0))
+  rng = np.random.default_rng(5)
+  b, n = 3, tree.num_nodes
+  cache = KVCache.zeros(cfg, b, 1024, ring_margin(n) if cache_kind == "ring" else None)
+  assert cache.is_ring(0) == (cache_kind == "ring") and not cache.is_ring(1)
+  cache = cache.replace(k=tuple(jnp.asarray(rng.normal(size=c.shape) * 0.5, c.dtype) for c in cache.k),
+                        v=tuple(jnp.asarray(rng.normal(size=c.shape) * 0.5, c.dtype) for c in cache.v))
+  nodes = jnp.asarray(rng.integers(0, 49152, (b, n)), jnp.int32)
+  base = jnp.asarray([300, 517, 1024 - n - 1], jnp.int32)     # the ring's slots wrap inside the last row's round
   got = pass_logits(model, cfg, cache, nodes, base[:, None] + jnp.asarray(tree.depths)[None],
                     base[:, None] + jnp.arange(n)[None], base, jnp.asarray(tree.ancestor_mask))
   for node in range(n):

@@ -120,6 +120,19 @@ def test_greedy_decoding_with_rings_equals_hf(name, case, root):
     assert res.stats["acceptance_rate"] < 1
 
 
+def test_tree_log_probs_through_rings_are_plain_decodings_bits(root):
+  """Fixed-shape numerics (the CPU default) on Gemma 3's rings, float32 (no bfloat16 rounding to hide a
+  summation order): a Sequoia tree's and a chain's greedy rows have plain decoding's tokens and log-probs bit
+  for bit, though the tree's nodes sit at other ring slots than their depths (layers/invariant.py)."""
+  _, model = family("gemma3-untied", root)
+  kw = dict(max_new_tokens=24, temperature=0.0, eos_token_id=[], logprobs=True, numerics="invariant")
+  plain = generate(model, PROMPTS, **kw)
+  for case in ("tree", "chain"):
+    res = generate(model, PROMPTS, **kw, **CASES[case])
+    assert res.tokens == plain.tokens, case
+    np.testing.assert_array_equal(np.asarray(res.logprobs, np.float64), np.asarray(plain.logprobs, np.float64),
+                                  err_msg=case)
+
 def test_stream_refills_into_rings_equal_hf(root):
   """Continuous batching on Gemma 3: 2 slots, refilled as rows finish, with prompts of 300, 20, 280 and 37
   tokens (short prompts prefill into linear caches, long ones into rings; both land in the ring state)."""
