@@ -1,4 +1,8 @@
-"""Rotary position embeddings (rotate-half convention), with llama3 and linear frequency scaling."""
+"""Rotary position embeddings (rotate-half convention), with llama3 and linear frequency scaling.
+
+Frequencies and angles are float32, rounded as transformers rounds them (so as the checkpoints were trained):
+at position p an angle is off the exact one by up to p x 2**-24 radians, and matching that keeps long-context
+logits on transformers' (docs/decisions.md#rope-in-float32)."""
 import math
 
 import jax
@@ -10,25 +14,28 @@ from magicdec_jax.layers.invariant import rounded, unknown_one
 
 
 def rope_frequencies(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
-  """Inverse frequencies [D/2] of layer `layer` (its base and scaling: cfg.layer_rope) in float64 numpy (a
-  compile-time constant)."""
+  """Inverse frequencies [D/2] of layer `layer` (its base and scaling: cfg.layer_rope), float32 numpy (a
+  compile-time constant), computed as transformers computes them: float32 arithmetic, which is what the
+  checkpoints were trained and are served with (the exact values differ in the last bit of a third of them,
+  and a position's angle by position x that)."""
+  f32 = np.float32
   d = cfg.head_dim
   theta, s = cfg.layer_rope(layer)
-  inv = 1.0 / (theta ** (np.arange(0, d, 2, dtype=np.float64) / d))
+  exponents = np.arange(0, d, 2, dtype=f32) / f32(d)
+  inv = f32(1) / (np.float64(f32(theta)) ** exponents.astype(np.float64)).astype(f32)   # a float32 pow, rounded once
   if s is None:
     return inv
   if s.kind == "linear":
-    return inv / s.factor
-  # llama3: keep short wavelengths, divide long ones by `factor`, blend smoothly in between.
-  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-  wavelen = 2 * math.pi / inv
-  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-      s.high_freq_factor - s.low_freq_factor)
-  blended = (1 - smooth) * inv / s.factor + smooth * inv
-  out = np.where(wavelen > low_wavelen, inv / s.factor, inv)
-  mid = (wavelen <= low_wavelen) & (wavelen >= high_wavelen)
-  return np.where(mid, blended, out)
+    return inv / f32(s.factor)
+  # llama3: keep short wavelengths, divide long ones by `factor`, blend smoothly in between. (A number over
+  # an array is torch's number x the array's reciprocals.)
+  old = s.original_max_position_embeddings
+  wavelen = f32(2 * math.pi) * (f32(1) / inv)
+  scaled = np.where(wavelen > f32(old / s.low_freq_factor), inv / f32(s.factor), inv)
+  smooth = (f32(old) * (f32(1) / wavelen) - f32(s.low_freq_factor)) / f32(s.high_freq_factor - s.low_freq_factor)
+  blended = (f32(1) - smooth) * scaled / f32(s.factor) + smooth * scaled
+  mid = ~(wavelen < f32(old / s.high_freq_factor)) & ~(wavelen > f32(old / s.low_freq_factor))
+  return np.where(mid, blended, scaled).astype(f32)
 
 
 LOW_BITS = 8   # tabled RoPE: a position is (high << LOW_BITS) + low, each part's rotation read from a table
@@ -47,21 +54,42 @@ def rope_tables(inv_freq: np.ndarray, max_position: int) -> tuple[np.ndarray, ..
 
 
 def tabled_rotation(positions: jax.Array, inv_freq: np.ndarray, max_position: int) -> tuple[jax.Array, jax.Array]:
-  """cos and sin [B, T, D/2] of position * inv_freq for positions [B, T] < max_position, from rope_tables by
-  the angle-sum identity: table reads and products only, so a position's rotation is the same bits in any
-  program (a backend's cos and sin may vectorise differently by the shapes and fusions around them)."""
+  """cos and sin [B, T, D/2] of the float32 angle position * inv_freq (rounded as apply_rope's fast form and
+  transformers round it) for positions [B, T] < max_position: the exact product's rotation from rope_tables
+  by the angle-sum identity, turned back by the float32 product's rounding error e (exact: angle_error; its
+  cos and sin as series, |e| being half an ulp of the angle). Table reads, products and sums only, so a
+  position's rotation is the same bits in any program (a backend's cos and sin may vectorise differently by
+  the shapes and fusions around them)."""
   ch, sh, cl, sl = (jnp.asarray(t) for t in rope_tables(inv_freq, max_position))
   hi = jnp.clip(positions >> LOW_BITS, 0, ch.shape[0] - 1)
   lo = positions & ((1 << LOW_BITS) - 1)
   c1, s1, c2, s2 = jnp.take(ch, hi, axis=0), jnp.take(sh, hi, axis=0), jnp.take(cl, lo, axis=0), jnp.take(sl, lo, axis=0)
   one = unknown_one(c1)
-  return rounded(c1 * c2, one) - rounded(s1 * s2, one), rounded(s1 * c2, one) + rounded(c1 * s2, one)
+  cos, sin = rounded(c1 * c2, one) - rounded(s1 * s2, one), rounded(s1 * c2, one) + rounded(c1 * s2, one)
+  e = angle_error(positions, inv_freq, one)
+  e2 = rounded(e * e, one)
+  cos_e = 1 - rounded(e2 * rounded(0.5 - rounded(e2 * (1 / 24), one), one), one)   # 1 - e^2/2 + e^4/24
+  sin_e = e - rounded(e * rounded(e2 * rounded(1 / 6 - rounded(e2 * (1 / 120), one), one), one), one)
+  return (rounded(cos * cos_e, one) + rounded(sin * sin_e, one),                    # angle - e
+          rounded(sin * cos_e, one) - rounded(cos * sin_e, one))
+
+
+def angle_error(positions: jax.Array, inv_freq: np.ndarray, one: jax.Array) -> jax.Array:
+  """[B, T, D/2] float32: position * inv_freq minus its float32 rounding, exactly (Dekker's product: both
+  factors split into halves of at most 12 bits, whose products are exact in float32), for positions < 2**24."""
+  f = np.asarray(inv_freq, np.float32)
+  f_hi = (f.view(np.int32) & np.int32(~0xFFF)).view(np.float32)
+  f_lo = f - f_hi
+  p = positions[..., None]
+  p_hi, p_lo = ((p >> 12) << 12).astype(jnp.float32), (p & 0xFFF).astype(jnp.float32)
+  angle = rounded(p.astype(jnp.float32) * f, one)
+  return (((p_hi * f_hi - angle) + p_hi * f_lo) + p_lo * f_hi) + p_lo * f_lo
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray, max_position: int | None = None) -> jax.Array:
-  """x [B, T, N, D], positions [B, T] (int) -> x rotated by angle position * inv_freq, in x.dtype.
-  max_position: the rotation read from tables of positions below it (tabled_rotation; fixed-shape
-  numerics), else cos / sin of float32 angles."""
+  """x [B, T, N, D], positions [B, T] (int) -> x rotated by the float32 angle position * inv_freq, in
+  x.dtype. max_position: the rotation read from tables of positions below it (tabled_rotation; fixed-shape
+  numerics), else the backend's cos / sin."""
   if max_position is None:
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)  # [B, T, D/2]
     cos, sin = jnp.cos(angles), jnp.sin(angles)

@@ -3,17 +3,25 @@ GQA/MHA, llama3/linear RoPE scaling and tied/untied heads (logits and layer by l
 by both libraries from the same GGUF (logits, greedy tokens, tokenizer, chat template); speculative greedy
 decoding's log-probabilities against HF's teacher-forced log_softmax."""
 import contextlib
+import dataclasses
 import functools
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from magicdec_jax import Model, StreamingDraft, generate, logits
+from magicdec_jax.cache import KVCache
 from magicdec_jax.checkpoints import known_model_path, load_model
+from magicdec_jax.config import ModelConfig, RopeScaling
+from magicdec_jax.layers.attention import PrefixTree
+from magicdec_jax.layers.rope import rope_frequencies
+from magicdec_jax.model import forward
 from magicdec_jax.tokenizer import render_chat
 
-from conftest import REAL_MODEL_XLA
+from conftest import REAL_MODEL_XLA, random_hf_llama
 from references import hf_model, ours_from_hf
 
 torch = pytest.importorskip("torch")
@@ -88,6 +96,58 @@ def test_tiny_layer_by_layer(case):
     assert diff < TINY_TOL, (i, diff)
   np.testing.assert_allclose(logits(ours, ids), hf_forward(hf, ids)[0], atol=TINY_TOL, rtol=0)
 
+
+
+@pytest.mark.parametrize("theta", [10000.0, 500000.0, 1000000.0])
+@pytest.mark.parametrize("scaling", [None, "linear", "llama3"])
+def test_rope_frequencies_are_transformers_float32(theta, scaling):
+  """The inverse frequencies are the float32 values transformers computes (its `rotary_emb.inv_freq`) for
+  the bases, head dims and scalings of common checkpoints, but for one ulp where torch's float32 pow is not
+  correctly rounded (at most 2 of D/2); the exact (float64) values differ in a third of them."""
+  from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+  for d in (64, 96, 128, 256):
+    hf_scaling = {None: None, "linear": dict(rope_type="linear", factor=8.0),
+                  "llama3": dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                 original_max_position_embeddings=8192)}[scaling]
+    rs = None if scaling is None else RopeScaling(kind=scaling, **{k: v for k, v in hf_scaling.items()
+                                                                   if k != "rope_type"})
+    hf = LlamaRotaryEmbedding(transformers.LlamaConfig(
+        hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_theta=theta, rope_scaling=hf_scaling,
+        max_position_embeddings=131072)).inv_freq.numpy()
+    ours = rope_frequencies(ModelConfig(vocab_size=8, hidden_size=4 * d, intermediate_size=8, num_layers=1,
+                                        num_heads=4, num_kv_heads=4, head_dim=d, rope_theta=theta,
+                                        rope_scaling=rs, max_position_embeddings=131072))
+    assert ours.dtype == np.float32
+    ulps = np.abs(ours.view(np.int32).astype(np.int64) - hf.view(np.int32))
+    assert ulps.max() <= 1 and (ulps > 0).sum() <= 2, (d, ulps)
+
+
+@pytest.mark.parametrize("numerics", ["invariant", "fast"])
+def test_logits_at_long_positions_match_hf(numerics):
+  """16 tokens at positions 120,000 and on (HF given those position_ids; ours one pass writing them to a
+  cache of 64 slots), LLaMA-3.1's RoPE (theta 500,000, llama3 scaling by 8 from 8,192): logits within
+  TINY_TOL of HF's with either numerics. There an angle's float32 rounding is up to 4e-3 radians, which
+  the models were trained with: the exact angles' logits are more than 10x TINY_TOL away."""
+  hf = random_hf_llama(3, 0.2, vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=131072,
+                       rope_parameters=dict(LLAMA3, rope_theta=500000.0, factor=8.0,
+                                            original_max_position_embeddings=8192),
+                       initializer_range=0.15, rms_norm_eps=1e-5)
+  ours = ours_from_hf(hf)
+  cfg = dataclasses.replace(ours.config, numerics=numerics)
+  n = 16                                    # (a fixed-shape verify pass takes at most 16 tokens on a CPU)
+  ids = [row[:n] for row in token_ids(256, seed=3)]
+  positions = 120_000 + np.arange(n)
+  with torch.no_grad():
+    want = hf(torch.tensor(ids), position_ids=torch.tensor(np.stack([positions] * 2))).logits.numpy()
+  slots = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (2, n))
+  got, _ = jax.jit(lambda p, toks, pos, cache: forward(p, cfg, toks, pos, cache, slots, PrefixTree(
+      jnp.zeros((2,), jnp.int32), np.tri(n, dtype=bool))))(ours.params, jnp.asarray(ids, jnp.int32),
+                                                             jnp.asarray(np.stack([positions] * 2), jnp.int32),
+                                                             KVCache.zeros(cfg, 2, 64))
+  diff = float(np.max(np.abs(np.asarray(got) - want)))
+  print(f"{numerics}: max |logit diff| at positions 120,000+ = {diff:.2e}")
+  assert diff < TINY_TOL
 
 def test_hf_dir_round_trip_logits(tmp_path):
   hf = hf_model(2, LLAMA3, False, seed=2)
