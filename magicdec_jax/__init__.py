@@ -11,5 +11,6 @@ from magicdec_jax.plan import DecodePlan, make_plan
 from magicdec_jax.engine import Engine, GenerateResult
 from magicdec_jax.generation import generate, logits, prompt_logprobs
 from magicdec_jax.checkpoints import load_model
-from magicdec_jax.stream import Generator, Request, StreamResult, generate_stream
+from magicdec_jax.request import Request, StreamResult
+from magicdec_jax.stream import Generator, generate_stream
 from magicdec_jax import trees

@@ -21,7 +21,8 @@ from magicdec_jax.options import FIELDS, OptionError, RequestOptions
 from magicdec_jax.plan import DecodePlan, bucket, make_plan
 from magicdec_jax.row_features import Run
 from magicdec_jax.settings import DecodeSettings
-from magicdec_jax.stream import Request, generate_stream, with_features
+from magicdec_jax.request import Request, with_features
+from magicdec_jax.stream import generate_stream
 
 
 @dataclasses.dataclass

@@ -114,7 +114,7 @@ def generate(model: Model, prompts, *, settings: DecodeSettings | None = None, s
 
   json_schema / regex / choices (at most one): structured output for every prompt (the constraint row
   feature: each verified and drafted position masked by the constraint's automaton; a row that completes
-  its constraint ends with finish reason "stop"). Per-prompt constraints: `stream.Request`.
+  its constraint ends with finish reason "stop"). Per-prompt constraints: `request.Request`.
 
   prompts: a list of strings or of token-id lists (ragged is fine), or an integer array [B, T] (numpy or
   jax) with `lengths` [B] or an HF-style `attention_mask` [B, T] (prompts.py).

@@ -1,6 +1,6 @@
 """One request's own options, declared once and validated once.
 
-Every way a request comes in converts into `RequestOptions`: the Python API (`stream.Request`, whose option
+Every way a request comes in converts into `RequestOptions`: the Python API (`request.Request`, whose option
 fields are these, declared here), native datagen records (their option fields by the same names) and OpenAI
 batch bodies (openai_batch.py maps the body's names). Types and ranges are checked here, when the options
 are made; what needs the run (a budget no larger than the run's, token ids inside its vocabulary, a
@@ -122,7 +122,7 @@ def check_stream_ids(ids: Any) -> list[int]:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptionFields:
-  """The option fields, declared once (None: the run's). `RequestOptions` validates them; `stream.Request`
+  """The option fields, declared once (None: the run's). `RequestOptions` validates them; `request.Request`
   carries them as the user wrote them (checked when the stream reads the request)."""
   max_new_tokens: int | None = None        # at most the run's (which sizes the buffers)
   seed: int | None = None                  # in [0, 2**32): the PRNG seed of this request's streams
@@ -203,7 +203,7 @@ class RequestOptions(OptionFields):
 
   @classmethod
   def of(cls, source: OptionFields) -> "RequestOptions":
-    """The options a `stream.Request` (or any OptionFields) carries, validated."""
+    """The options a `request.Request` (or any OptionFields) carries, validated."""
     return cls(**{name: getattr(source, name) for name in FIELDS})
 
   def given(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ class DecodeSettings:
   (exact under speculation); top_logprobs: also the k (0..MAX_TOP_LOGPROBS) most likely tokens of that
   distribution per position (needs logprobs). Both are compiled in: off, the loop is today's.
   per_row_sampling: every row samples with its own temperature / top-k / top-p, data in the loop state
-  (stream.Request's fields; this object's are the defaults), so one executable serves any mix of greedy
+  (request.Request's fields; this object's are the defaults), so one executable serves any mix of greedy
   and sampled rows; off, the loop compiles the one setting in. row_features: names of further row
   features to compile in (row_features.REGISTRY; per-row sampling has its own switch, per_row_sampling),
   so a lazy stream can take requests that need them (a list of requests turns them on by itself)."""

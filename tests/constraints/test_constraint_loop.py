@@ -31,7 +31,8 @@ from magicdec_jax.generation import generate
 from magicdec_jax.model import full_forward
 from magicdec_jax.options import RequestOptions
 from magicdec_jax.settings import decode_settings
-from magicdec_jax.stream import Request, generate_stream, with_features
+from magicdec_jax.request import Request, with_features
+from magicdec_jax.stream import generate_stream
 from magicdec_jax.testing import random_tiny_model
 from magicdec_jax.trees import Tree
 

@@ -15,7 +15,8 @@ import magicdec_jax as md
 from magicdec_jax import compile as compiling
 from magicdec_jax import testing
 from magicdec_jax.model import full_forward
-from magicdec_jax.stream import Request, generate_stream
+from magicdec_jax.request import Request
+from magicdec_jax.stream import generate_stream
 
 PROMPTS = ["Hello there, friend", "To be or not", "abc", "The quick brown fox", "Once upon"]
 MIX = [dict(), dict(temperature=0.7, top_p=0.9), dict(temperature=1.0, top_k=50),

@@ -36,8 +36,8 @@ RUNGS = (
     ("the model and the cost model", ("cache", "model", "families", "checkpoints", "feature_head", "prompts",
                                       "testing", "sharding", "tuning")),
     ("drafts and the loop", ("drafts", "verify", "loop", "loop_state", "row_features", "schedule", "slots", "shrink")),
-    ("plan and engine", ("settings", "plan", "engine", "generation", "stream", "prefilled", "datagen_formats",
-                         "datagen")),
+    ("plan and engine", ("settings", "plan", "engine", "generation", "request", "stream", "prefilled",
+                         "datagen_formats", "datagen")),
     ("measurement and training", ("measure", "training")),
     ("command line", ("cli", "")),            # "": the package's own __init__ (the public API)
 )

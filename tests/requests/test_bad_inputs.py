@@ -15,7 +15,8 @@ from magicdec_jax import datagen, loop, prefilled
 from magicdec_jax.drafts import ModelDraft, PromptLookupDraft, SnapKVDraft, StreamingDraft, truncate_layers
 from magicdec_jax.generation import generate, logits, prompt_logprobs
 from magicdec_jax.settings import DecodeSettings
-from magicdec_jax.stream import Request, generate_stream
+from magicdec_jax.request import Request
+from magicdec_jax.stream import generate_stream
 from magicdec_jax.trees import Tree
 
 from conftest import compile_count, tiny_model

@@ -15,7 +15,8 @@ import pytest
 import magicdec_jax as md
 from magicdec_jax import datagen, datagen_formats, openai_batch, testing
 from magicdec_jax.options import FIELDS, OptionError, RequestOptions
-from magicdec_jax.stream import Request, generate_stream
+from magicdec_jax.request import Request
+from magicdec_jax.stream import generate_stream
 
 COMP = "/v1/completions"
 

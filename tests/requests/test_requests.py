@@ -19,7 +19,8 @@ from magicdec_jax import stops as stops_lib
 from magicdec_jax import datagen, datagen_formats, openai_batch, testing
 from magicdec_jax import tokenizer as tok_lib
 from magicdec_jax.generation import generate
-from magicdec_jax.stream import Request, generate_stream, overflow_stream
+from magicdec_jax.request import Request, overflow_stream
+from magicdec_jax.stream import generate_stream
 
 PROMPTS = ["Hello there, friend", "To be or not", "abc", "The quick brown fox", "Once upon"]
 

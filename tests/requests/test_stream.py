@@ -19,7 +19,8 @@ import pytest
 import magicdec_jax as md
 from magicdec_jax import trees
 from magicdec_jax.generation import generate
-from magicdec_jax.stream import Request, generate_stream
+from magicdec_jax.request import Request
+from magicdec_jax.stream import generate_stream
 
 from conftest import random_prompts, tiny_model, xla_flags
 from references import reference_greedy
