@@ -21,6 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -218,6 +222,49 @@ def test_tree_nodes_on_windowed_layers_are_the_chain_along_their_paths(cache_kin
                        jnp.tril(jnp.ones((t, t), bool)))[:, -1]
     np.testing.assert_array_equal(got[:, node], want, err_msg=f"node {node} (path {path})")
 
+
+
+DEFAULT_FLAGS_SCRIPT = r"""
+import json
+import jax, numpy as np
+import magicdec_jax as md
+from magicdec_jax.config import ModelConfig
+from magicdec_jax.model import Model, init_params
+cfg = ModelConfig(vocab_size=64, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
+                  head_dim=64, max_position_embeddings=512)
+params = init_params(cfg, jax.random.key(0), scale=0.5)
+params["layers"] = tuple(dict(lp, attn=jax.tree.map(lambda a: a * 10.0, lp["attn"])) for lp in params["layers"])
+model = Model(cfg, params, name="tiny-f32")
+rng = np.random.default_rng(5)
+prompts = [rng.integers(0, 64, n).tolist() for n in (300, 37)]
+kw = dict(max_new_tokens=16, temperature=0.0, eos_token_id=[], logprobs=True, numerics="invariant")
+runs = {"plain": md.generate(model, prompts, **kw),
+        "chain": md.generate(model, prompts, draft=md.StreamingDraft(2, 4), gamma=3, **kw),
+        "tree": md.generate(model, prompts, draft=md.StreamingDraft(2, 4), tree=md.trees.default_tree("sequoia16"),
+                            **kw),
+        "alone": md.generate(model, prompts[1:], **kw)}
+print(json.dumps({k: {"tokens": r.tokens, "logprobs": [[float(x) for x in row] for row in r.logprobs]}
+                  for k, r in runs.items()}))
+"""
+
+
+def test_identity_holds_at_xla_default_flags():
+  """The suite compiles at its own fast-compile flags (conftest.py); users compile at XLA's defaults. In a
+  process without them, a float32 model of head dim 64: a chain's and a Sequoia tree's rows, and a row alone
+  (a 37-token prompt: prefilled in one 64-token chunk, against 256-token chunks beside a 300-token prompt),
+  have plain decoding's batch tokens and log-probs bit for bit. (Without the fast-compile preset in the
+  fixed shapes' options, the row alone differed from its fifth token; at head dims 8, 16 and 128 trees still
+  differ in the last bit there: docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding.)"""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MAGICDEC_COMPILATION_CACHE")}
+  r = subprocess.run([sys.executable, "-c", DEFAULT_FLAGS_SCRIPT], env=env, capture_output=True, text=True,
+                     timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  runs = json.loads(r.stdout.strip().splitlines()[-1])
+  plain = runs["plain"]
+  assert runs["chain"] == plain
+  assert runs["tree"] == plain
+  assert runs["alone"]["tokens"][0] == plain["tokens"][1]
+  assert runs["alone"]["logprobs"][0] == plain["logprobs"][1]
 
 def head():
   return feature_head.init_head(target(), seed=1)
