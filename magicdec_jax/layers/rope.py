@@ -17,7 +17,8 @@ def rope_frequencies(cfg: ModelConfig, layer: int = 0) -> np.ndarray:
   """Inverse frequencies [D/2] of layer `layer` (its base and scaling: cfg.layer_rope), float32 numpy (a
   compile-time constant), computed as transformers computes them: float32 arithmetic, which is what the
   checkpoints were trained and are served with (the exact values differ in the last bit of a third of them,
-  and a position's angle by position x that)."""
+  and a position's angle by position x that). Its float32 pow rounded once: torch's vectorised pow is off
+  by an ulp in a few entries (docs/decisions.md#rope-in-float32)."""
   f32 = np.float32
   d = cfg.head_dim
   theta, s = cfg.layer_rope(layer)
@@ -60,6 +61,9 @@ def tabled_rotation(positions: jax.Array, inv_freq: np.ndarray, max_position: in
   cos and sin as series, |e| being half an ulp of the angle). Table reads, products and sums only, so a
   position's rotation is the same bits in any program (a backend's cos and sin may vectorise differently by
   the shapes and fusions around them)."""
+  if max_position > 1 << 24:
+    raise ValueError(f"fixed-shape numerics' RoPE holds positions below 2**24 (float32 counts them exactly), "
+                     f"not max_position_embeddings={max_position}")
   ch, sh, cl, sl = (jnp.asarray(t) for t in rope_tables(inv_freq, max_position))
   hi = jnp.clip(positions >> LOW_BITS, 0, ch.shape[0] - 1)
   lo = positions & ((1 << LOW_BITS) - 1)
@@ -68,8 +72,15 @@ def tabled_rotation(positions: jax.Array, inv_freq: np.ndarray, max_position: in
   cos, sin = rounded(c1 * c2, one) - rounded(s1 * s2, one), rounded(s1 * c2, one) + rounded(c1 * s2, one)
   e = angle_error(positions, inv_freq, one)
   e2 = rounded(e * e, one)
-  cos_e = 1 - rounded(e2 * rounded(0.5 - rounded(e2 * (1 / 24), one), one), one)   # 1 - e^2/2 + e^4/24
-  sin_e = e - rounded(e * rounded(e2 * rounded(1 / 6 - rounded(e2 * (1 / 120), one), one), one), one)
+
+  def series(coefs):                # c0 + e2 (c1 + e2 (c2 + ...)), each step rounded on its own
+    acc = jnp.float32(coefs[-1])
+    for c in coefs[-2::-1]:
+      acc = c + rounded(e2 * acc, one)
+    return acc
+
+  cos_e = series((1.0, -1 / 2, 1 / 24, -1 / 720))                   # |e| <= 1/2: within ~1e-7 of cos e
+  sin_e = rounded(e * series((1.0, -1 / 6, 1 / 120, -1 / 5040)), one)
   return (rounded(cos * cos_e, one) + rounded(sin * sin_e, one),                    # angle - e
           rounded(sin * cos_e, one) - rounded(cos * sin_e, one))
 

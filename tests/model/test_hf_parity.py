@@ -17,7 +17,7 @@ from magicdec_jax.cache import KVCache
 from magicdec_jax.checkpoints import known_model_path, load_model
 from magicdec_jax.config import ModelConfig, RopeScaling
 from magicdec_jax.layers.attention import PrefixTree
-from magicdec_jax.layers.rope import rope_frequencies
+from magicdec_jax.layers.rope import rope_frequencies, tabled_rotation
 from magicdec_jax.model import forward
 from magicdec_jax.tokenizer import render_chat
 
@@ -121,6 +121,22 @@ def test_rope_frequencies_are_transformers_float32(theta, scaling):
     ulps = np.abs(ours.view(np.int32).astype(np.int64) - hf.view(np.int32))
     assert ulps.max() <= 1 and (ulps > 0).sum() <= 2, (d, ulps)
 
+
+def test_tabled_rotation_is_the_float32_angles_up_to_2_24():
+  """Fixed-shape numerics' cos and sin (tables of the exact product, turned by the float32 product's rounding
+  error) are within 3e-7 of float64 cos / sin of the float32 angle position x inv_freq at positions up to
+  2**24 - 1 (the exact angle's are up to ~0.5 rad away there); a larger context is refused."""
+  inv = np.concatenate([rope_frequencies(ModelConfig(vocab_size=8, hidden_size=512, intermediate_size=8, num_layers=1,
+                                                     num_heads=4, num_kv_heads=4, head_dim=128, rope_theta=500000.0)),
+                        np.asarray([1.0, 0.9999], np.float32)])
+  rng = np.random.default_rng(0)
+  positions = np.unique(np.concatenate([rng.integers(0, 1 << 24, 4000), [0, 255, 256, 4095, 4096, (1 << 24) - 1]]))
+  cos, sin = jax.jit(lambda p: tabled_rotation(p, inv, 1 << 24))(jnp.asarray(positions[None], jnp.int32))
+  angle = (positions.astype(np.float32)[:, None] * inv).astype(np.float64)
+  assert np.abs(np.asarray(cos[0], np.float64) - np.cos(angle)).max() < 3e-7
+  assert np.abs(np.asarray(sin[0], np.float64) - np.sin(angle)).max() < 3e-7
+  with pytest.raises(ValueError, match="below 2\\*\\*24"):
+    tabled_rotation(jnp.zeros((1, 1), jnp.int32), inv, (1 << 24) + 1)
 
 @pytest.mark.parametrize("numerics", ["invariant", "fast"])
 def test_logits_at_long_positions_match_hf(numerics):
