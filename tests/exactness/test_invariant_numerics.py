@@ -161,6 +161,24 @@ def test_a_row_is_the_same_bits_alone_in_any_batch_and_at_any_slot_count(batch):
   np.testing.assert_array_equal(alone, steps[:1, :4])
 
 
+def assert_nodes_are_their_chains(model, cfg, cache, tree, nodes, base):
+  """The tree's nodes [B, n] verified in one pass at slots base + index give each node bitwise the logits of
+  the chain of its path verified alone."""
+  n = tree.num_nodes
+  got = pass_logits(model, cfg, cache, nodes, base[:, None] + jnp.asarray(tree.depths)[None],
+                    base[:, None] + jnp.arange(n)[None], base, jnp.asarray(tree.ancestor_mask))
+  for node in range(n):
+    path = [node]
+    while tree.parents[path[-1]] != -1:
+      path.append(tree.parents[path[-1]])
+    path = path[::-1]
+    t = len(path)
+    pos = base[:, None] + jnp.arange(t)[None]
+    want = pass_logits(model, cfg, cache, nodes[:, jnp.asarray(path)], pos, pos, base,
+                       jnp.tril(jnp.ones((t, t), bool)))[:, -1]
+    np.testing.assert_array_equal(got[:, node], want, err_msg=f"node {node} (path {path})")
+
+
 @pytest.mark.parametrize("name", ["sequoia16", "sequoia32"])
 def test_a_tree_nodes_logits_are_the_chain_along_its_path_bit_for_bit(name):
   """A Sequoia tree verified in one pass (nodes at slots base + index, ancestors elsewhere than plain
@@ -175,19 +193,7 @@ def test_a_tree_nodes_logits_are_the_chain_along_its_path_bit_for_bit(name):
   cache = random_cache(cfg, b, 1024, seed=7)
   nodes = jnp.asarray(rng.integers(0, 49152, (b, n)), jnp.int32)
   base = jnp.asarray(rng.integers(400, 1024 - n - 1, (b,)), jnp.int32)
-  got = pass_logits(model, cfg, cache, nodes, base[:, None] + jnp.asarray(tree.depths)[None],
-                    base[:, None] + jnp.arange(n)[None], base, jnp.asarray(tree.ancestor_mask))
-  for node in range(n):
-    path = [node]
-    while tree.parents[path[-1]] != -1:
-      path.append(tree.parents[path[-1]])
-    path = path[::-1]
-    t = len(path)
-    pos = base[:, None] + jnp.arange(t)[None]
-    want = pass_logits(model, cfg, cache, nodes[:, jnp.asarray(path)], pos, pos, base,
-                       jnp.tril(jnp.ones((t, t), bool)))[:, -1]
-    np.testing.assert_array_equal(got[:, node], want, err_msg=f"node {node} (path {path})")
-
+  assert_nodes_are_their_chains(model, cfg, cache, tree, nodes, base)
 
 
 @pytest.mark.parametrize("cache_kind,window", [("ring", 40), ("ring", 5), ("linear", 40)])
@@ -209,18 +215,7 @@ def test_tree_nodes_on_windowed_layers_are_the_chain_along_their_paths(cache_kin
                         v=tuple(jnp.asarray(rng.normal(size=c.shape) * 0.5, c.dtype) for c in cache.v))
   nodes = jnp.asarray(rng.integers(0, 49152, (b, n)), jnp.int32)
   base = jnp.asarray([300, 517, 1024 - n - 1], jnp.int32)     # the ring's slots wrap inside the last row's round
-  got = pass_logits(model, cfg, cache, nodes, base[:, None] + jnp.asarray(tree.depths)[None],
-                    base[:, None] + jnp.arange(n)[None], base, jnp.asarray(tree.ancestor_mask))
-  for node in range(n):
-    path = [node]
-    while tree.parents[path[-1]] != -1:
-      path.append(tree.parents[path[-1]])
-    path = path[::-1]
-    t = len(path)
-    pos = base[:, None] + jnp.arange(t)[None]
-    want = pass_logits(model, cfg, cache, nodes[:, jnp.asarray(path)], pos, pos, base,
-                       jnp.tril(jnp.ones((t, t), bool)))[:, -1]
-    np.testing.assert_array_equal(got[:, node], want, err_msg=f"node {node} (path {path})")
+  assert_nodes_are_their_chains(model, cfg, cache, tree, nodes, base)
 
 
 
