@@ -97,15 +97,12 @@ class FixedShapes:
 # values) sums a row the same only over slot counts that are multiples of 64 (float32: 48 or 80 slots round
 # otherwise than 64 or 320) (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding). XLA:CPU's
 # tree reduction rewriter is off: it turns a max over thousands of slots into a reduce-window that costs
-# more than the reduction (docs/measurements.md#ar-step-profile). XLA:CPU's default optimisation preset
-# compiles a prefill chunk's attention loop differently by the program around it (a row's K/V then depend on
-# its chunk and batch); its fast-compile preset does not, and costs no decode time measured
-# (docs/decisions.md#cpu-opt-preset). A prefill chunk's attention goes in tiles of 64 queries x 512 key
-# positions: as fast as the backend's own prefill at long prompts (docs/measurements.md#prefill-tile).
+# more than the reduction (docs/measurements.md#ar-step-profile). A prefill chunk's attention goes in tiles
+# of 64 queries x 512 key positions: as fast as the backend's own prefill at long prompts
+# (docs/measurements.md#prefill-tile).
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False),
-              ("xla_disable_hlo_passes", "tree_reduction_rewriter"),
-              ("xla_cpu_opt_preset", "CPU_OPT_PRESET_FAST_COMPILE"))
+              ("xla_disable_hlo_passes", "tree_reduction_rewriter"))
 CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,
                   key_block=16, reduction_floor=4608, xla_options=CPU_FUSION, slot_multiple=64,
                   prefill_tile=(64, 512))
