@@ -281,7 +281,7 @@ def load_head(directory: str) -> FeatureHead:
   got = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(params)}
   want = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(abstract)}
   if got != want:                                 # (orbax restores the stored shapes whatever it is asked)
-    bad = next(k for k in want if got.get(k) != want[k])
+    bad = next(k for k in sorted(want.keys() | got.keys()) if got.get(k) != want.get(k))
     raise ValueError(f"feature head {directory!r}: params{bad} has shape {got.get(bad)}, its {HEAD_FILE} says "
                      f"{want[bad]} (params from another head?)")
   return FeatureHead(cfg, layers, params, name=os.path.basename(directory), vocab=vocab, target=meta.get("target"))
