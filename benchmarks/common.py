@@ -108,13 +108,15 @@ def device_tag() -> str:
 def interleaved_decodes(model, pre, settings: dict, repeats: int, warm: bool = True) -> dict:
   """{name: [GenerateResult] x repeats}: every setting (prefilled.decode keywords) decodes the prefilled
   batch once untimed (compiling; unless not `warm`), then all settings in turn, `repeats` times, so a burst
-  of load on the shared machine hits one run of each rather than all runs of one."""
+  of load on the shared machine hits one run of each rather than all runs of one. pre: a Prefilled, or
+  {numerics: Prefilled} (a setting decodes the batch prefilled with its numerics; None: the default's)."""
+  batch = lambda kw: pre[kw.get("numerics")] if isinstance(pre, dict) else pre
   for kw in settings.values() if warm else ():
-    prefilled.decode(model, pre, **kw)
+    prefilled.decode(model, batch(kw), **kw)
   runs = {k: [] for k in settings}
   for _ in range(repeats):
     for k, kw in settings.items():
-      runs[k].append(prefilled.decode(model, pre, **kw))
+      runs[k].append(prefilled.decode(model, batch(kw), **kw))
   return runs
 
 

@@ -43,6 +43,7 @@ class FixedShapes:
   tail_blocks: int = 2             # blocks of a query's canonical tail: rounds of depth <= (this - 1) blocks
   reduction_floor: int = 0         # a row-wise reduction of m rows x d changes algorithm at m * d = this (0: none)
   xla_options: tuple[tuple[str, object], ...] = ()   # compiler options the shapes are measured under
+  prefill_xla_options: tuple[tuple[str, object], ...] = ()   # options a prefill executable adds to those
   attention: str = "xla"           # "xla" | "pallas_triton" | "pallas_interpret": the fixed-shape attention
   split_slots: int = 2048          # slots per KV split of the Pallas kernel (a size: a multiple of key_block)
   prefill_tile: tuple[int, int] = (64, 256)   # a prefill chunk's attention: (query tokens, key positions) per tile
@@ -76,8 +77,9 @@ class FixedShapes:
     prefix's one dot over every slot (a contraction over the slots) sums a row the same."""
     return math.lcm(self.key_block, self.slot_multiple)
 
-  def compiler_options(self) -> dict[str, str]:
-    return dict(self.xla_options)
+  def compiler_options(self, prefill: bool = False) -> dict[str, object]:
+    """The XLA options of a decode executable, or of a prefill's (`prefill`: with prefill_xla_options)."""
+    return dict(self.xla_options + (self.prefill_xla_options if prefill else ()))
 
   def rows(self, prefill: bool, width: int) -> tuple[int, int]:
     """(lo, hi) for the token-wise calls of a prefill chunk or a decode round of a model whose row-wise
@@ -99,13 +101,17 @@ class FixedShapes:
 # tree reduction rewriter is off: it turns a max over thousands of slots into a reduce-window that costs
 # more than the reduction (docs/measurements.md#ar-step-profile). A prefill chunk's attention goes in tiles
 # of 64 queries x 512 key positions: as fast as the backend's own prefill at long prompts
-# (docs/measurements.md#prefill-tile).
+# (docs/measurements.md#prefill-tile). At XLA:CPU's default settings (LLVM -O2) the chunk's attention loop
+# compiles by the program around it, so a prompt's K/V depended on its chunk size; the prefill executable
+# alone takes the fast-compile preset, which ends that at a cost measured in
+# docs/decisions.md#cpu-opt-preset (in a decode executable it cost a quarter of plain decoding's speed).
+CPU_PREFILL = (("xla_cpu_opt_preset", "CPU_OPT_PRESET_FAST_COMPILE"),)
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False),
               ("xla_disable_hlo_passes", "tree_reduction_rewriter"))
 CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,
-                  key_block=16, reduction_floor=4608, xla_options=CPU_FUSION, slot_multiple=64,
-                  prefill_tile=(64, 512))
+                  key_block=16, reduction_floor=4608, xla_options=CPU_FUSION, prefill_xla_options=CPU_PREFILL,
+                  slot_multiple=64, prefill_tile=(64, 512))
 # Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction); attention
 # in the Triton kernel; GEMMs with one algorithm per shape whatever the program or the process (autotuning
 # off: it picks by timing; no atomics; bf16 intermediates rounded where the program says, whatever fuses).
@@ -126,8 +132,8 @@ def fixed_shapes(platform: str | None = None) -> FixedShapes:
   """The fixed shapes of `platform` (default: the default backend's), without the compiler options this
   jaxlib does not know."""
   fixed = FIXED_SHAPES.get(platform or name(), ACCELERATOR)
-  known = tuple(o for o in fixed.xla_options if option_known(*o))
-  return fixed if known == fixed.xla_options else dataclasses.replace(fixed, xla_options=known)
+  known = {f: tuple(o for o in getattr(fixed, f) if option_known(*o)) for f in ("xla_options", "prefill_xla_options")}
+  return dataclasses.replace(fixed, **known)
 
 
 @functools.lru_cache(maxsize=None)

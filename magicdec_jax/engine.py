@@ -171,9 +171,10 @@ class Engine:
 
   def _executable(self, name: str, fun, args: tuple, static: dict, in_sh: tuple, out_sh, donate: tuple = ()):
     """(fun's executable for these shapes, compiled once (compile.py), and args placed per in_sh); call
-    under `jax.set_mesh(self.mesh)`."""
+    under `jax.set_mesh(self.mesh)`. The target's prefill compiles with the plan's prefill options."""
     args = jax.device_put(args, in_sh)
-    return compiling.jit_executable(name, fun, args, static, options=self.plan.xla_options,
+    options = self.plan.prefill_xla_options if name == "prefill" else self.plan.xla_options
+    return compiling.jit_executable(name, fun, args, static, options=options,
                                     donate_argnames=donate, in_shardings=in_sh, out_shardings=out_sh), args
 
   def _run(self, name: str, fun, args: tuple, static: dict, in_sh: tuple, out_sh, donate: tuple = ()):

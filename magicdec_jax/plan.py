@@ -65,6 +65,12 @@ def check_attention_impl(impl: str) -> None:
                      f"{backend.name()}); 'pallas_interpret' runs the same kernel here")
 
 
+def numerics_options(cfg: ModelConfig, prefill: bool = False) -> dict[str, Any]:
+  """The XLA options `cfg`'s numerics compile with: fixed shapes' (backend.FixedShapes.compiler_options, a
+  prefill's when `prefill`), none for fast numerics."""
+  return cfg.fixed.compiler_options(prefill) if cfg.invariant else {}
+
+
 def eos_ids(cfg: ModelConfig, eos_token_id) -> tuple[int, ...]:
   """The stop ids: the settings' (an id or a list of ids, each in the vocabulary; [] none: every row runs to
   max_new_tokens), else the model's own. ValueError naming eos_token_id for anything else (an id outside
@@ -94,6 +100,7 @@ class DecodePlan:
   thresholds: tuple[tuple[int, ...], tuple[int, ...]] | None = None
   eos: tuple[int, ...] = ()
   options: tuple[tuple[str, Any], ...] = ()   # XLA options of the run's executables
+  prefill_options: tuple[tuple[str, Any], ...] = ()   # those of its prefill executable
   batch: int = 1                              # rows planned for (before bucketing)
   contexts: tuple[int, int] = (1, 1)          # the contexts the run spans: shortest prompt .. longest + new
   fixed_batch: bool = False                   # rows run together until the slowest is done (generate)
@@ -118,6 +125,10 @@ class DecodePlan:
   @property
   def xla_options(self) -> dict[str, Any]:
     return dict(self.options)
+
+  @property
+  def prefill_xla_options(self) -> dict[str, Any]:
+    return dict(self.prefill_options)
 
   @property
   def max_new_tokens(self) -> int:
@@ -266,10 +277,11 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
   if st.logprobs and st.top_logprobs > cfg.vocab_size:
     raise ValueError(f"top_logprobs={st.top_logprobs} exceeds the model's vocabulary of {cfg.vocab_size} tokens")
   options = {} if draft is None else draft.xla_options()
-  fixed = cfg.fixed.compiler_options() if cfg.invariant else {}
-  options = compiling.engine_options({**options, **fixed, **(st.xla_options or {})})
+  prefill = compiling.engine_options({**options, **numerics_options(cfg, prefill=True), **(st.xla_options or {})})
+  options = compiling.engine_options({**options, **numerics_options(cfg), **(st.xla_options or {})})
   base = DecodePlan(settings=st, cfg=cfg, mesh=one_device_mesh() if mesh is None else mesh, draft=draft,
-                    eos=eos_ids(cfg, st.eos_token_id), options=tuple(sorted(options.items())), batch=int(batch),
+                    eos=eos_ids(cfg, st.eos_token_id), options=tuple(sorted(options.items())),
+                    prefill_options=tuple(sorted(prefill.items())), batch=int(batch),
                     contexts=(int(shortest), int(longest) + st.max_new_tokens), fixed_batch=fixed_batch,
                     device_memory=device_memory)
   if draft is None:

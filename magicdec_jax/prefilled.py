@@ -10,8 +10,10 @@ windowed prefill) and runs the compiled decode loop: every method sees identical
 Shared prefixes: leading chunks that every prompt has in common (several questions about one document,
 several samples of one prompt) are prefilled once, for one row, and that row's K/V is copied to every
 row; the rest of the prompts is then prefilled for the whole batch. The cache each row ends with holds the
-same values as its own prefill (to float rounding: a 1-row matmul may round differently from an 8-row
-one), and decoding still reads every row's own copy, so decode costs are unchanged.
+same values as its own prefill (bit for bit with fixed-shape numerics; with fast numerics to float
+rounding, as a 1-row matmul may round differently from an 8-row one), and decoding still reads every row's
+own copy, so decode costs are unchanged. The prefill computes with the numerics its decodes will use (they
+refuse others), so a decode gives `generate`'s output.
 
 Executables go through the engine's bounded LRU (compile.py); compile seconds are reported apart.
 """
@@ -31,8 +33,8 @@ from magicdec_jax import engine, generation, loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
 from magicdec_jax.options import check_count
-from magicdec_jax.backend import fixed_shapes
-from magicdec_jax.plan import bucket, cache_slots, check_attention_impl, make_plan
+from magicdec_jax.backend import default_numerics, fixed_shapes
+from magicdec_jax.plan import bucket, cache_slots, check_attention_impl, make_plan, numerics_options
 from magicdec_jax.prompts import pad_prompts, prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
 
@@ -52,6 +54,7 @@ class Prefilled:
   compile_s: float
   shared_tokens: int = 0   # leading prompt tokens common to every prompt, prefilled once for all rows
   model: Any = None        # the Model prefilled with (decode refuses another: its cache holds this one's K/V)
+  numerics: str = "fast"   # the numerics the K/V were computed with (decode's default; it refuses others)
 
   @property
   def batch(self) -> int:
@@ -76,13 +79,15 @@ def _copy_row(cache: KVCache, *, rows: int) -> KVCache:
 
 def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, chunk: int = 256,
             max_tree_nodes: int = MAX_TREE_NODES, share_prefix: bool = True, progress: bool = True,
-            attention_impl: str = "auto", options: dict | None = None) -> Prefilled:
+            attention_impl: str = "auto", options: dict | None = None, numerics: str | None = None) -> Prefilled:
   """Prefill token-id prompts (ragged is fine) chunk by chunk, with a progress bar over the tokens computed.
 
   share_prefix: leading chunks common to every prompt are computed once (one row) and copied to all rows.
+  numerics: as DecodeSettings.numerics (None: the backend's default), compiled with its prefill options, so
+  the K/V are those `generate` computes with the same numerics.
   """
   ids = prompt_ids(model, list(prompts))
-  cfg = model.config
+  cfg = dataclasses.replace(model.config, numerics=default_numerics() if numerics is None else numerics)
   for name, v in (("max_new_tokens", max_new_tokens), ("chunk", chunk), ("max_tree_nodes", max_tree_nodes)):
     check_count(name, v, 1)
   max_new_tokens, chunk, max_tree_nodes = int(max_new_tokens), int(chunk), int(max_tree_nodes)
@@ -100,7 +105,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   tokens, lengths = pad_prompts(ids, b, p)
   shared = shared_chunks(ids, chunk) if share_prefix else 0
   compiling.ensure_persistent_cache()
-  options = compiling.engine_options(options)
+  options = compiling.engine_options({**numerics_options(cfg, prefill=True), **(options or {})})
   c0 = compiling.compile_seconds()
   row_lengths = lambda rows: jnp.asarray(lengths[:rows] if rows == b else [min(lengths[:n])], jnp.int32)
   step_args = lambda cache, rows, c: (model.params, cache, jnp.asarray(tokens[:rows, c * chunk:(c + 1) * chunk]),
@@ -136,22 +141,29 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     if cache.k[0].shape[0] != b:                 # every chunk was shared (identical prompts)
       cache, _ = widen(cache)
   return Prefilled(jnp.asarray(tokens), jnp.asarray(lengths), cache, chunk, n, int(max_new_tokens),
-                   time.perf_counter() - t0, compile_s, shared * chunk, model)
+                   time.perf_counter() - t0, compile_s, shared * chunk, model, cfg.numerics)
 
 
 def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = None, options: dict | None = None,
            shrink_batch: bool = False, row_sampling=None, json_schema=None, regex=None, choices=None,
            **kwargs) -> engine.GenerateResult:
   """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings, row_sampling,
-  json_schema / regex / choices and result as `generation.generate`'s (max_new_tokens defaults to the prefill's room; "auto" is planned for
-  this batch and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
+  json_schema / regex / choices and result as `generation.generate`'s (max_new_tokens defaults to the
+  prefill's room, numerics to the prefill's, and other numerics are refused; "auto" is planned for this batch
+  and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
   if pre.model is not None and (model.config != pre.model.config or model.params is not pre.model.params):
     raise ValueError(f"prefilled.decode: model {model.name!r} is not the one this batch was prefilled with "
                      f"({pre.model.name!r}: its config or its params differ); prefill with it")
   kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
+  if settings is None and kwargs.get("numerics") is None:
+    kwargs["numerics"] = pre.numerics
   if options is not None:
     kwargs["xla_options"] = options
   st = decode_settings(settings, **kwargs)
+  if st.numerics != pre.numerics:
+    raise ValueError(f"prefilled.decode: numerics={st.numerics!r}, but the batch was prefilled with "
+                     f"numerics={pre.numerics!r} (its K/V would not be the ones generate computes); prefill with "
+                     f"numerics={st.numerics!r}")
   st, rows_o = generation.with_row_sampling(st, row_sampling, pre.num_prompts)
   st, rows_o = generation.with_constraint(st, rows_o, pre.num_prompts, model, json_schema=json_schema, regex=regex,
                                       choices=choices)

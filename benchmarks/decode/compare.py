@@ -264,9 +264,15 @@ def main(argv=None) -> str:
   for spec in a.shapes.split(","):
     (b, p), new = common.shape_list(spec.split(":")[0])[0], int(spec.split(":")[1]) if ":" in spec else a.new
     a.batch = b
-    pre = prefilled.prefill(model, prompts_of(a, model, b, p), max_new_tokens=new, progress=not a.smoke)
+    prompts = prompts_of(a, model, b, p)
+    # the numerics study decodes each numerics from a prefill with it (prefilled.decode refuses others)
+    pres = {n: prefilled.prefill(model, prompts, max_new_tokens=new, progress=not a.smoke, numerics=n)
+            for n in (("fast", "invariant") if a.study == "numerics" else (None,))}
+    pre = pres if a.study == "numerics" else pres[None]
     rows, runs = measure(model, pre, settings_of(a.study, a, model), a, st["ref"])
-    point = {"batch": b, "context": p, "new": new, "prefill_s": pre.prefill_s, "shared_tokens": pre.shared_tokens,
+    prefill_s = {str(n): x.prefill_s for n, x in pres.items()} if len(pres) > 1 else pres[None].prefill_s
+    point = {"batch": b, "context": p, "new": new, "prefill_s": prefill_s,
+             "shared_tokens": next(iter(pres.values())).shared_tokens,
              "settings": rows}
     extra(a, model, pre, point, runs)
     doc["points"].append(point)

@@ -57,11 +57,15 @@ def matmul_rate(n: int, repeats: int) -> float:
   return 2.0 * n ** 3 / med
 
 
-def variants(config, names: list[str], tiles: list[tuple[int, int]]) -> dict:
+def variants(config, names: list[str], tiles: list[tuple[int, int]], without_prefill_options: bool = False) -> dict:
   """{label: the model's config under each numerics in `names`, then fixed-shape numerics with each
-  FixedShapes.prefill_tile in `tiles` ("invariant_tile64x256")}."""
+  FixedShapes.prefill_tile in `tiles` ("invariant_tile64x256"), and (`without_prefill_options`) without
+  FixedShapes.prefill_xla_options ("invariant_without_prefill_options")}."""
   out = {n: dataclasses.replace(config, numerics=n) for n in names}
   inv = dataclasses.replace(config, numerics="invariant")
+  if without_prefill_options:
+    fixed = dataclasses.replace(inv.fixed, prefill_xla_options=())
+    out["invariant_without_prefill_options"] = dataclasses.replace(inv, fixed=fixed)
   for tq, blk in tiles:
     fixed = dataclasses.replace(inv.fixed, prefill_tile=(tq, blk))
     out[f"invariant_tile{tq}x{blk}"] = dataclasses.replace(inv, fixed=fixed)
@@ -74,7 +78,7 @@ def by_numerics(model, tokens, lengths, num_slots: int, chunk: int, configs: dic
   plan would add, the configs timed in turn `repeats` times (after one untimed call each)."""
   runs = {}
   for n, cfg in configs.items():
-    opts = cfg.fixed.compiler_options() if cfg.invariant else {}
+    opts = cfg.fixed.compiler_options(prefill=True) if cfg.invariant else {}
     exe = loop.prefill.lower(model.params, tokens, lengths, cfg=cfg, num_slots=num_slots,
                              margin=ring_margin(1, chunk), chunk=chunk).compile(opts or None)
     runs[n] = lambda exe=exe: exe(model.params, tokens, lengths).k[-1]
@@ -102,6 +106,8 @@ def main(argv=None):
   ap.add_argument("--prefill-tiles", type=common.shape_list, default=[],
                   help="also time fixed-shape numerics with each prefill_tile (QxK tokens, comma-separated, "
                   "e.g. 64x256,128x256), interleaved with --numerics")
+  ap.add_argument("--without-prefill-options", action="store_true", help="also time fixed-shape numerics "
+                  "without FixedShapes.prefill_xla_options (the decode executables' options only), interleaved")
   args = common.parse(ap, argv, shape=[(2, 64)], chunk=16, matmul_n=256)
   model, source = common.model(args.smoke)
   (b, p), = args.shape
@@ -118,7 +124,8 @@ def main(argv=None):
                              margin=ring_margin(1, args.chunk), chunk=args.chunk).k[-1]
   med, times = common.median_time(new, args.repeats)
   doc["engine"] = {"numerics": cfg.numerics, **figures(med, times, b * p, flops)}
-  configs = variants(cfg, [n for n in args.numerics.split(",") if n], args.prefill_tiles)
+  configs = variants(cfg, [n for n in args.numerics.split(",") if n], args.prefill_tiles,
+                     args.without_prefill_options)
   if configs:
     doc["by_numerics"] = by_numerics(model, tokens, lengths, num_slots, args.chunk, configs, args.repeats, flops)
   print(f"engine prefill {b}x{p}: {med:.1f}s, {b * p / med:.0f} tokens/s, {flops / med / 1e9:.1f} GFLOP/s useful",

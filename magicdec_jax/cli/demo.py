@@ -269,7 +269,7 @@ def compare(model: Model, *, batch: int, prompt_tokens: int, max_new_tokens: int
       + (f" (one shared {shared_tokens}-token document, then a different passage each)" if shared_tokens else "")
       + f"; prefill once, then decode {max_new_tokens} tokens autoregressively and with MagicDec "
       f"({_draft(sink, window, draft_weights, gamma)}), alternately, {repeats} time(s) each")
-  pre = prefilled.prefill(model, prompts, max_new_tokens=max_new_tokens, progress=progress)
+  pre = prefilled.prefill(model, prompts, max_new_tokens=max_new_tokens, progress=progress, numerics=numerics)
   log(f"prefill: {pre.prefill_s:.1f}s ({batch * prompt_tokens / pre.prefill_s:.0f} prompt tokens/s; "
       f"{pre.shared_tokens} shared tokens computed once) + {pre.compile_s:.1f}s compile")
   gen = dict(temperature=temperature, seed=seed, shrink_batch=shrink_batch, numerics=numerics)

@@ -39,7 +39,8 @@ def measure_point(model: Model, prompts, draft, gammas: Sequence[int], max_new: 
                   progress: bool = False, **decode_kw) -> dict:
   """Prefill `prompts` once; decode AR and each gamma from copies of the caches -> one point's figures.
   decode_kw: sampling arguments of prefilled.decode (temperature, top_k, top_p, seed, eos_token_id)."""
-  pre = prefilled.prefill(model, prompts, max_new_tokens=max_new, progress=progress)
+  pre = prefilled.prefill(model, prompts, max_new_tokens=max_new, progress=progress,
+                          numerics=decode_kw.get("numerics"))
   ar = prefilled.decode(model, pre, **decode_kw)
   point = {"batch": len(prompts), "context": max(len(p) for p in prompts), "prefill_s": pre.prefill_s,
            "prefill_tok_s": sum(len(p) for p in prompts) / pre.prefill_s, "ar": _figures(ar.stats, pre.prefill_s),

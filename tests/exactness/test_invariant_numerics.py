@@ -225,36 +225,48 @@ import jax, numpy as np
 import magicdec_jax as md
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, init_params
-cfg = ModelConfig(vocab_size=64, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=4, num_kv_heads=2,
-                  head_dim=64, max_position_embeddings=512)
-params = init_params(cfg, jax.random.key(0), scale=0.5)
-params["layers"] = tuple(dict(lp, attn=jax.tree.map(lambda a: a * 10.0, lp["attn"])) for lp in params["layers"])
-model = Model(cfg, params, name="tiny-f32")
-rng = np.random.default_rng(5)
-prompts = [rng.integers(0, 64, n).tolist() for n in (300, 37)]
-kw = dict(max_new_tokens=16, temperature=0.0, eos_token_id=[], logprobs=True, numerics="invariant")
-runs = {"plain": md.generate(model, prompts, **kw),
-        "chain": md.generate(model, prompts, draft=md.StreamingDraft(2, 4), gamma=3, **kw),
-        "tree": md.generate(model, prompts, draft=md.StreamingDraft(2, 4), tree=md.trees.default_tree("sequoia16"),
-                            **kw)}
-print(json.dumps({k: {"tokens": r.tokens, "logprobs": [[float(x) for x in row] for row in r.logprobs]}
-                  for k, r in runs.items()}))
+out = {}
+for hd in (64, 128):
+  cfg = ModelConfig(vocab_size=64, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=256 // hd,
+                    num_kv_heads=128 // hd, head_dim=hd, max_position_embeddings=512)
+  params = init_params(cfg, jax.random.key(0), scale=0.5)
+  params["layers"] = tuple(dict(lp, attn=jax.tree.map(lambda a: a * 10.0, lp["attn"])) for lp in params["layers"])
+  model = Model(cfg, params, name=f"tiny-f32-hd{hd}")
+  rng = np.random.default_rng(5)
+  prompts = [rng.integers(0, 64, n).tolist() for n in (300, 37)]
+  kw = dict(max_new_tokens=16, temperature=0.0, eos_token_id=[], logprobs=True, numerics="invariant")
+  runs = {"plain": md.generate(model, prompts, **kw),
+          "chain": md.generate(model, prompts, draft=md.StreamingDraft(2, 4), gamma=3, **kw),
+          "tree": md.generate(model, prompts, draft=md.StreamingDraft(2, 4),
+                              tree=md.trees.default_tree("sequoia16"), **kw)}
+  rows = {k: [{"tokens": t, "logprobs": [float(x) for x in lp]} for t, lp in zip(r.tokens, r.logprobs)]
+          for k, r in runs.items()}
+  alone = md.generate(model, prompts[1:], **kw)                 # one 64-token prefill chunk, not 256-token ones
+  stream = {r.index: r for r in md.generate_stream(model, prompts, batch_size=1, **kw)}   # the second: a refill
+  rows["alone"] = [{"tokens": r.tokens[0], "logprobs": [float(x) for x in r.logprobs[0]]} for r in (alone,)]
+  rows["refilled"] = [{"tokens": stream[1].tokens, "logprobs": [float(x) for x in stream[1].logprobs]}]
+  out[hd] = rows
+print(json.dumps(out))
 """
 
 
 def test_identity_holds_at_xla_default_flags():
   """The suite compiles at its own fast-compile flags (conftest.py); users compile at XLA's defaults. In a
-  process without them, a float32 model of head dim 64: a chain's and a Sequoia tree's rows have plain
-  decoding's tokens and log-probs bit for bit. (What does not hold there: a row prefilled in other chunks,
-  and trees at head dims 8, 16 and 128: docs/decisions.md#cpu-opt-preset.)"""
+  process without them, float32 models of head dims 64 and 128: a chain's and a Sequoia tree's rows have
+  plain decoding's tokens and log-probs bit for bit, and so has a row prefilled alone in a chunk of another
+  size or refilled into a stream's slot (the prefill executable's own options, backend.CPU_PREFILL). (What
+  still differs there: docs/decisions.md#cpu-opt-preset.)"""
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MAGICDEC_COMPILATION_CACHE")}
   r = subprocess.run([sys.executable, "-c", DEFAULT_FLAGS_SCRIPT], env=env, capture_output=True, text=True,
-                     timeout=600)
+                     timeout=900)
   assert r.returncode == 0, r.stderr[-3000:]
-  runs = json.loads(r.stdout.strip().splitlines()[-1])
-  plain = runs["plain"]
-  assert runs["chain"] == plain
-  assert runs["tree"] == plain
+  for hd, runs in json.loads(r.stdout.strip().splitlines()[-1]).items():
+    plain = runs["plain"]
+    assert runs["chain"] == plain, hd
+    assert runs["tree"] == plain, hd
+    assert runs["alone"] == plain[1:], hd
+    assert runs["refilled"] == plain[1:], hd
+
 
 def head():
   return feature_head.init_head(target(), seed=1)

@@ -328,11 +328,12 @@ def test_tree_auto_with_a_chain_only_draft_is_refused_before_planning(model):
 
 
 def test_prefill_and_logits_arguments(model):
-  for kw, words in ((dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
-                    (dict(max_new_tokens=4.5), "got 4.5"), (dict(max_new_tokens=4, chunk=True), "chunk"),
-                    (dict(max_new_tokens=4, max_tree_nodes=0), "max_tree_nodes"),
-                    (dict(max_new_tokens=4, attention_impl="flash"), "'flash'")):
-    with raises(words):
+  for kw, *words in ((dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1, got 0"),
+                     (dict(max_new_tokens=4.5), "got 4.5"), (dict(max_new_tokens=4, chunk=True), "chunk"),
+                     (dict(max_new_tokens=4, max_tree_nodes=0), "max_tree_nodes"),
+                     (dict(max_new_tokens=4, attention_impl="flash"), "'flash'"),
+                     (dict(max_new_tokens=4, numerics="exact"), "numerics must be one of", "'exact'")):
+    with raises(*words):
       prefilled.prefill(model, [PROMPT], **kw)
   ctx = model.config.max_position_embeddings
   for fn in (logits, prompt_logprobs):

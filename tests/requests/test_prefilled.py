@@ -79,6 +79,28 @@ def test_bad_arguments_are_refused():
   # the cache holds this model's K/V: another model of the same shape would decode silently from it
   with pytest.raises(ValueError, match="model 'tiny4.*' is not the one this batch was prefilled with"):
     prefilled.decode(tiny_model(4), pre)
+  # K/V of other numerics than the decode's would not be generate's
+  fast = prefilled.prefill(model, [[1, 2, 3]], max_new_tokens=4, chunk=16, progress=False, numerics="fast")
+  with pytest.raises(ValueError, match="numerics='invariant', but the batch was prefilled with numerics='fast'"):
+    prefilled.decode(model, fast, numerics="invariant")
+
+
+def test_a_prefilled_batch_decodes_generates_log_probs_bit_for_bit():
+  """With fixed-shape numerics (the CPU default) the prefill computes the K/V `generate` computes: a float32
+  model's log-probs from a prefilled batch (chunks of 16, the shared prefix for one row) are generate's
+  (speculating: its tokens; this model's head dim of 8 is below what chains' bits are tested at,
+  docs/decisions.md#cpu-opt-preset); decode's numerics default to the prefill's."""
+  model = tiny_model(3, attn_scale=8.0)
+  doc = random_prompts([40], model.config.vocab_size, seed=2)[0]
+  prompts = [doc + t for t in random_prompts([21, 5, 33], model.config.vocab_size, seed=3)]
+  kw = dict(max_new_tokens=10, logprobs=True)
+  want = md.generate(model, prompts, **kw, numerics="invariant")
+  pre = prefilled.prefill(model, prompts, max_new_tokens=10, chunk=16, progress=False, numerics="invariant")
+  assert pre.shared_tokens == 32
+  res = prefilled.decode(model, pre, **kw)
+  assert res.tokens == want.tokens
+  assert [np.asarray(r).tobytes() for r in res.logprobs] == [np.asarray(r).tobytes() for r in want.logprobs]
+  assert prefilled.decode(model, pre, draft=md.StreamingDraft(2, 8), gamma=3, **kw).tokens == want.tokens
 
 
 def test_loop_rounds_are_the_slowest_rows():
