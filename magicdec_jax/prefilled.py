@@ -154,16 +154,18 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
   if pre.model is not None and (model.config != pre.model.config or model.params is not pre.model.params):
     raise ValueError(f"prefilled.decode: model {model.name!r} is not the one this batch was prefilled with "
                      f"({pre.model.name!r}: its config or its params differ); prefill with it")
-  kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
-  if settings is None and kwargs.get("numerics") is None:
-    kwargs["numerics"] = pre.numerics
+  if settings is None:
+    kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
+    if kwargs.get("numerics") is None:
+      kwargs["numerics"] = pre.numerics
   if options is not None:
     kwargs["xla_options"] = options
   st = decode_settings(settings, **kwargs)
   if st.numerics != pre.numerics:
     raise ValueError(f"prefilled.decode: numerics={st.numerics!r}, but the batch was prefilled with "
                      f"numerics={pre.numerics!r} (its K/V would not be the ones generate computes); prefill with "
-                     f"numerics={st.numerics!r}")
+                     f"numerics={st.numerics!r}, or decode with numerics={pre.numerics!r} (a DecodeSettings: "
+                     f"settings.replace(numerics={pre.numerics!r}))")
   st, rows_o = generation.with_row_sampling(st, row_sampling, pre.num_prompts)
   st, rows_o = generation.with_constraint(st, rows_o, pre.num_prompts, model, json_schema=json_schema, regex=regex,
                                       choices=choices)

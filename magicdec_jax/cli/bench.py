@@ -57,7 +57,7 @@ def run(fv, log) -> None:
       model, st.draft, **grid, output_dir=fv.output_dir, log=log, hardware=fv.hardware,
       max_batch_tokens=preset.get("max_batch_tokens"),
       gen=dict(max_new_tokens=st.max_new_tokens, temperature=st.temperature, top_k=st.top_k, top_p=st.top_p,
-               seed=st.seed, attention_impl=st.attention_impl))
+               seed=st.seed, attention_impl=st.attention_impl, numerics=st.numerics))
   if not out["result"]["points"]:
     raise app.UsageError(f"--mode=bench measured no point: every (batch, context) of the grid was skipped "
                          f"(the log says why); {out['json']} lists none")

@@ -40,7 +40,7 @@ def measure_point(model: Model, prompts, draft, gammas: Sequence[int], max_new: 
   """Prefill `prompts` once; decode AR and each gamma from copies of the caches -> one point's figures.
   decode_kw: sampling arguments of prefilled.decode (temperature, top_k, top_p, seed, eos_token_id)."""
   pre = prefilled.prefill(model, prompts, max_new_tokens=max_new, progress=progress,
-                          numerics=decode_kw.get("numerics"))
+                          numerics=decode_kw.get("numerics"), attention_impl=decode_kw.get("attention_impl", "auto"))
   ar = prefilled.decode(model, pre, **decode_kw)
   point = {"batch": len(prompts), "context": max(len(p) for p in prompts), "prefill_s": pre.prefill_s,
            "prefill_tok_s": sum(len(p) for p in prompts) / pre.prefill_s, "ar": _figures(ar.stats, pre.prefill_s),

@@ -50,7 +50,7 @@ def prefilled(m: Model, prompts, bucket: int, chunk: int, num_slots: int) -> KVC
   args = (m.params, jnp.asarray(ids), jnp.asarray(lengths - 1))    # the last token: the first step's
   static = dict(cfg=m.config, num_slots=num_slots, margin=ring_margin(AR_TREE.num_nodes, chunk), chunk=chunk)
   return compiling.jit_executable("test_prefill", loop.prefill, args, static,
-                                  options=m.config.fixed.compiler_options())(*args)
+                                  options=m.config.fixed.compiler_options(prefill=True))(*args)
 
 
 def positions_kv(m: Model, cache: KVCache, row: int, n: int) -> list[np.ndarray]:

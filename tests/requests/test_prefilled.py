@@ -101,6 +101,9 @@ def test_a_prefilled_batch_decodes_generates_log_probs_bit_for_bit():
   assert res.tokens == want.tokens
   assert [np.asarray(r).tobytes() for r in res.logprobs] == [np.asarray(r).tobytes() for r in want.logprobs]
   assert prefilled.decode(model, pre, draft=md.StreamingDraft(2, 8), gamma=3, **kw).tokens == want.tokens
+  # a DecodeSettings is taken as given (its max_new_tokens too, not the prefill's room)
+  st = md.DecodeSettings(max_new_tokens=3, numerics="invariant")
+  assert prefilled.decode(model, pre, settings=st).tokens == [t[:3] for t in want.tokens]
 
 
 def test_loop_rounds_are_the_slowest_rows():
