@@ -25,6 +25,7 @@ from magicdec_jax.tuning import costmodel
 from magicdec_jax.cache import KVCache, aligned_slots, ring_margin
 from magicdec_jax.layers.attention import PrefixTree
 from magicdec_jax.model import forward
+from magicdec_jax.plan import numerics_options
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "num_slots", "chunk"))
@@ -78,7 +79,7 @@ def by_numerics(model, tokens, lengths, num_slots: int, chunk: int, configs: dic
   plan would add, the configs timed in turn `repeats` times (after one untimed call each)."""
   runs = {}
   for n, cfg in configs.items():
-    opts = cfg.fixed.compiler_options(prefill=True) if cfg.invariant else {}
+    opts = numerics_options(cfg, prefill=True)
     exe = loop.prefill.lower(model.params, tokens, lengths, cfg=cfg, num_slots=num_slots,
                              margin=ring_margin(1, chunk), chunk=chunk).compile(opts or None)
     runs[n] = lambda exe=exe: exe(model.params, tokens, lengths).k[-1]
