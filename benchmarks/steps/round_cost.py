@@ -25,6 +25,7 @@ from magicdec_jax.drafts import Prefill
 from magicdec_jax.measure import calibrate
 from magicdec_jax.cache import KVCache, aligned_slots
 from magicdec_jax.layers.dense import narrow_weights
+from magicdec_jax.plan import numerics_options
 from magicdec_jax.sampling import Sampling
 from magicdec_jax.trees import Tree
 
@@ -48,7 +49,8 @@ def in_loop_round_s(model, batch: int, context: int, spec, tree: Tree, rounds: i
     return jax.block_until_ready(jax.tree.map(jnp.copy, s))   # XLA:CPU may share equal leaves: donated once each
 
   t0 = time.perf_counter()
-  comp = loop.decode.lower(params, draft_params, state(), cfg=cfg, spec=spec, tree=tree, sampling=Sampling()).compile()
+  comp = loop.decode.lower(params, draft_params, state(), cfg=cfg, spec=spec, tree=tree, sampling=Sampling()).compile(
+      compiler_options=numerics_options(cfg) or None)   # the engine's decode options for these numerics
   compile_s = time.perf_counter() - t0
   per_round = []
   for _ in range(repeats):
@@ -83,7 +85,8 @@ def main(argv=None):
   cfg, params = model.config, model.params
   draft_params = narrow_weights(params, weights) if weights else None
   for b, n in args.shapes:
-    iso = lambda t: calibrate.time_step(params, cfg, b, n, t, "linear", repeats=args.repeats + 2)
+    iso = lambda t: calibrate.time_step(params, cfg, b, n, t, "linear", repeats=args.repeats + 2,
+                                        options=numerics_options(cfg))
     ar_alone = iso(1)
     ar_loop = in_loop_round_s(model, b, n, None, Tree((-1,)), args.rounds, args.repeats)
     draft = calibrate.time_step(draft_params or params, loop.draft_config(cfg), b, args.sink + args.window, 1,
