@@ -109,8 +109,9 @@ def interleaved_decodes(model, pre, settings: dict, repeats: int, warm: bool = T
   """{name: [GenerateResult] x repeats}: every setting (prefilled.decode keywords) decodes the prefilled
   batch once untimed (compiling; unless not `warm`), then all settings in turn, `repeats` times, so a burst
   of load on the shared machine hits one run of each rather than all runs of one. pre: a Prefilled, or
-  {numerics: Prefilled} (a setting decodes the batch prefilled with its numerics; None: the default's)."""
-  batch = lambda kw: pre[kw.get("numerics")] if isinstance(pre, dict) else pre
+  {(numerics, fixed_shapes): Prefilled} (a setting decodes the batch prefilled with its numerics and fixed
+  shapes; None: the default's)."""
+  batch = lambda kw: pre[kw.get("numerics"), kw.get("fixed_shapes")] if isinstance(pre, dict) else pre
   for kw in settings.values() if warm else ():
     prefilled.decode(model, batch(kw), **kw)
   runs = {k: [] for k in settings}

@@ -33,7 +33,8 @@ from magicdec_jax import engine, generation, loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
 from magicdec_jax.options import check_count
-from magicdec_jax.backend import default_numerics, fixed_shapes
+from magicdec_jax import backend
+from magicdec_jax.backend import FixedShapes
 from magicdec_jax.plan import bucket, cache_slots, check_attention_impl, make_plan, numerics_options
 from magicdec_jax.prompts import pad_prompts, prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
@@ -55,6 +56,7 @@ class Prefilled:
   shared_tokens: int = 0   # leading prompt tokens common to every prompt, prefilled once for all rows
   model: Any = None        # the Model prefilled with (decode refuses another: its cache holds this one's K/V)
   numerics: str = "fast"   # the numerics the K/V were computed with (decode's default; it refuses others)
+  fixed: FixedShapes | None = None   # invariant numerics' shapes the K/V were computed at (likewise)
 
   @property
   def batch(self) -> int:
@@ -79,15 +81,17 @@ def _copy_row(cache: KVCache, *, rows: int) -> KVCache:
 
 def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, chunk: int = 256,
             max_tree_nodes: int = MAX_TREE_NODES, share_prefix: bool = True, progress: bool = True,
-            attention_impl: str = "auto", options: dict | None = None, numerics: str | None = None) -> Prefilled:
+            attention_impl: str = "auto", options: dict | None = None, numerics: str | None = None,
+            fixed_shapes: FixedShapes | None = None) -> Prefilled:
   """Prefill token-id prompts (ragged is fine) chunk by chunk, with a progress bar over the tokens computed.
 
   share_prefix: leading chunks common to every prompt are computed once (one row) and copied to all rows.
-  numerics: as DecodeSettings.numerics (None: the backend's default), compiled with its prefill options, so
-  the K/V are those `generate` computes with the same numerics.
+  numerics, fixed_shapes: as DecodeSettings' (None: the backend's), compiled with their prefill options, so
+  the K/V are those `generate` computes with the same settings.
   """
   ids = prompt_ids(model, list(prompts))
-  cfg = dataclasses.replace(model.config, numerics=default_numerics() if numerics is None else numerics)
+  st = DecodeSettings(max_new_tokens=1, numerics=numerics, fixed_shapes=fixed_shapes)   # checks both
+  cfg = dataclasses.replace(model.config, numerics=st.numerics, fixed=st.fixed_shapes)
   for name, v in (("max_new_tokens", max_new_tokens), ("chunk", chunk), ("max_tree_nodes", max_tree_nodes)):
     check_count(name, v, 1)
   max_new_tokens, chunk, max_tree_nodes = int(max_new_tokens), int(chunk), int(max_tree_nodes)
@@ -101,7 +105,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   n = len(ids)
   b = bucket(n, 1)
   p = -(-longest // chunk) * chunk
-  num_slots = cache_slots(p, max_new_tokens, max_tree_nodes, fixed_shapes().cache_multiple)   # either numerics
+  num_slots = cache_slots(p, max_new_tokens, max_tree_nodes, (cfg.fixed or backend.fixed_shapes()).cache_multiple)
   tokens, lengths = pad_prompts(ids, b, p)
   shared = shared_chunks(ids, chunk) if share_prefix else 0
   compiling.ensure_persistent_cache()
@@ -141,7 +145,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     if cache.k[0].shape[0] != b:                 # every chunk was shared (identical prompts)
       cache, _ = widen(cache)
   return Prefilled(jnp.asarray(tokens), jnp.asarray(lengths), cache, chunk, n, int(max_new_tokens),
-                   time.perf_counter() - t0, compile_s, shared * chunk, model, cfg.numerics)
+                   time.perf_counter() - t0, compile_s, shared * chunk, model, cfg.numerics, cfg.fixed)
 
 
 def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = None, options: dict | None = None,
@@ -149,7 +153,7 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
            **kwargs) -> engine.GenerateResult:
   """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings, row_sampling,
   json_schema / regex / choices and result as `generation.generate`'s (max_new_tokens defaults to the
-  prefill's room, numerics to the prefill's, and other numerics are refused; "auto" is planned for this batch
+  prefill's room, numerics and fixed_shapes to the prefill's, and others are refused; "auto" is planned for this batch
   and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
   if pre.model is not None and (model.config != pre.model.config or model.params is not pre.model.params):
     raise ValueError(f"prefilled.decode: model {model.name!r} is not the one this batch was prefilled with "
@@ -158,6 +162,8 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
     kwargs.setdefault("max_new_tokens", pre.max_new_tokens)
     if kwargs.get("numerics") is None:
       kwargs["numerics"] = pre.numerics
+    if kwargs.get("fixed_shapes") is None and kwargs["numerics"] == pre.numerics:
+      kwargs["fixed_shapes"] = pre.fixed
   if options is not None:
     kwargs["xla_options"] = options
   st = decode_settings(settings, **kwargs)
@@ -166,6 +172,10 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
                      f"numerics={pre.numerics!r} (its K/V would not be the ones generate computes); prefill with "
                      f"numerics={st.numerics!r}, or decode with numerics={pre.numerics!r} (a DecodeSettings: "
                      f"settings.replace(numerics={pre.numerics!r}))")
+  fixed = st.fixed_shapes or (backend.fixed_shapes() if st.numerics == "invariant" else None)
+  if fixed != pre.fixed:
+    raise ValueError(f"prefilled.decode: fixed_shapes={fixed!r:.200} differ from the prefill's {pre.fixed!r:.200} "
+                     f"(its K/V would not be the ones generate computes); prefill with fixed_shapes= the same")
   st, rows_o = generation.with_row_sampling(st, row_sampling, pre.num_prompts)
   st, rows_o = generation.with_constraint(st, rows_o, pre.num_prompts, model, json_schema=json_schema, regex=regex,
                                       choices=choices)

@@ -265,10 +265,12 @@ def main(argv=None) -> str:
     (b, p), new = common.shape_list(spec.split(":")[0])[0], int(spec.split(":")[1]) if ":" in spec else a.new
     a.batch = b
     prompts = prompts_of(a, model, b, p)
-    # the numerics study decodes each numerics from a prefill with it (prefilled.decode refuses others)
-    pres = {n: prefilled.prefill(model, prompts, max_new_tokens=new, progress=not a.smoke, numerics=n)
-            for n in (("fast", "invariant") if a.study == "numerics" else (None,))}
-    pre = pres if a.study == "numerics" else pres[None]
+    # the numerics study decodes each numerics and design from a prefill with it (prefilled.decode refuses others)
+    groups = ({"fast": ("fast", None), "invariant": ("invariant", None),
+               **{n: ("invariant", f) for n, f in a.designs.items()}} if a.study == "numerics" else {None: (None, None)})
+    pres = {n: prefilled.prefill(model, prompts, max_new_tokens=new, progress=not a.smoke, numerics=num,
+                                 fixed_shapes=f) for n, (num, f) in groups.items()}
+    pre = {groups[n]: x for n, x in pres.items()} if a.study == "numerics" else pres[None]
     rows, runs = measure(model, pre, settings_of(a.study, a, model), a, st["ref"])
     prefill_s = {str(n): x.prefill_s for n, x in pres.items()} if len(pres) > 1 else pres[None].prefill_s
     point = {"batch": b, "context": p, "new": new, "prefill_s": prefill_s,

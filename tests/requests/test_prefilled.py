@@ -1,6 +1,7 @@
 """Prefill once, decode several ways (magicdec_jax/prefilled.py): every decode gives the tokens a plain
 autoregressive `generate` gives (greedy), decoding twice from one prefill gives the same tokens (the caches
 are copied, not consumed), and the benchmark scripts built on it run end to end (--smoke)."""
+import dataclasses
 import json
 import os
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import prefilled, textdata
+from magicdec_jax import backend, prefilled, textdata
 from magicdec_jax import testing
 from magicdec_jax.cli import demo as cli_demo
 from magicdec_jax.trees import Tree
@@ -104,6 +105,17 @@ def test_a_prefilled_batch_decodes_generates_log_probs_bit_for_bit():
   # a DecodeSettings is taken as given (its max_new_tokens too, not the prefill's room)
   st = md.DecodeSettings(max_new_tokens=3, numerics="invariant")
   assert prefilled.decode(model, pre, settings=st).tokens == [t[:3] for t in want.tokens]
+  # other fixed shapes (a benchmark's design): the prefill computes at them, decode takes them by default
+  # and refuses others, whose K/V would not be generate's
+  design = dataclasses.replace(backend.fixed_shapes(), prefill_tile=(16, 32), key_block=32)
+  want_d = md.generate(model, prompts, **kw, numerics="invariant", fixed_shapes=design)
+  pre_d = prefilled.prefill(model, prompts, max_new_tokens=10, chunk=16, progress=False, fixed_shapes=design)
+  got_d = prefilled.decode(model, pre_d, **kw)
+  assert [np.asarray(r).tobytes() for r in got_d.logprobs] == [np.asarray(r).tobytes() for r in want_d.logprobs]
+  with pytest.raises(ValueError, match="fixed_shapes=.* differ from the prefill's"):
+    prefilled.decode(model, pre, fixed_shapes=design)
+  with pytest.raises(ValueError, match="fixed_shapes=.* differ from the prefill's"):
+    prefilled.decode(model, pre_d, settings=st)
 
 
 def test_loop_rounds_are_the_slowest_rows():
