@@ -78,8 +78,12 @@ class FixedShapes:
     return math.lcm(self.key_block, self.slot_multiple)
 
   def compiler_options(self, prefill: bool = False) -> dict[str, object]:
-    """The XLA options of a decode executable, or of a prefill's (`prefill`: with prefill_xla_options)."""
-    return dict(self.xla_options + (self.prefill_xla_options if prefill else ()))
+    """The XLA options of a decode executable, or of a prefill's (`prefill`: with prefill_xla_options; the
+    HLO passes either disables are all disabled)."""
+    out = dict(self.xla_options)
+    for key, value in self.prefill_xla_options if prefill else ():
+      out[key] = f"{out[key]},{value}" if key == DISABLED_PASSES and key in out else value
+    return out
 
   def rows(self, prefill: bool, width: int) -> tuple[int, int]:
     """(lo, hi) for the token-wise calls of a prefill chunk or a decode round of a model whose row-wise
@@ -105,6 +109,7 @@ class FixedShapes:
 # compiles by the program around it, so a prompt's K/V depended on its chunk size; the prefill executable
 # alone takes the fast-compile preset, which ends that at a cost measured in
 # docs/decisions.md#cpu-opt-preset (in a decode executable it cost a quarter of plain decoding's speed).
+DISABLED_PASSES = "xla_disable_hlo_passes"   # its value: a comma-separated list of HLO pass names
 CPU_PREFILL = (("xla_cpu_opt_preset", "CPU_OPT_PRESET_FAST_COMPILE"),)
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False),

@@ -58,15 +58,27 @@ def matmul_rate(n: int, repeats: int) -> float:
   return 2.0 * n ** 3 / med
 
 
-def variants(config, names: list[str], tiles: list[tuple[int, int]], without_prefill_options: bool = False) -> dict:
+def prefill_options(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+  """'LABEL=OPTION:VALUE,...' -> (LABEL, those XLA options; 'LABEL=' for none)."""
+  label, sep, items = text.partition("=")
+  opts = tuple(tuple(i.split(":", 1)) for i in filter(None, items.split(",")))
+  if not label or not sep or any(len(o) != 2 or not all(o) for o in opts):
+    raise ValueError(f"--prefill-options takes LABEL=OPTION:VALUE,... (LABEL= for none), got {text!r}")
+  return label, opts
+
+
+def variants(config, names: list[str], tiles: list[tuple[int, int]], without_prefill_options: bool = False,
+             options: tuple = ()) -> dict:
   """{label: the model's config under each numerics in `names`, then fixed-shape numerics with each
-  FixedShapes.prefill_tile in `tiles` ("invariant_tile64x256"), and (`without_prefill_options`) without
-  FixedShapes.prefill_xla_options ("invariant_without_prefill_options")}."""
+  FixedShapes.prefill_tile in `tiles` ("invariant_tile64x256"), (`without_prefill_options`) without
+  FixedShapes.prefill_xla_options ("invariant_without_prefill_options"), and with each (label, options) of
+  `options` as those prefill_xla_options ("invariant_LABEL")}."""
   out = {n: dataclasses.replace(config, numerics=n) for n in names}
   inv = dataclasses.replace(config, numerics="invariant")
   if without_prefill_options:
-    fixed = dataclasses.replace(inv.fixed, prefill_xla_options=())
-    out["invariant_without_prefill_options"] = dataclasses.replace(inv, fixed=fixed)
+    options = (("without_prefill_options", ()),) + tuple(options)
+  for label, opts in options:
+    out[f"invariant_{label}"] = dataclasses.replace(inv, fixed=dataclasses.replace(inv.fixed, prefill_xla_options=opts))
   for tq, blk in tiles:
     fixed = dataclasses.replace(inv.fixed, prefill_tile=(tq, blk))
     out[f"invariant_tile{tq}x{blk}"] = dataclasses.replace(inv, fixed=fixed)
@@ -109,6 +121,10 @@ def main(argv=None):
                   "e.g. 64x256,128x256), interleaved with --numerics")
   ap.add_argument("--without-prefill-options", action="store_true", help="also time fixed-shape numerics "
                   "without FixedShapes.prefill_xla_options (the decode executables' options only), interleaved")
+  ap.add_argument("--prefill-options", type=prefill_options, action="append", default=[],
+                  help="also time fixed-shape numerics with these FixedShapes.prefill_xla_options, as "
+                  "LABEL=OPTION:VALUE,... (repeatable; e.g. swl=xla_disable_hlo_passes:simplify-while-loops), "
+                  "interleaved")
   args = common.parse(ap, argv, shape=[(2, 64)], chunk=16, matmul_n=256)
   model, source = common.model(args.smoke)
   (b, p), = args.shape
@@ -126,7 +142,7 @@ def main(argv=None):
   med, times = common.median_time(new, args.repeats)
   doc["engine"] = {"numerics": cfg.numerics, **figures(med, times, b * p, flops)}
   configs = variants(cfg, [n for n in args.numerics.split(",") if n], args.prefill_tiles,
-                     args.without_prefill_options)
+                     args.without_prefill_options, tuple(args.prefill_options))
   if configs:
     doc["by_numerics"] = by_numerics(model, tokens, lengths, num_slots, args.chunk, configs, args.repeats, flops)
   print(f"engine prefill {b}x{p}: {med:.1f}s, {b * p / med:.0f} tokens/s, {flops / med / 1e9:.1f} GFLOP/s useful",

@@ -99,6 +99,15 @@ def test_fixed_shapes_refuse_a_round_deeper_than_their_tail():
   md.make_plan(model, st.replace(numerics="fast"), batch=2, shortest=5, longest=9)
 
 
+def test_a_prefills_disabled_passes_add_to_the_decodes():
+  """XLA takes one list of disabled HLO passes: a prefill option naming more passes disables them besides
+  the decode options' (a plain dict merge would have switched the decode's back on); other options replace."""
+  fixed = dataclasses.replace(backend.CPU, xla_options=(("xla_disable_hlo_passes", "a"), ("x", 1)),
+                              prefill_xla_options=(("xla_disable_hlo_passes", "b"), ("x", 2), ("y", 3)))
+  assert fixed.compiler_options() == {"xla_disable_hlo_passes": "a", "x": 1}
+  assert fixed.compiler_options(prefill=True) == {"xla_disable_hlo_passes": "a,b", "x": 2, "y": 3}
+
+
 def test_one_execution_path_a_one_by_one_mesh():
   """Without a mesh the plan holds a 1 x 1 mesh, the engine's outputs live on it, and the tokens are those of
   an explicit 1 x 1 mesh and of plain decoding."""
