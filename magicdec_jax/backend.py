@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -80,10 +81,7 @@ class FixedShapes:
   def compiler_options(self, prefill: bool = False) -> dict[str, object]:
     """The XLA options of a decode executable, or of a prefill's (`prefill`: with prefill_xla_options; the
     HLO passes either disables are all disabled)."""
-    out = dict(self.xla_options)
-    for key, value in self.prefill_xla_options if prefill else ():
-      out[key] = f"{out[key]},{value}" if key == DISABLED_PASSES and key in out else value
-    return out
+    return merged_options(dict(self.xla_options), dict(self.prefill_xla_options) if prefill else {})
 
   def rows(self, prefill: bool, width: int) -> tuple[int, int]:
     """(lo, hi) for the token-wise calls of a prefill chunk or a decode round of a model whose row-wise
@@ -110,6 +108,19 @@ class FixedShapes:
 # alone takes the fast-compile preset, which ends that at a cost measured in
 # docs/decisions.md#cpu-opt-preset (in a decode executable it cost a quarter of plain decoding's speed).
 DISABLED_PASSES = "xla_disable_hlo_passes"   # its value: a comma-separated list of HLO pass names
+
+
+def merged_options(*options: Mapping[str, object]) -> dict[str, object]:
+  """XLA options, later ones winning, except that the HLO passes any of them disables are all disabled."""
+  out: dict[str, object] = {}
+  for opts in options:
+    for key, value in opts.items():
+      if key == DISABLED_PASSES and key in out:
+        names = [n for n in f"{out[key]},{value}".split(",") if n]
+        value = ",".join(dict.fromkeys(names))
+      out[key] = value
+  return out
+
 CPU_PREFILL = (("xla_cpu_opt_preset", "CPU_OPT_PRESET_FAST_COMPILE"),)
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False),

@@ -100,12 +100,20 @@ def test_fixed_shapes_refuse_a_round_deeper_than_their_tail():
 
 
 def test_a_prefills_disabled_passes_add_to_the_decodes():
-  """XLA takes one list of disabled HLO passes: a prefill option naming more passes disables them besides
-  the decode options' (a plain dict merge would have switched the decode's back on); other options replace."""
+  """XLA takes one list of disabled HLO passes: a prefill option or a call's xla_options naming more passes
+  disables them besides the fixed shapes' (a plain dict merge would have switched those back on); other
+  options replace."""
   fixed = dataclasses.replace(backend.CPU, xla_options=(("xla_disable_hlo_passes", "a"), ("x", 1)),
                               prefill_xla_options=(("xla_disable_hlo_passes", "b"), ("x", 2), ("y", 3)))
   assert fixed.compiler_options() == {"xla_disable_hlo_passes": "a", "x": 1}
   assert fixed.compiler_options(prefill=True) == {"xla_disable_hlo_passes": "a,b", "x": 2, "y": 3}
+  # so do a call's own xla_options: the plan's executables keep the fixed shapes' disabled passes
+  model = _model()
+  st = md.DecodeSettings(max_new_tokens=4, numerics="invariant", xla_options={"xla_disable_hlo_passes": "dce"})
+  p = md.make_plan(model, st, batch=1, shortest=5, longest=5)
+  want = backend.fixed_shapes().compiler_options()["xla_disable_hlo_passes"].split(",") + ["dce"]
+  assert dict(p.options)["xla_disable_hlo_passes"].split(",") == want
+  assert dict(p.prefill_options)["xla_disable_hlo_passes"].split(",") == want
 
 
 def test_one_execution_path_a_one_by_one_mesh():
