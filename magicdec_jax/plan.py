@@ -277,8 +277,9 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
   if st.logprobs and st.top_logprobs > cfg.vocab_size:
     raise ValueError(f"top_logprobs={st.top_logprobs} exceeds the model's vocabulary of {cfg.vocab_size} tokens")
   options = {} if draft is None else draft.xla_options()
-  prefill = compiling.engine_options(backend.merged_options(options, numerics_options(cfg, prefill=True), st.xla_options or {}))
-  options = compiling.engine_options(backend.merged_options(options, numerics_options(cfg), st.xla_options or {}))
+  own = st.xla_options or {}
+  prefill = compiling.engine_options(backend.merged_options(options, numerics_options(cfg, prefill=True), own))
+  options = compiling.engine_options(backend.merged_options(options, numerics_options(cfg), own))
   base = DecodePlan(settings=st, cfg=cfg, mesh=one_device_mesh() if mesh is None else mesh, draft=draft,
                     eos=eos_ids(cfg, st.eos_token_id), options=tuple(sorted(options.items())),
                     prefill_options=tuple(sorted(prefill.items())), batch=int(batch),

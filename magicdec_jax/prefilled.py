@@ -28,12 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from magicdec_jax import backend
 from magicdec_jax import compile as compiling
 from magicdec_jax import engine, generation, loop
 from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
 from magicdec_jax.options import check_count
-from magicdec_jax import backend
 from magicdec_jax.backend import FixedShapes
 from magicdec_jax.plan import bucket, cache_slots, check_attention_impl, make_plan, numerics_options
 from magicdec_jax.prompts import pad_prompts, prompt_ids
@@ -105,7 +105,8 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   n = len(ids)
   b = bucket(n, 1)
   p = -(-longest // chunk) * chunk
-  num_slots = cache_slots(p, max_new_tokens, max_tree_nodes, (cfg.fixed or backend.fixed_shapes()).cache_multiple)
+  multiple = (cfg.fixed or backend.fixed_shapes()).cache_multiple       # fast numerics: the backend's too
+  num_slots = cache_slots(p, max_new_tokens, max_tree_nodes, multiple)
   tokens, lengths = pad_prompts(ids, b, p)
   shared = shared_chunks(ids, chunk) if share_prefix else 0
   compiling.ensure_persistent_cache()
@@ -153,8 +154,8 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
            **kwargs) -> engine.GenerateResult:
   """Decode the prefilled batch (its caches are copied, so it can be decoded again). Settings, row_sampling,
   json_schema / regex / choices and result as `generation.generate`'s (max_new_tokens defaults to the
-  prefill's room, numerics and fixed_shapes to the prefill's, and others are refused; "auto" is planned for this batch
-  and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
+  prefill's room, numerics and fixed_shapes to the prefill's, and others are refused; "auto" is planned for
+  this batch and its contexts); `stats["ring_s"]` is the time taken to build the draft's cache."""
   if pre.model is not None and (model.config != pre.model.config or model.params is not pre.model.params):
     raise ValueError(f"prefilled.decode: model {model.name!r} is not the one this batch was prefilled with "
                      f"({pre.model.name!r}: its config or its params differ); prefill with it")

@@ -265,9 +265,11 @@ def main(argv=None) -> str:
     (b, p), new = common.shape_list(spec.split(":")[0])[0], int(spec.split(":")[1]) if ":" in spec else a.new
     a.batch = b
     prompts = prompts_of(a, model, b, p)
-    # the numerics study decodes each numerics and design from a prefill with it (prefilled.decode refuses others)
-    groups = ({"fast": ("fast", None), "invariant": ("invariant", None),
-               **{n: ("invariant", f) for n, f in a.designs.items()}} if a.study == "numerics" else {None: (None, None)})
+    # the numerics study decodes each numerics and design from its own prefill (prefilled.decode refuses others)
+    groups = {None: (None, None)}
+    if a.study == "numerics":
+      groups = {"fast": ("fast", None), "invariant": ("invariant", None),
+                **{n: ("invariant", f) for n, f in a.designs.items()}}
     pres = {n: prefilled.prefill(model, prompts, max_new_tokens=new, progress=not a.smoke, numerics=num,
                                  fixed_shapes=f) for n, (num, f) in groups.items()}
     pre = {groups[n]: x for n, x in pres.items()} if a.study == "numerics" else pres[None]
