@@ -260,6 +260,14 @@ def log(*msg) -> None:
   print(*msg, file=sys.stderr, flush=True)
 
 
+def xla_option(text: str) -> tuple[str, object]:
+  """'OPTION:VALUE' -> (OPTION, VALUE as a bool or int where it reads as one)."""
+  key, sep, value = text.partition(":")
+  if not key or not sep or not value:
+    raise ValueError(f"an XLA option is OPTION:VALUE, got {text!r}")
+  return key, {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
+
+
 def int_list(text: str) -> list[int]:
   """argparse type: "512,1024" -> [512, 1024]."""
   return [int(x) for x in text.split(",") if x]

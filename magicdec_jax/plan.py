@@ -71,6 +71,11 @@ def numerics_options(cfg: ModelConfig, prefill: bool = False) -> dict[str, Any]:
   return cfg.fixed.compiler_options(prefill) if cfg.invariant else {}
 
 
+def numerics_config(config: ModelConfig, st: DecodeSettings) -> ModelConfig:
+  """`config` computing with `st`'s numerics and fixed shapes (ModelConfig resolves None to the backend's)."""
+  return dataclasses.replace(config, numerics=st.numerics, fixed=st.fixed_shapes)
+
+
 def eos_ids(cfg: ModelConfig, eos_token_id) -> tuple[int, ...]:
   """The stop ids: the settings' (an id or a list of ids, each in the vocabulary; [] none: every row runs to
   max_new_tokens), else the model's own. ValueError naming eos_token_id for anything else (an id outside
@@ -256,7 +261,7 @@ def make_plan(model, settings: DecodeSettings, *, batch: int, shortest: int, lon
     raise ValueError(f"mesh axes must be Auto, got axis_types={mesh.axis_types} (jax.make_mesh makes Explicit "
                      "axes unless told otherwise: use sharding.make_mesh, or axis_types=(AxisType.Auto,) * 2)")
   st = settings
-  cfg = dataclasses.replace(model.config, numerics=st.numerics, fixed=st.fixed_shapes)
+  cfg = numerics_config(model.config, st)
   data = 1 if mesh is None else meshes.axis_sizes(mesh)[0]
   if cfg.invariant and data > 1:     # each data shard computes its rows at the fixed shapes
     cfg = dataclasses.replace(cfg, fixed=dataclasses.replace(cfg.fixed, data_shards=data))

@@ -35,7 +35,8 @@ from magicdec_jax.cache import KVCache, ring_margin
 from magicdec_jax.model import Model
 from magicdec_jax.options import check_count
 from magicdec_jax.backend import FixedShapes
-from magicdec_jax.plan import bucket, cache_slots, check_attention_impl, make_plan, numerics_options
+from magicdec_jax.plan import (bucket, cache_slots, check_attention_impl, make_plan, numerics_config,
+                               numerics_options)
 from magicdec_jax.prompts import pad_prompts, prompt_ids
 from magicdec_jax.settings import DecodeSettings, decode_settings
 
@@ -91,7 +92,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   """
   ids = prompt_ids(model, list(prompts))
   st = DecodeSettings(max_new_tokens=1, numerics=numerics, fixed_shapes=fixed_shapes)   # checks both
-  cfg = dataclasses.replace(model.config, numerics=st.numerics, fixed=st.fixed_shapes)
+  cfg = numerics_config(model.config, st)
   for name, v in (("max_new_tokens", max_new_tokens), ("chunk", chunk), ("max_tree_nodes", max_tree_nodes)):
     check_count(name, v, 1)
   max_new_tokens, chunk, max_tree_nodes = int(max_new_tokens), int(chunk), int(max_tree_nodes)
@@ -110,7 +111,7 @@ def prefill(model: Model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
   tokens, lengths = pad_prompts(ids, b, p)
   shared = shared_chunks(ids, chunk) if share_prefix else 0
   compiling.ensure_persistent_cache()
-  options = compiling.engine_options({**numerics_options(cfg, prefill=True), **(options or {})})
+  options = compiling.engine_options(backend.merged_options(numerics_options(cfg, prefill=True), options or {}))
   c0 = compiling.compile_seconds()
   row_lengths = lambda rows: jnp.asarray(lengths[:rows] if rows == b else [min(lengths[:n])], jnp.int32)
   step_args = lambda cache, rows, c: (model.params, cache, jnp.asarray(tokens[:rows, c * chunk:(c + 1) * chunk]),
@@ -173,7 +174,7 @@ def decode(model: Model, pre: Prefilled, *, settings: DecodeSettings | None = No
                      f"numerics={pre.numerics!r} (its K/V would not be the ones generate computes); prefill with "
                      f"numerics={st.numerics!r}, or decode with numerics={pre.numerics!r} (a DecodeSettings: "
                      f"settings.replace(numerics={pre.numerics!r}))")
-  fixed = st.fixed_shapes or (backend.fixed_shapes() if st.numerics == "invariant" else None)
+  fixed = numerics_config(model.config, st).fixed
   if fixed != pre.fixed:
     raise ValueError(f"prefilled.decode: fixed_shapes={fixed!r:.200} differ from the prefill's {pre.fixed!r:.200} "
                      f"(its K/V would not be the ones generate computes); prefill with fixed_shapes= the same")

@@ -274,7 +274,7 @@ def main(argv=None) -> str:
                                  fixed_shapes=f) for n, (num, f) in groups.items()}
     pre = {groups[n]: x for n, x in pres.items()} if a.study == "numerics" else pres[None]
     rows, runs = measure(model, pre, settings_of(a.study, a, model), a, st["ref"])
-    prefill_s = {str(n): x.prefill_s for n, x in pres.items()} if len(pres) > 1 else pres[None].prefill_s
+    prefill_s = {n: x.prefill_s for n, x in pres.items()} if a.study == "numerics" else pres[None].prefill_s
     point = {"batch": b, "context": p, "new": new, "prefill_s": prefill_s,
              "shared_tokens": next(iter(pres.values())).shared_tokens,
              "settings": rows}

@@ -21,14 +21,6 @@ from benchmarks import common
 from magicdec_jax import drafts, generation, trees
 
 
-def xla_option(text: str) -> tuple[str, object]:
-  """'OPTION:VALUE' -> (OPTION, VALUE as a bool or int where it reads as one)."""
-  key, sep, value = text.partition(":")
-  if not key or not sep or not value:
-    raise ValueError(f"--xla-option takes OPTION:VALUE, got {text!r}")
-  return key, {"true": True, "false": False}.get(value.lower(), int(value) if value.isdigit() else value)
-
-
 def compared(run, plain) -> dict:
   """Rows of `run` whose tokens / float32 log-prob bits equal `plain`'s, and the largest log-prob difference
   over the positions both rows have."""
@@ -45,7 +37,7 @@ def compared(run, plain) -> dict:
 def main(argv=None):
   ap = common.parser(__doc__)
   common.flags(ap, new=24, dtype="float32", lengths="300,260,120,37")
-  ap.add_argument("--xla-option", type=xla_option, action="append", default=[])
+  ap.add_argument("--xla-option", type=common.xla_option, action="append", default=[])
   args = common.parse(ap, argv, new=6, lengths="40,9")
   model, source = common.model(args.smoke, args.dtype)
   lengths = common.int_list(args.lengths)

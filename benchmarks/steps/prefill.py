@@ -58,13 +58,12 @@ def matmul_rate(n: int, repeats: int) -> float:
   return 2.0 * n ** 3 / med
 
 
-def prefill_options(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
-  """'LABEL=OPTION:VALUE,...' -> (LABEL, those XLA options; 'LABEL=' for none)."""
+def prefill_options(text: str) -> tuple[str, tuple[tuple[str, object], ...]]:
+  """'LABEL=OPTION:VALUE,...' -> (LABEL, those XLA options as common.xla_option reads them; 'LABEL=': none)."""
   label, sep, items = text.partition("=")
-  opts = tuple(tuple(i.split(":", 1)) for i in filter(None, items.split(",")))
-  if not label or not sep or any(len(o) != 2 or not all(o) for o in opts):
+  if not label or not sep:
     raise ValueError(f"--prefill-options takes LABEL=OPTION:VALUE,... (LABEL= for none), got {text!r}")
-  return label, opts
+  return label, tuple(common.xla_option(i) for i in filter(None, items.split(",")))
 
 
 def variants(config, names: list[str], tiles: list[tuple[int, int]], without_prefill_options: bool = False,
