@@ -111,19 +111,19 @@ def merged_options(*options: Mapping[str, object]) -> dict[str, object]:
 # XLA:CPU fuses elementwise producers into its YNNPACK dots and reductions by the context they sit in, so
 # the same rows computed in another program could round differently; with YNNPACK kept to standalone dots
 # (`CPU_FUSION`) a dot computes a row the same for any 2..32 rows and for any 33..4096 (one row is a third
-# algorithm), row-wise reductions are the same for any row count, and attention's dots the same for any
-# batch, 2..64 query rows and any slot count, except that a dot contracting over the slots (the prefix's
-# values) sums a row the same only over slot counts that are multiples of 64 (float32: 48 or 80 slots round
-# otherwise than 64 or 320) (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding). XLA:CPU's
-# tree reduction rewriter is off: it turns a max over thousands of slots into a reduce-window that costs
-# more than the reduction (docs/measurements.md#ar-step-profile). A prefill chunk's attention goes in tiles
-# of 64 queries x 512 key positions: as fast as the backend's own prefill at long prompts
-# (docs/measurements.md#prefill-tile). At XLA:CPU's default settings (LLVM -O2) the chunk's attention loop
-# compiles by the program around it, so a prompt's K/V depended on its chunk size; the prefill executable
-# alone takes the fast-compile preset, which ends that at a cost measured in
-# docs/decisions.md#cpu-opt-preset (in a decode executable it cost a quarter of plain decoding's speed, so a
-# float32 chain's logits still differ there in the last bits: docs/decisions.md#identity-at-defaults).
-CPU_PREFILL = (("xla_cpu_opt_preset", "CPU_OPT_PRESET_FAST_COMPILE"),)
+# algorithm), and attention's dots the same for any batch, 2..64 query rows and any slot count, except that a
+# dot contracting over the slots (the prefix's values) sums a row the same only over slot counts that are
+# multiples of 64 (float32: 48 or 80 slots round otherwise than 64 or 320)
+# (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding). XLA:CPU's own row reductions vectorise
+# by the program around them (what is fused into them), so the sums a row's bits depend on (a norm's mean of
+# squares, attention's probability sums) are fixed trees of adds or dots in the layers. XLA:CPU's tree
+# reduction rewriter is off: it turns a max over thousands of slots into a reduce-window that costs more than
+# the reduction (docs/measurements.md#ar-step-profile). A prefill chunk's attention goes in tiles of 64
+# queries x 512 key positions: as fast as the backend's own prefill at long prompts
+# (docs/measurements.md#prefill-tile). At XLA:CPU's default settings its while-loop simplifier compiles the
+# chunk's attention loop by the program around it, so a prompt's K/V depended on its chunk size; the prefill
+# executable runs without that pass (docs/decisions.md#cpu-opt-preset).
+CPU_PREFILL = (("xla_disable_hlo_passes", "simplify-while-loops"),)
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False),
               ("xla_disable_hlo_passes", "tree_reduction_rewriter"))

@@ -57,7 +57,7 @@ class Block(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    norm = lambda: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_plus_one)
+    norm = lambda: RMSNorm(cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_plus_one, cfg.invariant)
     self.attn_norm, self.mlp_norm = norm(), norm()
     if cfg.post_norms:
       self.post_attn_norm, self.post_mlp_norm = norm(), norm()
@@ -190,7 +190,7 @@ def embed(params: dict, cfg: ModelConfig, tokens: jax.Array) -> jax.Array:
 def lm_logits(params: dict, cfg: ModelConfig, x: jax.Array, norm_scale: jax.Array) -> jax.Array:
   """Hidden states [B, T, D] -> float32 logits [B, T, V]: RMS norm with `norm_scale`, then the LM head of
   `params` (its embedding when tied), soft-capped if the config says so."""
-  x = rms_norm(x, norm_scale, cfg.rms_norm_eps, cfg.norm_plus_one)
+  x = rms_norm(x, norm_scale, cfg.rms_norm_eps, cfg.norm_plus_one, cfg.invariant)
   # a tied head reads the embedding [V, D] as it lies (a transposed copy would cost V x D more memory)
   head, eq = (params["embed"], "BTD,VD->BTV") if cfg.tie_embeddings else (params["lm_head"], "BTD,DV->BTV")
   return softcapped(dense(eq, x, head, out_dtype=jnp.float32), cfg.final_softcap)  # (a draft's copy: bf16 dot)

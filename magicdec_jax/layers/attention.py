@@ -202,8 +202,8 @@ class Attention(nn.Module):
       self.bq, self.bk = self.param("q_bias", zeros, (h * d,), dt), self.param("k_bias", zeros, (kh * d,), dt)
       self.bv = self.param("v_bias", zeros, (kh * d,), dt)
     if cfg.qk_norm:                                                          # per head, before RoPE
-      self.q_norm = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one)
-      self.k_norm = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one)
+      self.q_norm = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one, cfg.invariant)
+      self.k_norm = RMSNorm(cfg.rms_norm_eps, dt, cfg.norm_plus_one, cfg.invariant)
     if cfg.o_bias:
       self.bo = self.param("o_bias", zeros, (dm,), dt)
 

@@ -226,9 +226,9 @@ import magicdec_jax as md
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, init_params
 out = {}
-for hd in (64, 128):
-  cfg = ModelConfig(vocab_size=64, hidden_size=256, intermediate_size=512, num_layers=2, num_heads=256 // hd,
-                    num_kv_heads=128 // hd, head_dim=hd, max_position_embeddings=512)
+for hidden, hd, heads, kv in ((576, 64, 9, 3), (256, 128, 2, 1)):     # SmolLM2's width and heads; head dim 128
+  cfg = ModelConfig(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=2, num_heads=heads,
+                    num_kv_heads=kv, head_dim=hd, max_position_embeddings=512)
   params = init_params(cfg, jax.random.key(0), scale=0.5)
   params["layers"] = tuple(dict(lp, attn=jax.tree.map(lambda a: a * 10.0, lp["attn"])) for lp in params["layers"])
   model = Model(cfg, params, name=f"tiny-f32-hd{hd}")
@@ -252,10 +252,11 @@ print(json.dumps(out))
 
 def test_identity_holds_at_xla_default_flags():
   """The suite compiles at its own fast-compile flags (conftest.py); users compile at XLA's defaults. In a
-  process without them, float32 models of head dims 64 and 128: a chain's and a Sequoia tree's rows have
+  process without them, float32 models of SmolLM2's width and heads (576, 9 / 3 heads of 64: where XLA's own
+  row reductions rounded a norm by its program) and of head dim 128: a chain's and a Sequoia tree's rows have
   plain decoding's tokens and log-probs bit for bit, and so has a row prefilled alone in a chunk of another
   size or refilled into a stream's slot (the prefill executable's own options, backend.CPU_PREFILL). (What
-  still differs there: docs/decisions.md#cpu-opt-preset.)"""
+  still differs there: docs/decisions.md#identity-at-defaults.)"""
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MAGICDEC_COMPILATION_CACHE")}
   r = subprocess.run([sys.executable, "-c", DEFAULT_FLAGS_SCRIPT], env=env, capture_output=True, text=True,
                      timeout=900)
@@ -266,6 +267,44 @@ def test_identity_holds_at_xla_default_flags():
     assert runs["tree"] == plain, hd
     assert runs["alone"] == plain[1:], hd
     assert runs["refilled"] == plain[1:], hd
+
+
+NORM_SCRIPT = r"""
+import json
+import jax, jax.numpy as jnp, numpy as np
+from magicdec_jax import backend
+from magicdec_jax.layers import rms_norm
+from magicdec_jax.layers.invariant import tile_map
+opts = backend.fixed_shapes().compiler_options()
+rng = np.random.default_rng(0)
+out = {}
+for d in (384, 512, 576):
+  g = jnp.asarray(1 + 0.1 * rng.standard_normal(d), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((2 * d, d)) * 0.05, jnp.float32)
+  a, u = (jnp.asarray(rng.standard_normal((4, 4, n)), jnp.float32) for n in (d, 2 * d))
+  residual = lambda a, u: a + tile_map(lambda u: jnp.einsum("btf,fd->btd", u, w), (9, 32), u)
+  program = lambda a, u: tile_map(lambda x: rms_norm(x, g, 1e-5, fixed_order=True), (9, 32), residual(a, u))
+  # the add fused into the norm (16 rows), or materialised and padded (4 rows to 9)
+  rows = {t: np.asarray(jax.jit(program).lower(a[:, :t], u[:, :t]).compile(compiler_options=opts)(
+      a[:, :t], u[:, :t]))[:, 0] for t in (1, 4)}
+  x = np.asarray(jax.jit(residual)(a, u))[:, 0].astype(np.float64)
+  ref = x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-5) * np.asarray(g, np.float64)
+  out[d] = {"same_bits": bool((rows[1] == rows[4]).all()), "max_err": float(np.abs(rows[4] - ref).max())}
+print(json.dumps(out))
+"""
+
+
+def test_norm_rounds_a_row_alike_in_any_program_at_xla_default_flags():
+  """XLA:CPU's own row reduction vectorises by what is fused into it (at its default settings, not the suite's
+  -O0): a norm computed right after a residual add in 16 rows and the same rows materialised and padded to 9
+  rounded differently. The fixed-shape norm (`fixed_order`) sums in one order: the same bits in both
+  programs, and within float32 rounding of a float64 numpy norm."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MAGICDEC_COMPILATION_CACHE")}
+  r = subprocess.run([sys.executable, "-c", NORM_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-3000:]
+  for d, res in json.loads(r.stdout.strip().splitlines()[-1]).items():
+    assert res["same_bits"], d
+    assert res["max_err"] < 1e-5, (d, res)
 
 
 def head():
