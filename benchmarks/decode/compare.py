@@ -103,7 +103,7 @@ def settings_of(study: str, a, model) -> dict:
   elif study == "lookup":
     out["all/plain"], out[f"all/self_gamma{a.gamma}"] = {}, self_draft
     for g in a.gammas:
-      out[f"all/lookup_gamma{g}"] = dict(draft=drafts.PromptLookupDraft(a.ngram), gamma=g)
+      out[f"all/lookup_gamma{g}"] = dict(draft=drafts.PromptLookupDraft(), gamma=g)
     out = {k: dict(v, temperature=a.temperature, top_p=a.top_p, seed=0) for k, v in out.items()}
   elif study == "sampling":
     for t in a.temperatures:
@@ -264,7 +264,6 @@ def main(argv=None) -> str:
   ap.add_argument("--temperatures", type=lambda t: [float(x) for x in t.split(",")], default=None)
   ap.add_argument("--top-p", type=float, default=None)
   ap.add_argument("--gammas", type=common.int_list, default=[2, 4, 6])
-  ap.add_argument("--ngram", type=int, default=drafts.lookup.DEFAULT_MAX_NGRAM)
   ap.add_argument("--trees", default="sequoia16,sequoia32,sequoia64")
   ap.add_argument("--vocabs", type=common.int_list, default=[152064])
   ap.add_argument("--label", default="", help="a tag for the output's name (e.g. 'before')")

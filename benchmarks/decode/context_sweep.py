@@ -61,11 +61,10 @@ def main(argv=None):
             contexts=args.contexts, gammas=args.gammas, max_new=args.max_new,
             max_batch_tokens=args.max_batch_tokens, budget_min=args.budget_min, hardware=args.profile, doc=doc,
             on_point=lambda d: common.write_json(d, out), log=lambda m: print(m, flush=True))
-  common.write_json(doc, out)
-  png = out.replace(".json", ".png")
+  png = common.png_path(out)
   if doc["points"]:
     sweep.plot(doc, png, f"MagicDec StreamingDraft vs autoregressive, {source}, {doc['env']['device']}")
-  print(json.dumps({"output": out, "png": png, "crossover": doc["crossover"]}, indent=1))
+  common.finish(doc, out)
 
 
 def combine(paths: list[str], png: str) -> dict:

@@ -150,8 +150,6 @@ def main(argv=None):
   ap.add_argument("--profile", default=PROFILE, help="hardware profile for adaptive's cost model")
   ap.add_argument("--acceptance-windows", type=int, default=2,
                   help="held-out windows of --prompt tokens the acceptance vector is measured on (0: none)")
-  ap.add_argument("--no-profiled", dest="profiled_too", action="store_false",
-                  help="skip the adaptive run without acceptance learning (priced with the profile's acceptance)")
   ap.add_argument("--schedule", default=None,
                   help="force adaptive's thresholds: from_context:gamma,... (gamma 0: plain), e.g. 0:2,3000:3")
   args = common.parse(ap, argv, batch=2, prompt=64, new=96, segment=32, chunk_rounds=4, gammas=[1, 2],
@@ -179,7 +177,7 @@ def main(argv=None):
   forced = None if not args.schedule else [tuple(int(x) for x in p.split(":")) for p in args.schedule.split(",")]
   priced = {} if forced else dict(hardware=args.profile, acceptance=None if acc is None else acc["acceptance_vector"])
   settings["adaptive"] = base.replace(draft=draft, gamma="auto", schedule=forced, **priced)   # a schedule: not priced
-  if args.profiled_too and forced is None:   # the same without learning: priced with the profile's acceptance
+  if forced is None:   # the same without learning: priced with the profile's acceptance
     settings["adaptive_profiled"] = settings["adaptive"].replace(learn_acceptance=False)
   runs, live = {}, {name: run_setting(model, pre, st, args.chunk_rounds) for name, st in settings.items()}
   while live:                      # one chunk of each setting in turn

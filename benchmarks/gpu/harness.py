@@ -243,9 +243,8 @@ def part_invariant(b: Bench, m: dict):
 
 
 TIE = 0.01                                  # a near tie: top-2 log-probabilities within this many nats
-# the attention output's weight scales tried, in turn, until the identity part's self-draft accepts >= 0.5:
-# random weights flip a greedy choice on any change of context (docs/gpu.md#run-6), a smaller share of the
-# context in each layer's output makes the draft's lost context matter less
+# the attention output's weight scales tried, in turn, until the identity part's self-draft accepts >= 0.5
+# (random weights flip a greedy choice on any change of context: docs/gpu.md#run-6)
 CONTEXT_SCALES = (1 / 16, 1 / 64, 1 / 256, 1 / 1024)
 
 

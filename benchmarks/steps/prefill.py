@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import statistics
 import time
 
@@ -158,8 +157,7 @@ def main(argv=None):
   for row in [doc["engine"], *doc.get("by_numerics", {}).values()]:
     row["share_of_matmul_rate"] = row["flop_rate"] / rate
   print(f"large matmul {rate / 1e9:.1f} GFLOP/s: engine prefill at {doc['engine']['share_of_matmul_rate']:.2f} of it")
-  common.write_json(doc, out)
-  print(json.dumps({"output": out}))
+  common.finish(doc, out)
 
 
 if __name__ == "__main__":

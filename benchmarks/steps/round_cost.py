@@ -12,7 +12,6 @@ HLO for copies). Medians of `--repeats` runs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
 
@@ -108,7 +107,7 @@ def main(argv=None):
           flush=True)
     doc["rows"].append(row)
     common.write_json(doc, out_path)
-  print(json.dumps({k: doc[k] for k in ("benchmark", "model")} | {"output": out_path}))
+  common.finish(doc, out_path)
 
 
 if __name__ == "__main__":

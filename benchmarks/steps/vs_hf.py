@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from magicdec_jax import loop
+from magicdec_jax import checkpoints, loop
 from magicdec_jax.tuning import hlo
 from magicdec_jax.cache import aligned_slots, ring_margin
 from magicdec_jax.generation import generate
@@ -55,7 +55,7 @@ def hf_load(threads: int):
   import torch
   from transformers import AutoModelForCausalLM
   torch.set_num_threads(threads)
-  path = common.smollm_gguf_path()
+  path = checkpoints.known_model_path("smollm2-135m")
   return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                               torch_dtype=torch.float32).eval()
 
@@ -135,8 +135,7 @@ def hf_child(args, shapes) -> None:
 def main(argv=None):
   ap = common.parser(__doc__, smoke=None)
   ap.add_argument("--shapes", default="1x512,8x512,1x2048,8x2048", help="BxCONTEXT,... ")
-  ap.add_argument("--max-new", type=int, default=32)
-  ap.add_argument("--repeats", type=int, default=3)
+  common.flags(ap, max_new=32, repeats=3)
   ap.add_argument("--threads", type=int, default=2, help="torch threads for HF")
   ap.add_argument("--no-hf", action="store_true")
   ap.add_argument("--hf-only", action="store_true",
