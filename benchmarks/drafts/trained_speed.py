@@ -69,7 +69,7 @@ def main(argv=None):
            "runs": {"plain": {"tokens_per_s": ar.stats["tokens_per_s"], "decode_s": ar.stats["decode_s"]}}}
     for name, kw in ways.items():
       s = (res := prefilled.decode(target, pre, eos_token_id=[], **kw)).stats
-      rec["runs"][name] = {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "gamma": kw["gamma"],
+      rec["runs"][name] = {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "gamma": kw.get("gamma"),
                            "mean_accepted_length": s["mean_accepted_length"],
                            "per_position_acceptance": s["per_position_acceptance"],
                            "speedup_vs_ar": s["tokens_per_s"] / ar.stats["tokens_per_s"],
