@@ -5,7 +5,7 @@ A benchmark is a module run from the repository root as `python -m benchmarks.GR
   ap = common.parser(__doc__)                       # --output and --smoke, plus the script's own flags
   args = common.parse(ap, argv, shapes=[(2, 64)])   # with --smoke: these values replace the flags'
   model, source = common.model(args.smoke)          # the random tiny model, else SmolLM2-135M
-  doc = {"benchmark": NAME, "env": common.env_info(), ...}
+  doc = common.record(NAME, source, model.config.dtype, ...)  # benchmark, env, command, model, dtype, ...
   common.finish(doc, args.output, f"NAME_{common.device_tag()}.json")
 
 Benchmarks vary plan and draft fields (DecodeSettings, a quantized copy's QuantForm through `QuantFormDraft`),
@@ -93,6 +93,13 @@ def env_info() -> dict:
       "host_cpus": os.cpu_count(), "cpu_model": profiles.host_cpu_model(),
       "loadavg_start": list(os.getloadavg()),
   }
+
+
+def record(name: str, model: str | None = None, dtype: str | None = None, **fields) -> dict:
+  """A JSON's head, {"benchmark": name, "env": env_info(), "command": command(), "model": model, "dtype": dtype}
+  (model and dtype where given), then `fields` (an `env` among them replaces this one)."""
+  head = {"benchmark": name, "env": env_info(), "command": command(), "model": model, "dtype": dtype}
+  return {**{k: v for k, v in head.items() if v is not None}, **fields}
 
 
 def device_tag() -> str:

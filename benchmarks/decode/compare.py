@@ -231,10 +231,9 @@ def identity(model, source: str, a) -> str:
   plain = generation.generate(model, prompts, **kw)
   runs = {f"chain{a.gamma}": generation.generate(model, prompts, draft=draft, gamma=a.gamma, **kw),
           "sequoia16": generation.generate(model, prompts, draft=draft, tree=trees.default_tree("sequoia16"), **kw)}
-  doc = {"benchmark": "identity", "env": common.env_info(), "command": common.command(), "model": source,
-         "dtype": model.config.dtype, "text": text, "lengths": lengths, "new_tokens": a.new,
-         "xla_flags": os.environ.get("XLA_FLAGS", ""), "xla_options": dict(a.xla_option),
-         "draft": repr(draft), "runs": {k: compared(r, plain) for k, r in runs.items()}}
+  doc = common.record("identity", source, model.config.dtype, text=text, lengths=lengths, new_tokens=a.new,
+                      xla_flags=os.environ.get("XLA_FLAGS", ""), xla_options=dict(a.xla_option), draft=repr(draft),
+                      runs={k: compared(r, plain) for k, r in runs.items()})
   return common.finish(doc, common.output_path(a.output, f"identity_{model.config.dtype}"))
 
 
@@ -284,9 +283,8 @@ def main(argv=None) -> str:
   if a.study == "identity":
     return identity(model, source, a)
   keep = None if a.int4_keep_int8 is None else tuple(n for n in a.int4_keep_int8.split(",") if n and n != "none")
-  doc = {"benchmark": "compare", "study": a.study, "env": common.env_info(), "command": common.command(),
-         "model": source, "dtype": model.config.dtype, "draft": f"StreamingDraft(4, {a.window}, weights="
-         f"{a.draft_weights})", "gamma": a.gamma, "repeats": a.repeats, "prompts": a.prompts, "points": []}
+  doc = common.record("compare", source, model.config.dtype, study=a.study, draft=f"StreamingDraft(4, {a.window}, "
+                      f"weights={a.draft_weights})", gamma=a.gamma, repeats=a.repeats, prompts=a.prompts, points=[])
   shape_tag = a.shapes.split(",")[0].split(":")[0]
   path = a.output or str(common.RESULTS_DIR / f"compare_{a.study}{'_' + a.label if a.label else ''}_{shape_tag}_"
                          f"{common.device_tag()}.json")

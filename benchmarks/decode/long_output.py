@@ -158,11 +158,10 @@ def main(argv=None):
   prompts, text = common.text_prompts(model, args.batch, args.prompt, model.config.vocab_size, seed=1,
                                       held_out=not args.smoke)
   draft = StreamingDraft(2, 16) if args.smoke else StreamingDraft(4, 256, weights="bfloat16")
-  doc = {"benchmark": "long_output", "env": common.env_info(), "command": common.command(), "model": source,
-         "dtype": model.config.dtype, "batch": args.batch, "prompt": args.prompt, "new": args.new,
-         "segment": args.segment, "text": text, "temperature": 0.8, "top_p": 0.95, "sampling": "rejection",
-         "draft": {"kind": "StreamingDraft", "sink": draft.sink, "window": draft.window, "weights": draft.weights},
-         "profile": args.profile, "forced_schedule": args.schedule, "stop_token": None}
+  doc = common.record("long_output", source, model.config.dtype, batch=args.batch, prompt=args.prompt, new=args.new,
+                      segment=args.segment, text=text, temperature=0.8, top_p=0.95, sampling="rejection",
+                      draft=dict(kind="StreamingDraft", sink=draft.sink, window=draft.window, weights=draft.weights),
+                      profile=args.profile, forced_schedule=args.schedule, stop_token=None)
   pre = prefilled.prefill(model, prompts, max_new_tokens=args.new, progress=False)
   doc["prefill_s"] = pre.prefill_s
   base = decode_settings(max_new_tokens=args.new, temperature=0.8, top_p=0.95, seed=args.seed, eos_token_id=[])

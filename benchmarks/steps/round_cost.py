@@ -77,10 +77,8 @@ def main(argv=None):
   out_path = common.output_path(args.output, "round_cost")
   weights = None if args.draft_weights == "none" else args.draft_weights
   spec = drafts.StreamingDraft(args.sink, args.window, weights=weights)
-  doc = {"benchmark": "round_cost", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
-         "numerics": args.numerics,
-         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window, "weights": weights},
-         "rows": []}
+  doc = common.record("round_cost", source, model.config.dtype, numerics=args.numerics,
+                      draft=dict(kind="StreamingDraft", sink=args.sink, window=args.window, weights=weights), rows=[])
   cfg, params = model.config, model.params
   draft_params = narrow_weights(params, weights) if weights else None
   for b, n in args.shapes:

@@ -148,11 +148,10 @@ def main(argv=None):
   if args.hf_only:
     return hf_child(args, shapes)
   model, source = common.model(False)
-  doc = {"benchmark": "cpu_decode_vs_hf", "env": common.env_info(), "model": model.name,
-         "weights": source, "dtype": "float32", "max_new_tokens": args.max_new, "repeats": args.repeats,
-         "hf_threads": args.threads, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-         "method": "ours in this process; HF afterwards in a child process (no JAX thread pool beside it)",
-         "results": []}
+  doc = common.record("cpu_decode_vs_hf", model.name, "float32", weights=source, max_new_tokens=args.max_new,
+                      repeats=args.repeats, hf_threads=args.threads, xla_flags=os.environ.get("XLA_FLAGS", ""),
+                      method="ours in this process; HF afterwards in a child process (no JAX thread pool beside it)",
+                      results=[])
   rows, ours_tokens = [], []
   for b, ctx in shapes:
     prompts, text_src = common.text_prompts(model, b, ctx, model.config.vocab_size)
