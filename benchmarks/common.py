@@ -78,11 +78,6 @@ def output_path(output: str | None, name: str) -> str:
   return output or str(RESULTS_DIR / f"{name}_{device_tag()}.json")
 
 
-def command() -> str:
-  """The command line this process runs (recorded in the JSON)."""
-  return " ".join(sys.argv)
-
-
 def env_info() -> dict:
   """Where and when: device, versions, date, CPU count and model, load average."""
   dev = jax.devices()[0]
@@ -96,9 +91,9 @@ def env_info() -> dict:
 
 
 def record(name: str, model: str | None = None, dtype: str | None = None, **fields) -> dict:
-  """A JSON's head, {"benchmark": name, "env": env_info(), "command": command(), "model": model, "dtype": dtype}
-  (model and dtype where given), then `fields` (an `env` among them replaces this one)."""
-  head = {"benchmark": name, "env": env_info(), "command": command(), "model": model, "dtype": dtype}
+  """A JSON's head, {"benchmark": name, "env": env_info(), "command": this process's command line, "model": model,
+  "dtype": dtype} (model and dtype where given), then `fields` (an `env` among them replaces this one)."""
+  head = {"benchmark": name, "env": env_info(), "command": " ".join(sys.argv), "model": model, "dtype": dtype}
   return {**{k: v for k, v in head.items() if v is not None}, **fields}
 
 

@@ -270,8 +270,7 @@ def part_identity(b: Bench, m: dict):
   cfg = m["target_cfg"] if b.args.smoke else shapes.model_shape("llama32_1b").replace(num_layers=8)
   model = random_model(cfg, 7, "identity")
   fixed = identity_fixed_shapes()
-  b.put("fixed_shapes", {k: v for k, v in dataclasses.asdict(fixed).items() if k != "xla_options"} |
-        {"xla_options": [list(o) for o in fixed.xla_options]})
+  b.put("fixed_shapes", dataclasses.asdict(fixed))
   n, p, new = (2, 40, 12) if b.args.smoke else (8, 1024, 64)
   prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (n, p)).tolist()
   tries = {}

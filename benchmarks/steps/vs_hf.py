@@ -11,7 +11,6 @@ with past_key_values. The greedy tokens are compared as a sanity check (`greedy_
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -49,15 +48,6 @@ def figures(runs: list, b: int, p: int, max_new: int) -> dict:
   return {"prefill_s": pre_s, "decode_s": dec_s, "prefill_runs_s": pre, "decode_runs_s": dec,
           "prefill_tok_s": b * p / pre_s, "decode_tok_s": b * max_new / dec_s,
           "decode_ms_per_step": 1e3 * dec_s / max_new}
-
-
-def hf_load(threads: int):
-  import torch
-  from transformers import AutoModelForCausalLM
-  torch.set_num_threads(threads)
-  path = checkpoints.known_model_path("smollm2-135m")
-  return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                              torch_dtype=torch.float32).eval()
 
 
 def hf(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
@@ -112,20 +102,20 @@ def hlo_cache_ops(model, batch: int, context: int, max_new: int = 32) -> dict:
           "examples": [i.line[:240] for i in bad[:8]], "hlo_chars": len(text)}
 
 
-_PROMPTS_FILE = "/tmp/cpu_decode_vs_hf_{pid}_{b}x{ctx}.json"
-
-
 def hf_child(args, shapes) -> None:
-  """Child process: HF figures for every shape, on the prompts the parent wrote."""
+  """Child process: HF figures for every shape (the same GGUF, float32) on the prompts the parent wrote to
+  --output, which then takes the figures."""
   import torch
   import transformers
-  model = hf_load(args.threads)
+  torch.set_num_threads(args.threads)
+  path = checkpoints.known_model_path("smollm2-135m")
+  model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                           torch_dtype=torch.float32).eval()
   env = {"torch_version": torch.__version__, "transformers_version": transformers.__version__,
          "torch_threads": torch.get_num_threads()}
   res = []
-  for b, ctx in shapes:
-    h = hf(model, common.read_json(_PROMPTS_FILE.format(pid=args.parent_pid, b=b, ctx=ctx)), args.max_new,
-           args.repeats)
+  for (b, ctx), prompts in zip(shapes, common.read_json(args.output)):
+    h = hf(model, prompts, args.max_new, args.repeats)
     h["loadavg_after"] = list(os.getloadavg())
     res.append(h)
     common.log(f"[{b}x{ctx}] hf decode {h['decode_tok_s']:.2f} tok/s prefill {h['prefill_tok_s']:.1f} tok/s")
@@ -141,7 +131,6 @@ def main(argv=None):
   ap.add_argument("--hf-only", action="store_true",
                   help="internal: measure only HF (run in a child process, so JAX's CPU threads are absent)")
   ap.add_argument("--hlo", default="", help="BxCONTEXT: also analyse the compiled decode loop at this shape")
-  ap.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
   args = common.parse(ap, argv)
   shapes = common.shape_list(args.shapes)
 
@@ -152,7 +141,7 @@ def main(argv=None):
                       repeats=args.repeats, hf_threads=args.threads, xla_flags=os.environ.get("XLA_FLAGS", ""),
                       method="ours in this process; HF afterwards in a child process (no JAX thread pool beside it)",
                       results=[])
-  rows, ours_tokens = [], []
+  rows, ours_tokens, all_prompts = [], [], []
   for b, ctx in shapes:
     prompts, text_src = common.text_prompts(model, b, ctx, model.config.vocab_size)
     row = {"batch": b, "context": ctx, "prompt_source": text_src, "loadavg_before": list(os.getloadavg())}
@@ -162,12 +151,12 @@ def main(argv=None):
     rows.append(row)
     ours_tokens.append(o["tokens"])
     common.log(f"[{b}x{ctx}] ours decode {o['decode_tok_s']:.2f} tok/s prefill {o['prefill_tok_s']:.1f} tok/s")
-    common.write_json(prompts, _PROMPTS_FILE.format(pid=os.getpid(), b=b, ctx=ctx), stamp=False)
+    all_prompts.append(prompts)
   if not args.no_hf:
-    out = _PROMPTS_FILE.format(pid=os.getpid(), b="hf", ctx="out")
+    out = common.write_json(all_prompts, f"/tmp/cpu_decode_vs_hf_{os.getpid()}.json", stamp=False)
     cmd = [sys.executable, "-m", "benchmarks.steps.vs_hf", "--hf-only", "--shapes", args.shapes,
            "--max-new", str(args.max_new), "--repeats", str(args.repeats), "--threads", str(args.threads),
-           "--output", out, "--parent-pid", str(os.getpid())]
+           "--output", out]
     subprocess.run(cmd, check=True, cwd=common.REPO_ROOT)
     hf_doc = common.read_json(out)
     doc["env"].update(hf_doc["env"])
