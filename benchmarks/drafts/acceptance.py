@@ -99,8 +99,9 @@ def main(argv=None):
   if bad := [x for x in parts if x not in ("drafts", "window")]:
     ap.error(f"unknown parts {bad}")
   model, source = common.model(a.smoke)
-  doc = common.record("draft_acceptance", source, model.config.dtype, samplings=SAMPLINGS, budgets=dict(
-      sink=a.sink, window=a.window, snapkv_budget=a.budget, snapkv_window=a.snap_window, model_draft_layers=a.draft_layers))
+  doc = common.record("draft_acceptance", source, model.config.dtype, samplings=SAMPLINGS,
+                      budgets=dict(sink=a.sink, window=a.window, snapkv_budget=a.budget, snapkv_window=a.snap_window,
+                                   model_draft_layers=a.draft_layers))
   if "drafts" in parts:
     doc["drafts"] = part_drafts(model, a)
   if "window" in parts:

@@ -75,8 +75,8 @@ def main(argv=None):
                              "bytes": nbytes, "bytes_per_s": nbytes / min(ts), "cache": "rings" if rings else "full"}
   ref = runs[families[0]]["bytes_per_s"]
   doc = common.record("families_step", shape={k: getattr(base, k) for k in (
-      "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "dtype")},
-      batch=args.batch, context=args.context, rounds=args.rounds, repeats=args.repeats, runs=runs,
+      "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+      "dtype")}, batch=args.batch, context=args.context, rounds=args.rounds, repeats=args.repeats, runs=runs,
       **{"speed_per_byte_vs_" + families[0]: {f: runs[f]["bytes_per_s"] / ref for f in families}})
   if any(not rings for _, rings in names):
     doc["ring_speedup_vs_full_cache"] = {f: runs[f + "+full"]["seconds"] / runs[f]["seconds"]

@@ -132,7 +132,8 @@ def main(argv=None):
   lengths = jnp.full((b,), p, jnp.int32)
   num_slots = aligned_slots(p + 256)
   flops = useful_flops(cfg, b, p)
-  doc = common.record("prefill_bench", source, cfg.dtype, batch=b, prompt_tokens=p, chunk=args.chunk, useful_flops=flops)
+  doc = common.record("prefill_bench", source, cfg.dtype, batch=b, prompt_tokens=p, chunk=args.chunk,
+                      useful_flops=flops)
   rate_before = matmul_rate(args.matmul_n, 5)
   new = lambda: loop.prefill(params, tokens, lengths, cfg=cfg, num_slots=num_slots,
                              margin=ring_margin(1, args.chunk), chunk=args.chunk).k[-1]
