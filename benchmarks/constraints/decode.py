@@ -54,10 +54,9 @@ def main(argv=None):
   prompts, text = common.text_prompts(model, args.batch, args.context, model.config.vocab_size, held_out=True)
   pre = prefilled.prefill(model, prompts, max_new_tokens=args.new, progress=False)
   draft = drafts.StreamingDraft(args.sink, args.window)
-  doc = {"benchmark": "constraint_decode", "env": env, "command": common.command(), "model": source,
-         "text": text, "batch": args.batch, "context": args.context, "new_tokens": args.new, "gamma": args.gamma,
-         "draft": f"StreamingDraft({args.sink}, {args.window})", "schema": SCHEMA, "repeats": args.repeats,
-         "prefill_s": round(pre.prefill_s, 2), "samplings": {}}
+  doc = common.record("constraint_decode", source, env=env, text=text, batch=args.batch, context=args.context,
+                      new_tokens=args.new, gamma=args.gamma, draft=f"StreamingDraft({args.sink}, {args.window})",
+                      schema=SCHEMA, repeats=args.repeats, prefill_s=round(pre.prefill_s, 2), samplings={})
   schema_automaton = automaton(model)
   for name, samp in SAMPLINGS.items():
     settings = {"plain": dict(samp), "magicdec": dict(samp, draft=draft, gamma=args.gamma),

@@ -48,11 +48,10 @@ def main(argv=None):
   model, source = common.model(args.smoke)
   draft = StreamingDraft(sink=args.sink, window=args.window)
   vec = common.read_json(args.acceptance)["acceptance_vector"]
-  doc = {"benchmark": "auto_vs_sweep", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
-         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window}, "greedy": True,
-         "max_new_tokens": args.max_new, "acceptance_file": args.acceptance, "acceptance_vector": vec,
-         "goal": "auto >= 95% of the best swept tokens/s; fitted step-time error <= 10% held out",
-         "args": dict(vars(args)), "command": common.command(), "shapes": []}
+  doc = common.record("auto_vs_sweep", source, model.config.dtype, greedy=True, max_new_tokens=args.max_new,
+                      draft={"kind": "StreamingDraft", "sink": args.sink, "window": args.window},
+                      acceptance_file=args.acceptance, acceptance_vector=vec, args=dict(vars(args)), shapes=[],
+                      goal="auto >= 95% of the best swept tokens/s; fitted step-time error <= 10% held out")
   if args.profile is None:
     common.log("[auto_vs_sweep] calibrating (no --profile) ...")
     grid = (dict(batches=(1, 2), contexts=(64, 128), tokens=(1, 4), repeats=1, passes=1) if args.smoke else

@@ -21,15 +21,21 @@ the speedup and the rows with identical tokens. The self-draft is the demo's: St
   mixed      every row greedy, every row T 0.8 top-p 0.95, and half of each in one batch (row_sampling)
   trees      a chain of `--gamma` against each shipped Sequoia tree (`--trees`), greedy and T 0.8
   shrink     MagicDec in a fixed batch and in a shrinking one (shrink_batch=True), the demo's prompts
+  identity   plain decoding, a chain of `--gamma` and a Sequoia-16 tree (StreamingDraft 4 + 64, the model's
+             weights) by `generate`, fixed-shape numerics, greedy, on held-out prompts of `--lengths` tokens:
+             rows with plain's tokens and float32 log-prob bits, the largest difference (not timed; without
+             XLA_FLAGS: XLA's defaults; `--xla-option OPTION:VALUE` adds an option to every executable)
 
   python -m benchmarks.decode.compare quantized                     # 8 x 4096, 128 new tokens, ~25 min (2 CPUs)
   python -m benchmarks.decode.compare numerics --shapes 8x4096 --new 32
   python -m benchmarks.decode.compare filters --shapes 8x1024:64,8x4096:128
+  python -m benchmarks.decode.compare identity --xla-option xla_cpu_opt_preset:CPU_OPT_PRESET_FAST_COMPILE
   python -m benchmarks.decode.compare lookup --smoke                # random tiny model, seconds
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 
 import jax
@@ -58,8 +64,9 @@ STUDIES = {
     "mixed": dict(shapes="8x1024", new=64, repeats=3, gamma=2, warm=True, prompts="held_out", ref="greedy"),
     "trees": dict(shapes="4x1024", new=48, repeats=1, gamma=4, warm=True, prompts="text", ref="plain", window=128),
     "shrink": dict(shapes="8x4096,8x8000", new=64, repeats=2, gamma=2, warm=False, prompts="document", ref="plain"),
+    "identity": dict(shapes="4x300", new=24, repeats=1, gamma=3, warm=False, prompts="held_out", window=64),
 }
-SMOKE = dict(shapes="2x96", new=8, repeats=1, window=16, gammas=[2], vocabs=[512],
+SMOKE = dict(shapes="2x96", new=8, repeats=1, window=16, gammas=[2], vocabs=[512], lengths="40,9",
              filter_rows=4, trees="sequoia16", seeds=2, step_repeats=2, step_rounds=1)
 KEYS = ("loop_rounds", "acceptance_rate", "mean_accepted_length", "batch_stages")
 
@@ -96,7 +103,7 @@ def settings_of(study: str, a, model) -> dict:
   elif study == "lookup":
     out["all/plain"], out[f"all/self_gamma{a.gamma}"] = {}, self_draft
     for g in a.gammas:
-      out[f"all/lookup_gamma{g}"] = dict(draft=drafts.PromptLookupDraft(a.ngram), gamma=g)
+      out[f"all/lookup_gamma{g}"] = dict(draft=drafts.PromptLookupDraft(), gamma=g)
     out = {k: dict(v, temperature=a.temperature, top_p=a.top_p, seed=0) for k, v in out.items()}
   elif study == "sampling":
     for t in a.temperatures:
@@ -200,6 +207,36 @@ def filter_timings(model, a) -> list[dict]:
   return out
 
 
+def compared(run, plain) -> dict:
+  """Rows of `run` whose tokens / float32 log-prob bits equal `plain`'s, and the largest log-prob difference
+  over the positions both rows have."""
+  same_bits = diff = 0
+  for a, b in zip(run.logprobs, plain.logprobs):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    n = min(len(a), len(b))
+    same_bits += a.tobytes() == b.tobytes()
+    diff = max(diff, float(np.max(np.abs(a[:n].astype(np.float64) - b[:n])) if n else 0.0))
+  return {"rows": len(plain.tokens), "tokens_equal_rows": sum(a == b for a, b in zip(run.tokens, plain.tokens)),
+          "logprob_bits_equal_rows": int(same_bits), "max_logprob_diff": diff}
+
+
+def identity(model, source: str, a) -> str:
+  """The identity study (not timed): plain decoding, a chain and a tree by `generate`, compared."""
+  lengths = common.int_list(a.lengths)
+  prompts, text = common.text_prompts(model, len(lengths), max(lengths), model.config.vocab_size, held_out=True)
+  prompts = [p[:n] for p, n in zip(prompts, lengths)]
+  draft = drafts.StreamingDraft(4, a.window)
+  kw = dict(max_new_tokens=a.new, temperature=0.0, eos_token_id=[], logprobs=True, numerics="invariant",
+            xla_options=dict(a.xla_option) or None)
+  plain = generation.generate(model, prompts, **kw)
+  runs = {f"chain{a.gamma}": generation.generate(model, prompts, draft=draft, gamma=a.gamma, **kw),
+          "sequoia16": generation.generate(model, prompts, draft=draft, tree=trees.default_tree("sequoia16"), **kw)}
+  doc = common.record("identity", source, model.config.dtype, text=text, lengths=lengths, new_tokens=a.new,
+                      xla_flags=os.environ.get("XLA_FLAGS", ""), xla_options=dict(a.xla_option), draft=repr(draft),
+                      runs={k: compared(r, plain) for k, r in runs.items()})
+  return common.finish(doc, common.output_path(a.output, f"identity_{model.config.dtype}"))
+
+
 def main(argv=None) -> str:
   ap = common.parser(__doc__)
   ap.add_argument("study", choices=list(STUDIES))
@@ -215,7 +252,8 @@ def main(argv=None) -> str:
   ap.add_argument("--samplings", type=lambda t: t.split(","), default=["greedy", "t0.8-topp0.95"])
   ap.add_argument("--seeds", type=int, default=1, help="quantized: sampled acceptance over seeds 0 .. n-1")
   ap.add_argument("--steps-only", action="store_true")
-  common.flags(ap, step_repeats=20, step_rounds=3, filter_rows=24)
+  common.flags(ap, step_repeats=20, step_rounds=3, filter_rows=24, lengths="300,260,120,37")
+  ap.add_argument("--xla-option", type=common.xla_option, action="append", default=[], help="identity: OPTION:VALUE")
   ap.add_argument("--int4-group", type=int, default=None, help="QuantForm.group (0: one scale per channel)")
   ap.add_argument("--int4-keep-int8", default=None, help="QuantForm.keep_int8, comma-separated ('none': all int4)")
   ap.add_argument("--int4-symmetric", action="store_true", help="QuantForm.offsets = False")
@@ -225,7 +263,6 @@ def main(argv=None) -> str:
   ap.add_argument("--temperatures", type=lambda t: [float(x) for x in t.split(",")], default=None)
   ap.add_argument("--top-p", type=float, default=None)
   ap.add_argument("--gammas", type=common.int_list, default=[2, 4, 6])
-  ap.add_argument("--ngram", type=int, default=drafts.lookup.DEFAULT_MAX_NGRAM)
   ap.add_argument("--trees", default="sequoia16,sequoia32,sequoia64")
   ap.add_argument("--vocabs", type=common.int_list, default=[152064])
   ap.add_argument("--label", default="", help="a tag for the output's name (e.g. 'before')")
@@ -243,10 +280,11 @@ def main(argv=None) -> str:
   a.window = a.window or st.get("window", 256)
   a.draft_weights = None if a.draft_weights == "none" or a.dtype == "bfloat16" else a.draft_weights
   model, source = common.model(a.smoke, a.dtype)
+  if a.study == "identity":
+    return identity(model, source, a)
   keep = None if a.int4_keep_int8 is None else tuple(n for n in a.int4_keep_int8.split(",") if n and n != "none")
-  doc = {"benchmark": "compare", "study": a.study, "env": common.env_info(), "command": common.command(),
-         "model": source, "dtype": model.config.dtype, "draft": f"StreamingDraft(4, {a.window}, weights="
-         f"{a.draft_weights})", "gamma": a.gamma, "repeats": a.repeats, "prompts": a.prompts, "points": []}
+  doc = common.record("compare", source, model.config.dtype, study=a.study, draft=f"StreamingDraft(4, {a.window}, "
+                      f"weights={a.draft_weights})", gamma=a.gamma, repeats=a.repeats, prompts=a.prompts, points=[])
   shape_tag = a.shapes.split(",")[0].split(":")[0]
   path = a.output or str(common.RESULTS_DIR / f"compare_{a.study}{'_' + a.label if a.label else ''}_{shape_tag}_"
                          f"{common.device_tag()}.json")

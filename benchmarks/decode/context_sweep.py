@@ -49,10 +49,9 @@ def main(argv=None):
   model, source = common.model(args.smoke)
   out = common.output_path(args.output, "context_sweep")
   weights = None if args.draft_weights == "none" else args.draft_weights
-  doc = {"benchmark": "context_sweep", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
-         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window,
-                   "weights": weights}, "greedy": True,
-         "max_new_tokens": args.max_new, "gammas": args.gammas, "command": common.command()}
+  doc = common.record("context_sweep", source, model.config.dtype, greedy=True, max_new_tokens=args.max_new,
+                      draft=dict(kind="StreamingDraft", sink=args.sink, window=args.window, weights=weights),
+                      gammas=args.gammas)
 
   def prompts_for(batch: int, context: int) -> list[list[int]]:
     return common.text_prompts(model, batch, context, model.config.vocab_size, seed=context, held_out=True)[0]
@@ -61,11 +60,10 @@ def main(argv=None):
             contexts=args.contexts, gammas=args.gammas, max_new=args.max_new,
             max_batch_tokens=args.max_batch_tokens, budget_min=args.budget_min, hardware=args.profile, doc=doc,
             on_point=lambda d: common.write_json(d, out), log=lambda m: print(m, flush=True))
-  common.write_json(doc, out)
-  png = out.replace(".json", ".png")
+  png = common.png_path(out)
   if doc["points"]:
     sweep.plot(doc, png, f"MagicDec StreamingDraft vs autoregressive, {source}, {doc['env']['device']}")
-  print(json.dumps({"output": out, "png": png, "crossover": doc["crossover"]}, indent=1))
+  common.finish(doc, out)
 
 
 def combine(paths: list[str], png: str) -> dict:

@@ -131,19 +131,15 @@ def main(argv=None):
   ap = common.parser(__doc__, smoke="random tiny model, tiny workload, every configuration, merged (seconds)")
   ap.add_argument("--run", choices=CONFIGS, action="append", default=[])
   ap.add_argument("--merge", action="store_true")
-  ap.add_argument("--out-dir", default=None, help="parts and merged files go here (default results/)")
-  ap.add_argument("--name", default=NAME, help="merged file name (without .json / .png)")
   common.flags(ap, prompts=64, samples=2, batch=8, refill_at=1, max_new=256, temperature=0.8, top_p=1.0, seed=0,
                gamma=2, sink=4, window=64)
-  args = ap.parse_args(argv)
+  args = common.parse(ap, argv, prompts=6, max_new=8, batch=2, window=8)
   if args.smoke:
-    args.prompts, args.max_new, args.batch, args.window = min(args.prompts, 6), min(args.max_new, 8), 2, 8
     args.run, args.merge = args.run or list(CONFIGS), True
-  out_dir = args.out_dir or str(common.RESULTS_DIR)
-  part_dir = os.path.join(args.out_dir, "parts") if args.out_dir else str(PART_DIR)
-  if args.output:            # the merged JSON's path; its folder takes the parts too unless --out-dir is given
-    out_dir, args.name = os.path.split(os.path.splitext(os.path.abspath(args.output))[0])
-    part_dir = os.path.join(args.out_dir or out_dir, "parts")
+  out_dir, part_dir, name = str(common.RESULTS_DIR), str(PART_DIR), NAME
+  if args.output:            # the merged JSON's path; its folder takes the parts too
+    out_dir, name = os.path.split(os.path.splitext(os.path.abspath(args.output))[0])
+    part_dir = os.path.join(out_dir, "parts")
   if args.run:
     model, source = common.model(args.smoke)
   os.makedirs(part_dir, exist_ok=True)
@@ -152,7 +148,7 @@ def main(argv=None):
     common.write_json(part, os.path.join(part_dir, f"{config}.json"), stamp=False)
     print(json.dumps({k: v for k, v in part.items() if k not in ("lengths", "prompt_tokens", "env")}), flush=True)
   if args.merge:
-    merge(part_dir, out_dir, args.name)
+    merge(part_dir, out_dir, name)
 
 
 if __name__ == "__main__":

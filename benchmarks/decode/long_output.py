@@ -150,8 +150,6 @@ def main(argv=None):
   ap.add_argument("--profile", default=PROFILE, help="hardware profile for adaptive's cost model")
   ap.add_argument("--acceptance-windows", type=int, default=2,
                   help="held-out windows of --prompt tokens the acceptance vector is measured on (0: none)")
-  ap.add_argument("--no-profiled", dest="profiled_too", action="store_false",
-                  help="skip the adaptive run without acceptance learning (priced with the profile's acceptance)")
   ap.add_argument("--schedule", default=None,
                   help="force adaptive's thresholds: from_context:gamma,... (gamma 0: plain), e.g. 0:2,3000:3")
   args = common.parse(ap, argv, batch=2, prompt=64, new=96, segment=32, chunk_rounds=4, gammas=[1, 2],
@@ -160,11 +158,10 @@ def main(argv=None):
   prompts, text = common.text_prompts(model, args.batch, args.prompt, model.config.vocab_size, seed=1,
                                       held_out=not args.smoke)
   draft = StreamingDraft(2, 16) if args.smoke else StreamingDraft(4, 256, weights="bfloat16")
-  doc = {"benchmark": "long_output", "env": common.env_info(), "command": common.command(), "model": source,
-         "dtype": model.config.dtype, "batch": args.batch, "prompt": args.prompt, "new": args.new,
-         "segment": args.segment, "text": text, "temperature": 0.8, "top_p": 0.95, "sampling": "rejection",
-         "draft": {"kind": "StreamingDraft", "sink": draft.sink, "window": draft.window, "weights": draft.weights},
-         "profile": args.profile, "forced_schedule": args.schedule, "stop_token": None}
+  doc = common.record("long_output", source, model.config.dtype, batch=args.batch, prompt=args.prompt, new=args.new,
+                      segment=args.segment, text=text, temperature=0.8, top_p=0.95, sampling="rejection",
+                      draft=dict(kind="StreamingDraft", sink=draft.sink, window=draft.window, weights=draft.weights),
+                      profile=args.profile, forced_schedule=args.schedule, stop_token=None)
   pre = prefilled.prefill(model, prompts, max_new_tokens=args.new, progress=False)
   doc["prefill_s"] = pre.prefill_s
   base = decode_settings(max_new_tokens=args.new, temperature=0.8, top_p=0.95, seed=args.seed, eos_token_id=[])
@@ -179,7 +176,7 @@ def main(argv=None):
   forced = None if not args.schedule else [tuple(int(x) for x in p.split(":")) for p in args.schedule.split(",")]
   priced = {} if forced else dict(hardware=args.profile, acceptance=None if acc is None else acc["acceptance_vector"])
   settings["adaptive"] = base.replace(draft=draft, gamma="auto", schedule=forced, **priced)   # a schedule: not priced
-  if args.profiled_too and forced is None:   # the same without learning: priced with the profile's acceptance
+  if forced is None:   # the same without learning: priced with the profile's acceptance
     settings["adaptive_profiled"] = settings["adaptive"].replace(learn_acceptance=False)
   runs, live = {}, {name: run_setting(model, pre, st, args.chunk_rounds) for name, st in settings.items()}
   while live:                      # one chunk of each setting in turn

@@ -27,7 +27,6 @@ from magicdec_jax.measure import acceptance as acc
 from magicdec_jax.model import full_forward
 
 SAMPLINGS = {"greedy": dict(temperature=0.0), "t0.8-topp0.95": dict(temperature=0.8, top_p=0.95, seed=0)}
-KINDS = ("streaming", "snapkv", "model", "int8", "int4")
 
 
 def chain_alpha(per_position) -> float | None:
@@ -54,8 +53,6 @@ def part_drafts(model, a) -> dict:
   plain = prefilled.decode(model, pre, temperature=0.0).tokens
   out = {"batch": b, "prompt_tokens": p, "new_tokens": a.new, "gamma": a.gamma, "text": text, "kinds": {}}
   for kind, draft in draft_objects(model, a).items():
-    if kind not in a.kinds:
-      continue
     rec = out["kinds"][kind] = {"draft": repr(draft)}
     for name, kw in SAMPLINGS.items():
       t0 = time.perf_counter()
@@ -92,22 +89,19 @@ def main(argv=None):
   ap = common.parser(__doc__)
   ap.add_argument("--parts", default="drafts", help="drafts,window")
   ap.add_argument("--shape", type=lambda t: common.shape_list(t)[0], default=(4, 4096), help="BxP")
-  ap.add_argument("--kinds", default=",".join(KINDS))
   ap.add_argument("--budget", type=int, default=512, help="SnapKV's selected prompt positions")
   common.flags(ap, new=64, gamma=3, sink=16, window=512, snap_window=64, draft_layers=8, tf_sink=4)
   ap.add_argument("--tf-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
   ap.add_argument("--tf-windows", type=common.int_list, default=[64, 128, 256, 512])
   a = common.parse(ap, argv, shape=(2, 96), new=8, sink=2, window=16, budget=16, snap_window=8, draft_layers=1,
                    tf_contexts=[64], tf_windows=[8, 16], tf_sink=2)
-  a.kinds = [k for k in a.kinds.split(",") if k]
   parts = [x for x in a.parts.split(",") if x]
-  if bad := [x for x in parts if x not in ("drafts", "window")] + [k for k in a.kinds if k not in KINDS]:
-    ap.error(f"unknown parts / kinds {bad}")
+  if bad := [x for x in parts if x not in ("drafts", "window")]:
+    ap.error(f"unknown parts {bad}")
   model, source = common.model(a.smoke)
-  doc = {"benchmark": "draft_acceptance", "env": common.env_info(), "command": common.command(), "model": source,
-         "dtype": model.config.dtype, "samplings": SAMPLINGS,
-         "budgets": {"sink": a.sink, "window": a.window, "snapkv_budget": a.budget, "snapkv_window": a.snap_window,
-                     "model_draft_layers": a.draft_layers}}
+  doc = common.record("draft_acceptance", source, model.config.dtype, samplings=SAMPLINGS,
+                      budgets=dict(sink=a.sink, window=a.window, snapkv_budget=a.budget, snapkv_window=a.snap_window,
+                                   model_draft_layers=a.draft_layers))
   if "drafts" in parts:
     doc["drafts"] = part_drafts(model, a)
   if "window" in parts:

@@ -36,12 +36,12 @@ def main(argv=None):
   p /= p.sum(-1, keepdims=True)
   top = np.sort(p, -1)
   argmax = logits.argmax(-1)
-  doc = {"benchmark": "acceptance_ceiling", "env": common.env_info(), "model": source,
-         "text": "random ids" if args.smoke else "shakespeare held-out plays", "windows": args.windows,
-         "tokens": args.tokens, "positions": int(argmax.size), "command": common.command(),
-         "target_top1_prob": {"mean": float(top[:, -1].mean()), "median": float(np.median(top[:, -1]))},
-         "top1_over_top2_below": {str(r): float(np.mean(top[:, -1] / top[:, -2] < r)) for r in (1.25, 1.5, 2.0)},
-         "truncated_target_agreement": {}}
+  doc = common.record(
+      "acceptance_ceiling", source, text="random ids" if args.smoke else "shakespeare held-out plays",
+      windows=args.windows, tokens=args.tokens, positions=int(argmax.size),
+      target_top1_prob={"mean": float(top[:, -1].mean()), "median": float(np.median(top[:, -1]))},
+      top1_over_top2_below={str(r): float(np.mean(top[:, -1] / top[:, -2] < r)) for r in (1.25, 1.5, 2.0)},
+      truncated_target_agreement={})
   for k in args.drop:
     small = drafts.truncate_layers(model, model.config.num_layers - k)
     other = np.asarray(full_forward(small.params, small.config, ids)).reshape(-1, model.config.vocab_size)

@@ -15,7 +15,6 @@ Training text: the plays from the front; held out: `held_out=True` windows, whic
 from __future__ import annotations
 
 import functools
-import json
 import os
 import time
 
@@ -153,9 +152,7 @@ def main(argv=None):
   out = run(a, target, common.env_info())
   out["target"] = "smollm2-135m (GGUF dequantized, float32)"
   name = {"model": f"distill_smollm2_{a.loss}", "feature": "feature_head_smollm2", "step": "feature_train_step"}[a.kind]
-  path = common.write_json(out, common.output_path(a.json, name))
-  print(json.dumps({k: out.get(k) for k in ("acceptance_final", "finished", "speedup_bfloat16_over_float32", "wall_s")}))
-  print(path)
+  common.finish(out, common.output_path(a.json, name))
 
 
 if __name__ == "__main__":

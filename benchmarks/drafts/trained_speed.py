@@ -39,9 +39,8 @@ def main(argv=None):
     ap.error("give --draft-dir and / or --head-dir (or --smoke)")
   target, source = common.model(a.smoke)
   ways = {f"self_gamma{a.self_gamma}": dict(draft=StreamingDraft(a.sink, a.window), gamma=a.self_gamma)}
-  doc = {"benchmark": "trained_speed", "env": common.env_info(), "command": common.command(), "model": source,
-         "dtype": target.config.dtype, "draft_dir": a.draft_dir, "head_dir": a.head_dir, "greedy": True,
-         "max_new_tokens": a.max_new, "sink": a.sink, "window": a.window, "shapes": []}
+  doc = common.record("trained_speed", source, target.config.dtype, draft_dir=a.draft_dir, head_dir=a.head_dir,
+                      greedy=True, max_new_tokens=a.max_new, sink=a.sink, window=a.window, shapes=[])
   if a.smoke or a.draft_dir:
     small = distill.init_draft(target, layers=1) if a.smoke else checkpoints.load_model(a.draft_dir, dtype=target.config.dtype)
     doc["draft_layers"], doc["target_layers"] = small.config.num_layers, target.config.num_layers
@@ -69,7 +68,7 @@ def main(argv=None):
            "runs": {"plain": {"tokens_per_s": ar.stats["tokens_per_s"], "decode_s": ar.stats["decode_s"]}}}
     for name, kw in ways.items():
       s = (res := prefilled.decode(target, pre, eos_token_id=[], **kw)).stats
-      rec["runs"][name] = {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "gamma": kw["gamma"],
+      rec["runs"][name] = {"tokens_per_s": s["tokens_per_s"], "decode_s": s["decode_s"], "gamma": kw.get("gamma"),
                            "mean_accepted_length": s["mean_accepted_length"],
                            "per_position_acceptance": s["per_position_acceptance"],
                            "speedup_vs_ar": s["tokens_per_s"] / ar.stats["tokens_per_s"],

@@ -86,11 +86,10 @@ class Bench:
     self.log_path = self.path[:-5] + ".log" if self.path.endswith(".json") else self.path + ".log"
     open(self.log_path, "w").close()
     self.part, self.part_end = None, float("inf")
-    self.res = {"benchmark": "gpu_harness", "env": common.env_info(), "command": common.command(),
-                "device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
-                "path": "Engine.decode (the Engine's executable) from a zero cache of the context",
-                "weights": "random", "engine_options": compiling.engine_options(), "N1": args.n1, "N2": args.n2,
-                "runs": [], "parts": {}}
+    self.res = common.record("gpu_harness", device=str(jax.devices()[0].device_kind), backend=jax.default_backend(),
+                             path="Engine.decode (the Engine's executable) from a zero cache of the context",
+                             weights="random", engine_options=compiling.engine_options(), N1=args.n1, N2=args.n2,
+                             runs=[], parts={})
 
   def say(self, *msg) -> None:
     line = " ".join(str(m) for m in msg)

@@ -243,9 +243,8 @@ def part_invariant(b: Bench, m: dict):
 
 
 TIE = 0.01                                  # a near tie: top-2 log-probabilities within this many nats
-# the attention output's weight scales tried, in turn, until the identity part's self-draft accepts >= 0.5:
-# random weights flip a greedy choice on any change of context (docs/gpu.md#run-6), a smaller share of the
-# context in each layer's output makes the draft's lost context matter less
+# the attention output's weight scales tried, in turn, until the identity part's self-draft accepts >= 0.5
+# (random weights flip a greedy choice on any change of context: docs/gpu.md#run-6)
 CONTEXT_SCALES = (1 / 16, 1 / 64, 1 / 256, 1 / 1024)
 
 
@@ -271,8 +270,7 @@ def part_identity(b: Bench, m: dict):
   cfg = m["target_cfg"] if b.args.smoke else shapes.model_shape("llama32_1b").replace(num_layers=8)
   model = random_model(cfg, 7, "identity")
   fixed = identity_fixed_shapes()
-  b.put("fixed_shapes", {k: v for k, v in dataclasses.asdict(fixed).items() if k != "xla_options"} |
-        {"xla_options": [list(o) for o in fixed.xla_options]})
+  b.put("fixed_shapes", dataclasses.asdict(fixed))
   n, p, new = (2, 40, 12) if b.args.smoke else (8, 1024, 64)
   prompts = np.random.default_rng(0).integers(0, cfg.vocab_size, (n, p)).tolist()
   tries = {}

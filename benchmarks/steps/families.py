@@ -74,11 +74,10 @@ def main(argv=None):
     runs[label(f, rings)] = {"seconds": min(ts), "median_s": sorted(ts)[len(ts) // 2], "times": ts,
                              "bytes": nbytes, "bytes_per_s": nbytes / min(ts), "cache": "rings" if rings else "full"}
   ref = runs[families[0]]["bytes_per_s"]
-  doc = {"benchmark": "families_step", "env": common.env_info(), "command": common.command(),
-         "shape": {k: getattr(base, k) for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                                                 "num_heads", "num_kv_heads", "head_dim", "dtype")},
-         "batch": args.batch, "context": args.context, "rounds": args.rounds, "repeats": args.repeats,
-         "runs": runs, "speed_per_byte_vs_" + families[0]: {f: runs[f]["bytes_per_s"] / ref for f in families}}
+  doc = common.record("families_step", shape={k: getattr(base, k) for k in (
+      "vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+      "dtype")}, batch=args.batch, context=args.context, rounds=args.rounds, repeats=args.repeats, runs=runs,
+      **{"speed_per_byte_vs_" + families[0]: {f: runs[f]["bytes_per_s"] / ref for f in families}})
   if any(not rings for _, rings in names):
     doc["ring_speedup_vs_full_cache"] = {f: runs[f + "+full"]["seconds"] / runs[f]["seconds"]
                                          for f, rings in names if not rings}

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import statistics
 import time
 
@@ -133,8 +132,8 @@ def main(argv=None):
   lengths = jnp.full((b,), p, jnp.int32)
   num_slots = aligned_slots(p + 256)
   flops = useful_flops(cfg, b, p)
-  doc = {"benchmark": "prefill_bench", "env": common.env_info(), "model": source, "dtype": cfg.dtype,
-         "batch": b, "prompt_tokens": p, "chunk": args.chunk, "useful_flops": flops}
+  doc = common.record("prefill_bench", source, cfg.dtype, batch=b, prompt_tokens=p, chunk=args.chunk,
+                      useful_flops=flops)
   rate_before = matmul_rate(args.matmul_n, 5)
   new = lambda: loop.prefill(params, tokens, lengths, cfg=cfg, num_slots=num_slots,
                              margin=ring_margin(1, args.chunk), chunk=args.chunk).k[-1]
@@ -158,8 +157,7 @@ def main(argv=None):
   for row in [doc["engine"], *doc.get("by_numerics", {}).values()]:
     row["share_of_matmul_rate"] = row["flop_rate"] / rate
   print(f"large matmul {rate / 1e9:.1f} GFLOP/s: engine prefill at {doc['engine']['share_of_matmul_rate']:.2f} of it")
-  common.write_json(doc, out)
-  print(json.dumps({"output": out}))
+  common.finish(doc, out)
 
 
 if __name__ == "__main__":

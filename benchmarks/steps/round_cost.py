@@ -12,7 +12,6 @@ HLO for copies). Medians of `--repeats` runs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
 
@@ -78,10 +77,8 @@ def main(argv=None):
   out_path = common.output_path(args.output, "round_cost")
   weights = None if args.draft_weights == "none" else args.draft_weights
   spec = drafts.StreamingDraft(args.sink, args.window, weights=weights)
-  doc = {"benchmark": "round_cost", "env": common.env_info(), "model": source, "dtype": model.config.dtype,
-         "numerics": args.numerics,
-         "draft": {"kind": "StreamingDraft", "sink": args.sink, "window": args.window, "weights": weights},
-         "rows": []}
+  doc = common.record("round_cost", source, model.config.dtype, numerics=args.numerics,
+                      draft=dict(kind="StreamingDraft", sink=args.sink, window=args.window, weights=weights), rows=[])
   cfg, params = model.config, model.params
   draft_params = narrow_weights(params, weights) if weights else None
   for b, n in args.shapes:
@@ -108,7 +105,7 @@ def main(argv=None):
           flush=True)
     doc["rows"].append(row)
     common.write_json(doc, out_path)
-  print(json.dumps({k: doc[k] for k in ("benchmark", "model")} | {"output": out_path}))
+  common.finish(doc, out_path)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ with past_key_values. The greedy tokens are compared as a sanity check (`greedy_
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from magicdec_jax import loop
+from magicdec_jax import checkpoints, loop
 from magicdec_jax.tuning import hlo
 from magicdec_jax.cache import aligned_slots, ring_margin
 from magicdec_jax.generation import generate
@@ -49,15 +48,6 @@ def figures(runs: list, b: int, p: int, max_new: int) -> dict:
   return {"prefill_s": pre_s, "decode_s": dec_s, "prefill_runs_s": pre, "decode_runs_s": dec,
           "prefill_tok_s": b * p / pre_s, "decode_tok_s": b * max_new / dec_s,
           "decode_ms_per_step": 1e3 * dec_s / max_new}
-
-
-def hf_load(threads: int):
-  import torch
-  from transformers import AutoModelForCausalLM
-  torch.set_num_threads(threads)
-  path = common.smollm_gguf_path()
-  return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                              torch_dtype=torch.float32).eval()
 
 
 def hf(model, prompts: list[list[int]], max_new: int, repeats: int) -> dict:
@@ -112,20 +102,20 @@ def hlo_cache_ops(model, batch: int, context: int, max_new: int = 32) -> dict:
           "examples": [i.line[:240] for i in bad[:8]], "hlo_chars": len(text)}
 
 
-_PROMPTS_FILE = "/tmp/cpu_decode_vs_hf_{pid}_{b}x{ctx}.json"
-
-
 def hf_child(args, shapes) -> None:
-  """Child process: HF figures for every shape, on the prompts the parent wrote."""
+  """Child process: HF figures for every shape (the same GGUF, float32) on the prompts the parent wrote to
+  --output, which then takes the figures."""
   import torch
   import transformers
-  model = hf_load(args.threads)
+  torch.set_num_threads(args.threads)
+  path = checkpoints.known_model_path("smollm2-135m")
+  model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                           torch_dtype=torch.float32).eval()
   env = {"torch_version": torch.__version__, "transformers_version": transformers.__version__,
          "torch_threads": torch.get_num_threads()}
   res = []
-  for b, ctx in shapes:
-    h = hf(model, common.read_json(_PROMPTS_FILE.format(pid=args.parent_pid, b=b, ctx=ctx)), args.max_new,
-           args.repeats)
+  for (b, ctx), prompts in zip(shapes, common.read_json(args.output)):
+    h = hf(model, prompts, args.max_new, args.repeats)
     h["loadavg_after"] = list(os.getloadavg())
     res.append(h)
     common.log(f"[{b}x{ctx}] hf decode {h['decode_tok_s']:.2f} tok/s prefill {h['prefill_tok_s']:.1f} tok/s")
@@ -135,26 +125,23 @@ def hf_child(args, shapes) -> None:
 def main(argv=None):
   ap = common.parser(__doc__, smoke=None)
   ap.add_argument("--shapes", default="1x512,8x512,1x2048,8x2048", help="BxCONTEXT,... ")
-  ap.add_argument("--max-new", type=int, default=32)
-  ap.add_argument("--repeats", type=int, default=3)
+  common.flags(ap, max_new=32, repeats=3)
   ap.add_argument("--threads", type=int, default=2, help="torch threads for HF")
   ap.add_argument("--no-hf", action="store_true")
   ap.add_argument("--hf-only", action="store_true",
                   help="internal: measure only HF (run in a child process, so JAX's CPU threads are absent)")
   ap.add_argument("--hlo", default="", help="BxCONTEXT: also analyse the compiled decode loop at this shape")
-  ap.add_argument("--parent-pid", type=int, default=0, help=argparse.SUPPRESS)
   args = common.parse(ap, argv)
   shapes = common.shape_list(args.shapes)
 
   if args.hf_only:
     return hf_child(args, shapes)
   model, source = common.model(False)
-  doc = {"benchmark": "cpu_decode_vs_hf", "env": common.env_info(), "model": model.name,
-         "weights": source, "dtype": "float32", "max_new_tokens": args.max_new, "repeats": args.repeats,
-         "hf_threads": args.threads, "xla_flags": os.environ.get("XLA_FLAGS", ""),
-         "method": "ours in this process; HF afterwards in a child process (no JAX thread pool beside it)",
-         "results": []}
-  rows, ours_tokens = [], []
+  doc = common.record("cpu_decode_vs_hf", model.name, "float32", weights=source, max_new_tokens=args.max_new,
+                      repeats=args.repeats, hf_threads=args.threads, xla_flags=os.environ.get("XLA_FLAGS", ""),
+                      method="ours in this process; HF afterwards in a child process (no JAX thread pool beside it)",
+                      results=[])
+  rows, ours_tokens, all_prompts = [], [], []
   for b, ctx in shapes:
     prompts, text_src = common.text_prompts(model, b, ctx, model.config.vocab_size)
     row = {"batch": b, "context": ctx, "prompt_source": text_src, "loadavg_before": list(os.getloadavg())}
@@ -164,12 +151,12 @@ def main(argv=None):
     rows.append(row)
     ours_tokens.append(o["tokens"])
     common.log(f"[{b}x{ctx}] ours decode {o['decode_tok_s']:.2f} tok/s prefill {o['prefill_tok_s']:.1f} tok/s")
-    common.write_json(prompts, _PROMPTS_FILE.format(pid=os.getpid(), b=b, ctx=ctx), stamp=False)
+    all_prompts.append(prompts)
   if not args.no_hf:
-    out = _PROMPTS_FILE.format(pid=os.getpid(), b="hf", ctx="out")
+    out = common.write_json(all_prompts, f"/tmp/cpu_decode_vs_hf_{os.getpid()}.json", stamp=False)
     cmd = [sys.executable, "-m", "benchmarks.steps.vs_hf", "--hf-only", "--shapes", args.shapes,
            "--max-new", str(args.max_new), "--repeats", str(args.repeats), "--threads", str(args.threads),
-           "--output", out, "--parent-pid", str(os.getpid())]
+           "--output", out]
     subprocess.run(cmd, check=True, cwd=common.REPO_ROOT)
     hf_doc = common.read_json(out)
     doc["env"].update(hf_doc["env"])
