@@ -22,7 +22,8 @@ the speedup and the rows with identical tokens. The self-draft is the demo's: St
   trees      a chain of `--gamma` against each shipped Sequoia tree (`--trees`), greedy and T 0.8
   shrink     MagicDec in a fixed batch and in a shrinking one (shrink_batch=True), the demo's prompts
   identity   plain decoding, a chain of `--gamma` and a Sequoia-16 tree (StreamingDraft 4 + 64, the model's
-             weights) by `generate`, fixed-shape numerics, greedy, on held-out prompts of `--lengths` tokens:
+             weights) by `generate`, fixed-shape numerics, greedy (or invariant sampling at `--temperature`,
+             `--top-p`), on held-out prompts of `--lengths` tokens:
              rows with plain's tokens and float32 log-prob bits, the largest difference (not timed; without
              XLA_FLAGS: XLA's defaults; `--xla-option OPTION:VALUE` adds an option to every executable)
 
@@ -226,15 +227,17 @@ def identity(model, source: str, a) -> str:
   prompts, text = common.text_prompts(model, len(lengths), max(lengths), model.config.vocab_size, held_out=True)
   prompts = [p[:n] for p, n in zip(prompts, lengths)]
   draft = drafts.StreamingDraft(4, a.window)
-  kw = dict(max_new_tokens=a.new, temperature=0.0, eos_token_id=[], logprobs=True, numerics="invariant",
-            xla_options=dict(a.xla_option) or None)
+  kw = dict(max_new_tokens=a.new, temperature=a.temperature, top_p=a.top_p, seed=0, eos_token_id=[], logprobs=True,
+            sampling="invariant", numerics="invariant", xla_options=dict(a.xla_option) or None)
   plain = generation.generate(model, prompts, **kw)
   runs = {f"chain{a.gamma}": generation.generate(model, prompts, draft=draft, gamma=a.gamma, **kw),
           "sequoia16": generation.generate(model, prompts, draft=draft, tree=trees.default_tree("sequoia16"), **kw)}
   doc = common.record("identity", source, model.config.dtype, text=text, lengths=lengths, new_tokens=a.new,
+                      temperature=a.temperature, top_p=a.top_p,
                       xla_flags=os.environ.get("XLA_FLAGS", ""), xla_options=dict(a.xla_option), draft=repr(draft),
                       runs={k: compared(r, plain) for k, r in runs.items()})
-  return common.finish(doc, common.output_path(a.output, f"identity_{model.config.dtype}"))
+  tag = f"_t{a.temperature:g}_topp{a.top_p:g}" if a.temperature else ""
+  return common.finish(doc, common.output_path(a.output, f"identity_{model.config.dtype}{tag}"))
 
 
 def main(argv=None) -> str:
@@ -259,7 +262,7 @@ def main(argv=None) -> str:
   ap.add_argument("--int4-symmetric", action="store_true", help="QuantForm.offsets = False")
   ap.add_argument("--design", action="append", default=[],
                   help="numerics: NAME=field:value,... invariant numerics at other fixed shapes (backend.FixedShapes)")
-  ap.add_argument("--temperature", type=float, default=0.0, help="numerics, lookup: the sampling")
+  ap.add_argument("--temperature", type=float, default=0.0, help="numerics, lookup, identity: the sampling")
   ap.add_argument("--temperatures", type=lambda t: [float(x) for x in t.split(",")], default=None)
   ap.add_argument("--top-p", type=float, default=None)
   ap.add_argument("--gammas", type=common.int_list, default=[2, 4, 6])
