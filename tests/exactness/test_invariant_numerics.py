@@ -219,6 +219,15 @@ def test_tree_nodes_on_windowed_layers_are_the_chain_along_their_paths(cache_kin
 
 
 
+def at_xla_defaults(script: str, timeout: int) -> dict:
+  """The JSON `script` prints last, run in a Python process at XLA's default compile settings (without the
+  suite's XLA_FLAGS and its session compilation cache)."""
+  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MAGICDEC_COMPILATION_CACHE")}
+  r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+  assert r.returncode == 0, r.stderr[-3000:]
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 DEFAULT_FLAGS_SCRIPT = r"""
 import json
 import jax, numpy as np
@@ -257,11 +266,7 @@ def test_identity_holds_at_xla_default_flags():
   plain decoding's tokens and log-probs bit for bit, and so has a row prefilled alone in a chunk of another
   size or refilled into a stream's slot (the prefill executable's own options, backend.CPU_PREFILL). (What
   still differs there: docs/decisions.md#identity-at-defaults.)"""
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MAGICDEC_COMPILATION_CACHE")}
-  r = subprocess.run([sys.executable, "-c", DEFAULT_FLAGS_SCRIPT], env=env, capture_output=True, text=True,
-                     timeout=900)
-  assert r.returncode == 0, r.stderr[-3000:]
-  for hd, runs in json.loads(r.stdout.strip().splitlines()[-1]).items():
+  for hd, runs in at_xla_defaults(DEFAULT_FLAGS_SCRIPT, timeout=900).items():
     plain = runs["plain"]
     assert runs["chain"] == plain, hd
     assert runs["tree"] == plain, hd
@@ -299,10 +304,7 @@ def test_norm_rounds_a_row_alike_in_any_program_at_xla_default_flags():
   -O0): a norm computed right after a residual add in 16 rows and the same rows materialised and padded to 9
   rounded differently. The fixed-shape norm (`fixed_order`) sums in one order: the same bits in both
   programs, and within float32 rounding of a float64 numpy norm."""
-  env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "MAGICDEC_COMPILATION_CACHE")}
-  r = subprocess.run([sys.executable, "-c", NORM_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-  assert r.returncode == 0, r.stderr[-3000:]
-  for d, res in json.loads(r.stdout.strip().splitlines()[-1]).items():
+  for d, res in at_xla_defaults(NORM_SCRIPT, timeout=300).items():
     assert res["same_bits"], d
     assert res["max_err"] < 1e-5, (d, res)
 
