@@ -9,20 +9,26 @@ Parts (`--parts`):
           sum_k p_k / (1 + sum_{k<gamma} p_k), what the GPU harness simulates (benchmarks/gpu reads this
           file); greedy rows identical to plain decoding's.
   window  the self-draft's teacher-forced greedy alpha over context x window (measure.acceptance).
+  ceiling what any imperfect draft can reach on `--windows` held-out windows of `--tokens`: the target's top-1
+          probability, how often its top-1 is within a factor of its top-2, how often the target without its
+          last k layers (`--drop`, truncate_layers) picks the same argmax, and (`--head-dir`) how many argmaxes
+          a feature head's draft vocabulary holds.
 
   python -m benchmarks.drafts.acceptance --parts drafts     # 4 x 4096, 64 new tokens: ~10 min on 2 CPU cores
   python -m benchmarks.drafts.acceptance --parts window     # contexts 512..4096 x windows 64..512
+  python -m benchmarks.drafts.acceptance --parts ceiling --head-dir out/fh_bf16
   python -m benchmarks.drafts.acceptance --smoke            # random tiny model, seconds
 """
 from __future__ import annotations
 
+import os
 import time
 
 import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from magicdec_jax import drafts, prefilled
+from magicdec_jax import drafts, prefilled, textdata
 from magicdec_jax.measure import acceptance as acc
 from magicdec_jax.model import full_forward
 
@@ -85,20 +91,46 @@ def part_window(model, contexts, windows, sink: int) -> list[dict]:
   return rows
 
 
+def part_ceiling(model, a) -> dict:
+  ids = jnp.asarray(np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 64)) if a.smoke else
+                    textdata.shakespeare_prompts(model.tokenizer, a.windows, a.tokens, held_out=True), jnp.int32)
+  logits = np.asarray(full_forward(model.params, model.config, ids)).reshape(-1, model.config.vocab_size)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  top = np.sort(p / p.sum(-1, keepdims=True), -1)
+  argmax = logits.argmax(-1)
+  out = {"text": "random ids" if a.smoke else "shakespeare held-out plays", "windows": a.windows, "tokens": a.tokens,
+         "positions": int(argmax.size),
+         "target_top1_prob": {"mean": float(top[:, -1].mean()), "median": float(np.median(top[:, -1]))},
+         "top1_over_top2_below": {str(r): float(np.mean(top[:, -1] / top[:, -2] < r)) for r in (1.25, 1.5, 2.0)},
+         "truncated_target_agreement": {}}
+  for k in a.drop:
+    small = drafts.truncate_layers(model, model.config.num_layers - k)
+    other = np.asarray(full_forward(small.params, small.config, ids)).reshape(-1, model.config.vocab_size)
+    out["truncated_target_agreement"][str(k)] = float(np.mean(other.argmax(-1) == argmax))
+  if a.head_dir and (vocab := common.read_json(os.path.join(a.head_dir, "feature_head.json")).get("vocab")):
+    out["argmax_in_head_vocab"] = float(np.isin(argmax, np.asarray(vocab)).mean())
+  return out
+
+
 def main(argv=None):
   ap = common.parser(__doc__)
-  ap.add_argument("--parts", default="drafts", help="drafts,window")
+  ap.add_argument("--parts", default="drafts", help="drafts,window,ceiling")
   ap.add_argument("--shape", type=lambda t: common.shape_list(t)[0], default=(4, 4096), help="BxP")
   ap.add_argument("--budget", type=int, default=512, help="SnapKV's selected prompt positions")
   common.flags(ap, new=64, gamma=3, sink=16, window=512, snap_window=64, draft_layers=8, tf_sink=4)
   ap.add_argument("--tf-contexts", type=common.int_list, default=[512, 1024, 2048, 4096])
   ap.add_argument("--tf-windows", type=common.int_list, default=[64, 128, 256, 512])
+  ap.add_argument("--drop", type=common.int_list, default=[1, 2, 4], help="ceiling: top layers removed")
+  ap.add_argument("--head-dir", default=None, help="ceiling: a feature head (its feature_head.json's vocab)")
+  common.flags(ap, windows=2, tokens=1024)
   a = common.parse(ap, argv, shape=(2, 96), new=8, sink=2, window=16, budget=16, snap_window=8, draft_layers=1,
-                   tf_contexts=[64], tf_windows=[8, 16], tf_sink=2)
+                   tf_contexts=[64], tf_windows=[8, 16], tf_sink=2, tokens=64, drop=[1])
   parts = [x for x in a.parts.split(",") if x]
-  if bad := [x for x in parts if x not in ("drafts", "window")]:
+  if bad := [x for x in parts if x not in ("drafts", "window", "ceiling")]:
     ap.error(f"unknown parts {bad}")
   model, source = common.model(a.smoke)
+  if "ceiling" in parts and any(k < 1 or k >= model.config.num_layers for k in a.drop):
+    ap.error(f"--drop: each value must be in [1, {model.config.num_layers - 1}]")
   doc = common.record("draft_acceptance", source, model.config.dtype, samplings=SAMPLINGS,
                       budgets=dict(sink=a.sink, window=a.window, snapkv_budget=a.budget, snapkv_window=a.snap_window,
                                    model_draft_layers=a.draft_layers))
@@ -106,6 +138,8 @@ def main(argv=None):
     doc["drafts"] = part_drafts(model, a)
   if "window" in parts:
     doc["teacher_forced"] = part_window(model, a.tf_contexts, a.tf_windows, a.tf_sink)
+  if "ceiling" in parts:
+    doc["ceiling"] = part_ceiling(model, a)
   common.finish(doc, a.output, f"draft_acceptance_{common.device_tag()}.json")
 
 

@@ -27,9 +27,10 @@ CASES = {}      # case -> (module, check(doc, out, module, stdout), slow, extra 
 
 
 def case(name: str, slow: bool = True, extra: tuple = (), in_subprocess: bool = False):
-  """Register `check` as the smoke check of benchmarks.<name> (a module; "MODULE:STUDY" passes STUDY first)."""
+  """Register `check` as the smoke check of benchmarks.<name> (a module; "MODULE:STUDY" passes STUDY first;
+  "MODULE#TAG" names a second case of one module)."""
   def register(check):
-    module, _, study = name.partition(":")
+    module, _, study = name.partition("#")[0].partition(":")
     CASES[name] = (module, check, slow, ((study,) if study else ()) + extra, in_subprocess)
     return check
   return register
@@ -37,22 +38,6 @@ def case(name: str, slow: bool = True, extra: tuple = (), in_subprocess: bool = 
 
 def _env_ok(doc):
   assert doc["env"]["device"] and doc["env"]["jax_version"] and doc["env"]["date"] and doc["env"]["loadavg_start"]
-
-
-@case("drafts.ceiling", slow=False)
-def _acceptance_ceiling(doc, out, mod, stdout):
-  """Its margin statistic against numpy on the same logits recomputed independently (a plain full forward)."""
-  model = testing.random_tiny_model(0)
-  ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 64))
-  lg = np.asarray(full_forward(model.params, model.config, jnp.asarray(ids, jnp.int32)), np.float64)
-  lg = lg.reshape(-1, lg.shape[-1])
-  p = np.exp(lg - lg.max(-1, keepdims=True))
-  p /= p.sum(-1, keepdims=True)
-  s = np.sort(p, -1)
-  assert doc["positions"] == 128
-  assert abs(doc["target_top1_prob"]["mean"] - s[:, -1].mean()) < 1e-4
-  assert abs(doc["top1_over_top2_below"]["2.0"] - np.mean(s[:, -1] / s[:, -2] < 2.0)) <= 1 / 128
-  assert 0 <= doc["truncated_target_agreement"]["1"] <= 1
 
 
 @case("decode.auto_vs_sweep")
@@ -312,6 +297,23 @@ def _acceptance(doc, out, mod, stdout):
       assert r["alpha"] == pytest.approx(p.sum() / (1 + p[:-1].sum()))
   for row in doc["teacher_forced"]:
     assert row["positions"] == row["context"] - 1 - row["sink"] - row["window"] and 0 <= row["alpha"] <= 1
+
+
+@case("drafts.acceptance#ceiling", slow=False, extra=("--parts", "ceiling"))
+def _acceptance_ceiling(doc, out, mod, stdout):
+  """Its margin statistic against numpy on the same logits recomputed independently (a plain full forward)."""
+  model = testing.random_tiny_model(0)
+  ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, 64))
+  lg = np.asarray(full_forward(model.params, model.config, jnp.asarray(ids, jnp.int32)), np.float64)
+  lg = lg.reshape(-1, lg.shape[-1])
+  p = np.exp(lg - lg.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  s = np.sort(p, -1)
+  doc = doc["ceiling"]
+  assert doc["positions"] == 128
+  assert abs(doc["target_top1_prob"]["mean"] - s[:, -1].mean()) < 1e-4
+  assert abs(doc["top1_over_top2_below"]["2.0"] - np.mean(s[:, -1] / s[:, -2] < 2.0)) <= 1 / 128
+  assert 0 <= doc["truncated_target_agreement"]["1"] <= 1
 
 
 @case("drafts.trained_speed")
