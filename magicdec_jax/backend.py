@@ -29,7 +29,8 @@ class FixedShapes:
   and one of the rest (padded up to lo). So every call's row count lies in [lo, hi], a range in which the
   backend computes a row the same whatever the count (lo == hi: one fixed count, the choice where nothing
   better is known). Attention: query tiles of `query_tokens` tokens (x the G heads of a KV group), a single
-  shorter tile padded to a whole one when `pad_query_tile`; values summed over a prefix and a tail of
+  shorter tile padded to a whole one when `pad_query_tile` (else to 2 rows and to `tile_floor` elements per
+  slot: query_rows); values summed over a prefix and a tail of
   `tail_blocks` blocks of `key_block` slots (layers/invariant.tiled_attention). `attention` picks who computes
   a linear cache's prefix + tree attention at these shapes: "xla" (layers/invariant.py), "pallas_triton" or
   "pallas_interpret" (the Pallas kernel pallas/fixed_attention.py, which reads the cache in splits of
@@ -40,6 +41,7 @@ class FixedShapes:
   prefill_rows: tuple[int, int]    # (lo, hi) tokens per token-wise call of a prefill chunk
   query_tokens: int = 4            # query tokens per attention tile
   pad_query_tile: bool = True      # pad a single tile of fewer tokens up to query_tokens
+  tile_floor: int = 0              # an unpadded tile's rows x head dim at least this (smaller dots round otherwise)
   key_block: int = 64              # slots per block of the attention's value sums (cache sizes round to it)
   tail_blocks: int = 2             # blocks of a query's canonical tail: rounds of depth <= (this - 1) blocks
   reduction_floor: int = 0         # a row-wise reduction of m rows x d changes algorithm at m * d = this (0: none)
@@ -71,6 +73,11 @@ class FixedShapes:
       raise ValueError(f"FixedShapes.prefill_tile must be two sizes >= 1, got {self.prefill_tile}")
     if self.split_slots < self.key_block or self.split_slots % self.key_block:
       raise ValueError(f"FixedShapes.split_slots={self.split_slots} must be a multiple of key_block={self.key_block}")
+
+  def query_rows(self, tokens: int, group: int, head_dim: int) -> int:
+    """The rows of a single query tile of `tokens` tokens x `group` heads (a KV group) left unpadded:
+    whole tokens, at least 2 rows and at least tile_floor / head_dim."""
+    return max(tokens, -(-2 // group), -(-self.tile_floor // (group * head_dim))) * group
 
   @property
   def cache_multiple(self) -> int:
@@ -111,7 +118,8 @@ def merged_options(*options: Mapping[str, object]) -> dict[str, object]:
 # XLA:CPU fuses elementwise producers into its YNNPACK dots and reductions by the context they sit in, so
 # the same rows computed in another program could round differently; with YNNPACK kept to standalone dots
 # (`CPU_FUSION`) a dot computes a row the same for any 2..32 rows and for any 33..4096 (one row is a third
-# algorithm), and attention's dots the same for any batch, 2..64 query rows and any slot count, except that a
+# algorithm), and attention's dots the same for any batch, 2..64 query rows (at head dim 8: 8..64, so a tile
+# holds at least 64 elements a slot: `tile_floor`) and any slot count, except that a
 # dot contracting over the slots (the prefix's values) sums a row the same only over slot counts that are
 # multiples of 64 (float32: 48 or 80 slots round otherwise than 64 or 320)
 # (docs/how-it-works.md#fixed-shape-numerics-bitwise-plain-decoding). XLA:CPU's own row reductions vectorise
@@ -127,7 +135,7 @@ CPU_PREFILL = (("xla_disable_hlo_passes", "simplify-while-loops"),)
 CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"),
               ("xla_allow_excess_precision", False),
               ("xla_disable_hlo_passes", "tree_reduction_rewriter"))
-CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False,
+CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False, tile_floor=64,
                   key_block=16, reduction_floor=4608, xla_options=CPU_FUSION, prefill_xla_options=CPU_PREFILL,
                   slot_multiple=64, prefill_tile=(64, 512))
 # Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction); attention

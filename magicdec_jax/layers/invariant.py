@@ -149,8 +149,8 @@ def tiled_attention(qf: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, 
   g = tg // tokens
   tiles = -(-tokens // fixed.query_tokens)
   q0 = fixed.query_tokens * g
-  if tiles == 1 and not fixed.pad_query_tile:   # one short tile left unpadded (at least 2 rows): see the docstring
-    q0 = max(tg, 2)
+  if tiles == 1 and not fixed.pad_query_tile:   # one short tile left unpadded (FixedShapes.query_rows)
+    q0 = fixed.query_rows(tokens, g, d)
   tt = q0 // g                                  # query tokens per tile (padding included)
   pad = tiles * q0 - tg
   qf = jnp.pad(qf, ((0, 0), (0, 0), (0, pad), (0, 0)))

@@ -235,7 +235,7 @@ import magicdec_jax as md
 from magicdec_jax.config import ModelConfig
 from magicdec_jax.model import Model, init_params
 out = {}
-for hidden, hd, heads, kv in ((576, 64, 9, 3), (256, 128, 2, 1)):     # SmolLM2's width and heads; head dim 128
+for hidden, hd, heads, kv in ((576, 64, 9, 3), (256, 128, 2, 1), (32, 8, 4, 2)):   # SmolLM2's; head dims 128, 8
   cfg = ModelConfig(vocab_size=64, hidden_size=hidden, intermediate_size=2 * hidden, num_layers=2, num_heads=heads,
                     num_kv_heads=kv, head_dim=hd, max_position_embeddings=512)
   params = init_params(cfg, jax.random.key(0), scale=0.5)
@@ -262,7 +262,8 @@ print(json.dumps(out))
 def test_identity_holds_at_xla_default_flags():
   """The suite compiles at its own fast-compile flags (conftest.py); users compile at XLA's defaults. In a
   process without them, float32 models of SmolLM2's width and heads (576, 9 / 3 heads of 64: where XLA's own
-  row reductions rounded a norm by its program) and of head dim 128: a chain's and a Sequoia tree's rows have
+  row reductions rounded a norm by its program), of head dim 128 and of head dim 8 (where a query tile of
+  fewer than 8 rows rounded otherwise: FixedShapes.tile_floor): a chain's and a Sequoia tree's rows have
   plain decoding's tokens and log-probs bit for bit, and so has a row prefilled alone in a chunk of another
   size or refilled into a stream's slot (the prefill executable's own options, backend.CPU_PREFILL). (What
   still differs there: docs/decisions.md#identity-at-defaults.)"""
