@@ -84,7 +84,7 @@ def design(text: str) -> tuple[str, backend.FixedShapes]:
   return name, dataclasses.replace(backend.fixed_shapes(), **changes)
 
 
-def settings_of(study: str, a, model) -> dict:
+def settings_of(study: str, a) -> dict:
   """'group/variant' -> prefilled.decode keywords."""
   self_draft = dict(draft=drafts.StreamingDraft(4, a.window, weights=a.draft_weights), gamma=a.gamma)
   out = {}
@@ -314,7 +314,7 @@ def main(argv=None) -> str:
     pres = {n: prefilled.prefill(model, prompts, max_new_tokens=new, progress=not a.smoke, numerics=num,
                                  fixed_shapes=f) for n, (num, f) in groups.items()}
     pre = {groups[n]: x for n, x in pres.items()} if a.study == "numerics" else pres[None]
-    rows, runs = measure(model, pre, settings_of(a.study, a, model), a, st["ref"])
+    rows, runs = measure(model, pre, settings_of(a.study, a), a, st["ref"])
     prefill_s = {n: x.prefill_s for n, x in pres.items()} if a.study == "numerics" else pres[None].prefill_s
     point = {"batch": b, "context": p, "new": new, "prefill_s": prefill_s,
              "shared_tokens": next(iter(pres.values())).shared_tokens,
@@ -329,7 +329,7 @@ def extra(a, model, pre, point: dict, runs: dict) -> None:
   """A study's own figures beyond the common ones."""
   rows = point["settings"]
   if a.study == "quantized" and a.seeds > 1:
-    settings = settings_of("quantized", a, model)
+    settings = settings_of("quantized", a)
     for name, row in rows.items():
       kw = settings[name]
       if kw.get("draft") is not None and kw.get("temperature", 0) > 0:
