@@ -44,7 +44,6 @@ class FixedShapes:
   tile_floor: int = 0              # an unpadded tile's rows x head dim at least this (smaller dots round otherwise)
   key_block: int = 64              # slots per block of the attention's value sums (cache sizes round to it)
   tail_blocks: int = 2             # blocks of a query's canonical tail: rounds of depth <= (this - 1) blocks
-  reduction_floor: int = 0         # a row-wise reduction of m rows x d changes algorithm at m * d = this (0: none)
   xla_options: tuple[tuple[str, object], ...] = ()   # compiler options the shapes are measured under
   prefill_xla_options: tuple[tuple[str, object], ...] = ()   # options a prefill executable adds to those
   attention: str = "xla"           # "xla" | "pallas_triton" | "pallas_interpret": the fixed-shape attention
@@ -90,13 +89,10 @@ class FixedShapes:
     HLO passes either disables are all disabled)."""
     return merged_options(dict(self.xla_options), dict(self.prefill_xla_options) if prefill else {})
 
-  def rows(self, prefill: bool, width: int) -> tuple[int, int]:
-    """(lo, hi) for the token-wise calls of a prefill chunk or a decode round of a model whose row-wise
-    reductions (its norms) run over `width` elements: lo raised where the range would straddle the
-    reduction floor; both times data_shards, so that each shard's part lies in (lo, hi)."""
+  def rows(self, prefill: bool) -> tuple[int, int]:
+    """(lo, hi) for the token-wise calls of a prefill chunk or a decode round, both times data_shards, so
+    that each shard's part lies in (lo, hi)."""
     lo, hi = self.prefill_rows if prefill else self.decode_rows
-    if self.reduction_floor and lo * width < self.reduction_floor <= hi * width:
-      lo = -(-self.reduction_floor // width)
     return lo * self.data_shards, hi * self.data_shards
 
 
@@ -136,7 +132,7 @@ CPU_FUSION = (("xla_cpu_experimental_ynn_fusion_type", "LIBRARY_FUSION_TYPE_INDI
               ("xla_allow_excess_precision", False),
               ("xla_disable_hlo_passes", "tree_reduction_rewriter"))
 CPU = FixedShapes(decode_rows=(8, 32), prefill_rows=(256, 2048), query_tokens=8, pad_query_tile=False, tile_floor=64,
-                  key_block=16, reduction_floor=4608, xla_options=CPU_FUSION, prefill_xla_options=CPU_PREFILL,
+                  key_block=16, xla_options=CPU_FUSION, prefill_xla_options=CPU_PREFILL,
                   slot_multiple=64, prefill_tile=(64, 512))
 # Accelerators: one fixed count (a projection reads its weights once up to 128 rows: a prediction); attention
 # in the Triton kernel; GEMMs with one algorithm per shape whatever the program or the process (autotuning

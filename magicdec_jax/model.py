@@ -92,7 +92,7 @@ def invariant_block(lp, cfg: ModelConfig, impl: str, layer: int, x, positions, c
     raise ValueError("fixed-shape numerics compute the target, which has no alternative query positions "
                      "(a draft's ring rule); drafts compute with loop.draft_config")
   block, variables = Block(cfg, impl, layer), {"params": lp}
-  rows = cfg.fixed.rows(isinstance(spec, CausalChunk), cfg.hidden_size)
+  rows = cfg.fixed.rows(isinstance(spec, CausalChunk))
   q, q_alt, k, v = tile_map(lambda xt, pt: block.apply(variables, xt, pt, method=Block.pre), rows, x, positions)
   o, cache_k, cache_v, scores = block.apply(variables, q, q_alt, k, v, positions, cache_k, cache_v, write_slots,
                                             spec, return_scores, method=Block.attend)
@@ -170,7 +170,7 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
   head = lambda h: lm_logits(params, cfg, h, params["final_norm"]["scale"])
   logits = None
   if compute_logits:                                          # (decode rounds only: prefill computes none)
-    logits = tile_map(head, cfg.fixed.rows(False, cfg.hidden_size), x) if cfg.invariant else head(x)
+    logits = tile_map(head, cfg.fixed.rows(False), x) if cfg.invariant else head(x)
   out = (logits, cache)
   if return_scores:
     out += (tuple(scores),)
