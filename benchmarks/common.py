@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import pathlib
 import platform
@@ -108,18 +109,32 @@ def device_tag() -> str:
 
 def interleaved_decodes(model, pre, settings: dict, repeats: int, warm: bool = True) -> dict:
   """{name: [GenerateResult] x repeats}: every setting (prefilled.decode keywords) decodes the prefilled
-  batch once untimed (compiling; unless not `warm`), then all settings in turn, `repeats` times, so a burst
-  of load on the shared machine hits one run of each rather than all runs of one. pre: a Prefilled, or
+  batch once untimed (compiling; unless not `warm`), then all settings in turn, `repeats` times, the order
+  reversed every other time, so a burst of load on the shared machine hits one run of each rather than all
+  runs of one and a drift in the machine's pace favours no setting. pre: a Prefilled, or
   {(numerics, fixed_shapes): Prefilled} (a setting decodes the batch prefilled with its numerics and fixed
   shapes; None: the default's)."""
   batch = lambda kw: pre[kw.get("numerics"), kw.get("fixed_shapes")] if isinstance(pre, dict) else pre
   for kw in settings.values() if warm else ():
     prefilled.decode(model, batch(kw), **kw)
   runs = {k: [] for k in settings}
-  for _ in range(repeats):
-    for k, kw in settings.items():
+  for i in range(repeats):
+    for k, kw in list(settings.items())[::-1 if i % 2 else 1]:
       runs[k].append(prefilled.decode(model, batch(kw), **kw))
   return runs
+
+
+def paired_ratios(num: list[float], den: list[float]) -> dict:
+  """num[i] / den[i] for runs made side by side (interleaved_decodes' repeats): the median, a 95% interval
+  for it that assumes nothing of the distribution (order statistics of the binomial sign test; None below
+  6 pairs), and every ratio. Pairing cancels the machine's drift between repeats that medians of each
+  setting alone keep."""
+  r = sorted(x / y for x, y in zip(num, den))
+  n, k, cdf = len(r), 0, 0.0
+  while n >= 6 and cdf + math.comb(n, k) / 2 ** n <= 0.025:
+    cdf += math.comb(n, k) / 2 ** n
+    k += 1
+  return dict(median=statistics.median(r), ci95=[r[k - 1], r[n - k]] if k else None, ratios=r)
 
 
 def loop_engine(model, draft, tree, *, batch: int, context: int, max_new: int, numerics: str | None = None,

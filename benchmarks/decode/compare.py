@@ -344,6 +344,9 @@ def extra(a, model, pre, point: dict, runs: dict) -> None:
   if a.study == "numerics":
     point["cost_fast_over_invariant"] = {k: rows[f"fast/{k}"]["tokens_per_s"] / rows[f"invariant/{k}"]["tokens_per_s"]
                                          for k in ("plain", "magicdec")}
+    per_round = lambda name: [t / rows[name]["loop_rounds"] for t in rows[name]["decode_s_all"]]
+    point["invariant_over_fast_per_round_paired"] = {
+        k: common.paired_ratios(per_round(f"invariant/{k}"), per_round(f"fast/{k}")) for k in ("plain", "magicdec")}
   if a.study == "filters":
     for name, row in rows.items():
       g = rows.get("greedy/" + name.split("/")[-1])
