@@ -27,7 +27,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from magicdec_jax import compile as compiling
-from magicdec_jax.cli import flags as cli_flags, modes
+from magicdec_jax.cli import build as cli_build, flags as cli_flags, modes
 from magicdec_jax.sharding import distributed
 from magicdec_jax.sharding.planner import DoesNotFit
 
@@ -67,7 +67,7 @@ def run_mode(argv):
     log(f"jax.distributed: process {FLAGS.process_id} of {FLAGS.num_processes}")
   cache_dir = compiling.enable_persistent_cache(FLAGS.compilation_cache_dir)   # None: the env var / default
   log(f"persistent compilation cache: {cache_dir or 'off'}")
-  mesh = cli_flags.setup_mesh(FLAGS)          # None without --mesh
+  mesh = cli_build.setup_mesh(FLAGS)          # None without --mesh
   with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
     modes.MODES[FLAGS.mode].run(FLAGS, log)
   log(f"--mode={FLAGS.mode} done in {time.perf_counter() - t:.1f}s")

@@ -2,7 +2,7 @@
 
 `DecodeSettings` is what every way in builds: `generate(model, prompts, max_new_tokens=..., ...)` and
 `generate_stream` make one from their keywords, the command line makes one from its flags
-(cli/flags.decode_settings), and datagen fingerprints the one it runs with (`fingerprint()`), so a
+(cli/build.decode_settings), and datagen fingerprints the one it runs with (`fingerprint()`), so a
 resumed data set is refused if anything that changes the samples differs. Defaults live here and in
 drafts/streaming.py (sink, window), nowhere else.
 """

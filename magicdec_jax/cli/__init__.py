@@ -1,2 +1,2 @@
-"""The command line behind run.py: flags.py (the flags, their common checks, the objects they describe),
-one module per --mode (run + validate) and modes.py, their registry."""
+"""The command line behind run.py: flags.py (the flags and their common checks), build.py (the objects they
+describe), one module per --mode (run + validate) and modes.py, their registry."""

@@ -19,7 +19,7 @@ import numpy as np
 from absl import app
 
 from magicdec_jax import datagen_files, settings, textdata
-from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.cli import build as cli_build, flags as cli_flags
 from magicdec_jax.measure import sweep
 
 OWN_FLAGS = ("batches", "contexts", "gammas", "output_dir", "bench_preset")
@@ -51,8 +51,8 @@ def run(fv, log) -> None:
     fv.max_new_tokens = preset["max_new_tokens"]
   grid = {name: (cli_flags.int_list(fv, name, low) if fv[name].present or not preset else list(preset[name]))
           for name, low in GRID}
-  model = cli_flags.load_target(fv, log)
-  st = cli_flags.decode_settings(fv, model, priced=False)
+  model = cli_build.load_target(fv, log)
+  st = cli_build.decode_settings(fv, model, priced=False)
   out = run_bench(
       model, st.draft, **grid, output_dir=fv.output_dir, log=log, hardware=fv.hardware,
       max_batch_tokens=preset.get("max_batch_tokens"),

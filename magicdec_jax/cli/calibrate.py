@@ -6,7 +6,7 @@ import json
 
 from absl import app
 
-from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.cli import build as cli_build, flags as cli_flags
 from magicdec_jax.measure import calibrate
 from magicdec_jax.tuning import profiles
 
@@ -33,11 +33,11 @@ def validate(fv) -> None:
 
 
 def run(fv, log) -> None:
-  model = cli_flags.load_target(fv, log)
+  model = cli_build.load_target(fv, log)
   if fv["contexts"].present and max(cli_flags.int_list(fv, "contexts", 1)) > model.config.max_position_embeddings:
     raise app.UsageError(f"--contexts={','.join(fv.contexts)}: longer than {model.name}'s context of "
                          f"{model.config.max_position_embeddings} tokens (a step there is never run)")
-  d = cli_flags.build_draft(fv, model)
+  d = cli_build.build_draft(fv, model)
   under_test = [] if d is None else calibrate.cases_for(d, model)
   if d is not None and not under_test:
     log(f"calibrate: no draft step timed: {UNTIMED_DRAFTS.get(fv.draft, 'the draft runs no network')}")

@@ -9,7 +9,7 @@ import jax
 from absl import app
 
 from magicdec_jax import datagen, datagen_files
-from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.cli import build as cli_build, flags as cli_flags
 from magicdec_jax.sharding import distributed
 
 OWN_FLAGS = ("input", "output", "batch_size", "refill_at", "num_samples_per_prompt", "on_error", "input_format",
@@ -30,8 +30,8 @@ def validate(fv) -> None:
 
 
 def run(fv, log) -> None:
-  model = cli_flags.load_target(fv, log)
-  kw = cli_flags.gen_kwargs(fv, model)
+  model = cli_build.load_target(fv, log)
+  kw = cli_build.gen_kwargs(fv, model)
   index, count = jax.process_index(), jax.process_count()
   try:
     summary = datagen.run(model, fv.input, fv.output, batch_size=fv.batch_size, refill_at=fv.refill_at,

@@ -45,7 +45,7 @@ from absl import app
 
 from magicdec_jax import backend, drafts, generation, prefilled, textdata
 from magicdec_jax import tokenizer as tok_lib
-from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.cli import build as cli_build, flags as cli_flags
 from magicdec_jax.measure import sweep
 from magicdec_jax.tuning import profiles
 from magicdec_jax.model import Model
@@ -183,7 +183,7 @@ def run(fv, log) -> None:
   """`run.py` (--mode=demo): `compare` on --model; batch, prompt length, new tokens, gamma and the draft's
   weights are `default_shape()`, DEMO_NEW_TOKENS and bfloat16 unless given. Then `structured_answers` with
   the same draft, gamma and numerics (its draft's weights the target's own unless --draft_weights is given)."""
-  model = cli_flags.load_target(fv, log)
+  model = cli_build.load_target(fv, log)
   batch, prompt_tokens, gamma = default_shape()
   given = lambda name: fv[name].present
   gamma = cli_flags.parse_gamma(fv.gamma) if given("gamma") else gamma

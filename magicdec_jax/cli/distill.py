@@ -10,7 +10,7 @@ import re
 from absl import app
 
 from magicdec_jax import feature_head, textdata
-from magicdec_jax.cli import draft_flags, flags as cli_flags
+from magicdec_jax.cli import build as cli_build, draft_flags, flags as cli_flags
 from magicdec_jax.training import distill, distill_data, distill_feature
 
 OWN_FLAGS = ("distill_data", "distill_out", "draft_config", "distill_steps", "lr", "warmup_steps", "batch",
@@ -67,7 +67,7 @@ def validate(fv) -> None:
 
 
 def run(fv, log) -> None:
-  model = cli_flags.load_target(fv, log)
+  model = cli_build.load_target(fv, log)
   try:
     steps, history = (_train_head if draft_flags.trains_head(fv) else _train_draft)(fv, log, model)
   except ValueError as e:
@@ -116,7 +116,7 @@ def _train_draft(fv, log, model):
   log(f"distilling a {draft.config.num_layers}-layer draft on {data.shape[0]} windows of {cfg.seq_len} "
       f"tokens, {cfg.steps} steps of {cfg.batch}, loss {cfg.loss} -> {fv.distill_out}")
   _, history = distill.distill(model, draft, data, fv.distill_out, cfg, eval_windows=held,
-                               mesh=cli_flags.setup_mesh(fv), progress=fv.progress)
+                               mesh=cli_build.setup_mesh(fv), progress=fv.progress)
   return cfg.steps, history
 
 

@@ -8,7 +8,7 @@ import json
 from absl import app
 
 from magicdec_jax import generation
-from magicdec_jax.cli import flags as cli_flags
+from magicdec_jax.cli import build as cli_build, flags as cli_flags
 from magicdec_jax.constraints import Constraint
 
 OWN_FLAGS = ("prompt", "prompts_file", "json_schema", "chat", "mesh", "device_memory_gb")
@@ -52,10 +52,10 @@ def validate(fv) -> None:
 
 
 def run(fv, log) -> None:
-  prompts = fv.prompt or cli_flags.read_prompts_file(fv.prompts_file)
-  model = cli_flags.load_target(fv, log)
-  texts = [cli_flags.prompt_text(fv, model, p) for p in prompts]
-  kw = cli_flags.gen_kwargs(fv, model)
+  prompts = fv.prompt or cli_build.read_prompts_file(fv.prompts_file)
+  model = cli_build.load_target(fv, log)
+  texts = [cli_build.prompt_text(fv, model, p) for p in prompts]
+  kw = cli_build.gen_kwargs(fv, model)
   log(f"generating {len(texts)} prompt(s) ...")
   res = generation.generate(model, texts, shrink_batch=fv.shrink_batch, json_schema=json_schema(fv), **kw)
   for i, (t, reason) in enumerate(zip(res.texts or res.tokens, res.finish_reasons)):

@@ -9,7 +9,7 @@ from absl import app
 
 from magicdec_jax import datagen_files, textdata
 from magicdec_jax import tokenizer as tok_lib
-from magicdec_jax.cli import draft_flags, flags as cli_flags
+from magicdec_jax.cli import build as cli_build, draft_flags, flags as cli_flags
 from magicdec_jax.sampling import Sampling
 from magicdec_jax.measure import acceptance
 
@@ -38,8 +38,8 @@ def _windows(fv, model, n: int) -> tuple[list[list[int]], str]:
     return textdata.shakespeare_prompts(model.tokenizer, fv.profile_windows, n, held_out=True), \
         "shakespeare (held out)"
   windows = []
-  for p in cli_flags.read_prompts_file(fv.input, "input"):
-    ids = tok_lib.encode(model.tokenizer, cli_flags.prompt_text(fv, model, p))[-n:]
+  for p in cli_build.read_prompts_file(fv.input, "input"):
+    ids = tok_lib.encode(model.tokenizer, cli_build.prompt_text(fv, model, p))[-n:]
     if len(ids) >= 32:
       windows.append(ids)
   if not windows:
@@ -48,8 +48,8 @@ def _windows(fv, model, n: int) -> tuple[list[list[int]], str]:
 
 
 def run(fv, log) -> None:
-  model = cli_flags.load_target(fv, log)
-  draft = cli_flags.build_draft(fv, model)
+  model = cli_build.load_target(fv, log)
+  draft = cli_build.build_draft(fv, model)
   n = min(fv.profile_tokens, model.config.max_position_embeddings)
   windows, source = _windows(fv, model, n)
   log(f"profiling {len(windows)} windows ({source}) of <= {n} tokens, width {fv.width} ...")

@@ -19,7 +19,7 @@ import pytest
 from absl import app, flags
 
 from magicdec_jax.measure import acceptance
-from magicdec_jax.cli import bench as cli_bench, flags as cli_flags, modes as cli_modes
+from magicdec_jax.cli import bench as cli_bench, build as cli_build, flags as cli_flags, modes as cli_modes
 from magicdec_jax import testing
 from magicdec_jax.drafts import ModelDraft, StreamingDraft
 from magicdec_jax.model import full_forward
@@ -181,13 +181,14 @@ def test_usage_errors(tmp_path):
 
 
 def test_every_flag_read_by_some_modes_only_is_listed_by_each():
-  """A flag that only mode modules read (not run.py or the common helpers in cli/flags.py, cli/draft_flags.py) is in
-  the OWN_FLAGS of exactly the modes whose module reads it, so modes.validate refuses it elsewhere; read as
-  source text (`fv.NAME`, `fv["NAME"]` or the name as a string)."""
+  """A flag that only mode modules read (not run.py or the common helpers in cli/flags.py, cli/build.py,
+  cli/draft_flags.py) is in the OWN_FLAGS of exactly the modes whose module reads it, so modes.validate refuses
+  it elsewhere; read as source text (`fv.NAME`, `fv["NAME"]` or the name as a string)."""
   import re
   cli = os.path.join(ROOT, "magicdec_jax", "cli")
   source = lambda name: open(os.path.join(cli, name + ".py"), encoding="utf-8").read()   # noqa: E731
-  common = "\n".join(line for f in ("flags", "draft_flags") for line in source(f).splitlines() if "DEFINE_" not in line)
+  common = "\n".join(line for f in ("flags", "build", "draft_flags") for line in source(f).splitlines()
+                     if "DEFINE_" not in line)
   common += open(os.path.join(ROOT, "run.py"), encoding="utf-8").read().replace("FLAGS.", "fv.")
   pattern = r"fv\.{0}\b|fv\[[\"']{0}[\"']\]|(?<![\[\w])[\"']{0}[\"'](?!\])"   # (not a dict key: p["batch"])
   reads = lambda text, flag: re.search(pattern.format(flag), text) is not None   # noqa: E731
@@ -205,8 +206,8 @@ def test_every_flag_read_by_some_modes_only_is_listed_by_each():
 def test_draft_layers_range_checked_against_model():
   fv = parse(["--draft=model", "--draft_layers=3"])
   with pytest.raises(app.UsageError, match=r"--draft_layers=3: the draft model has only 2 layers \(allowed: 1..2\)"):
-    cli_flags.build_draft(fv, tiny())
-  d = cli_flags.build_draft(parse(["--draft=model", "--draft_layers=1", "--sink=2", "--window=8"]), tiny())
+    cli_build.build_draft(fv, tiny())
+  d = cli_build.build_draft(parse(["--draft=model", "--draft_layers=1", "--sink=2", "--window=8"]), tiny())
   assert isinstance(d, ModelDraft) and d.model.config.num_layers == 1 and d.spec.window == 8
 
 
@@ -315,18 +316,18 @@ def test_mesh_flag():
   UsageError naming the flag value and the reason."""
   n = len(jax.local_devices())
   fv = parse([f"--mesh=data:1,model:{n}"])
-  mesh = cli_flags.setup_mesh(fv)
-  assert dict(mesh.shape) == {"data": 1, "model": n} and cli_flags.setup_mesh(fv) is mesh
-  assert cli_flags.setup_mesh(parse([])) is None
+  mesh = cli_build.setup_mesh(fv)
+  assert dict(mesh.shape) == {"data": 1, "model": n} and cli_build.setup_mesh(fv) is mesh
+  assert cli_build.setup_mesh(parse([])) is None
   for bad, reason in (("data:2,modle:4", "unknown axis 'modle'"), (f"data:1,model:{n + 1}", "but there are")):
     with pytest.raises(app.UsageError, match=f"--mesh={bad}: .*{reason}"):
-      cli_flags.setup_mesh(parse([f"--mesh={bad}"]))
+      cli_build.setup_mesh(parse([f"--mesh={bad}"]))
 
 
 def test_prompts_file_reads_a_marked_file_and_refuses_settings_it_would_ignore(tmp_path):
   """A byte-order mark is not part of the first prompt; a record's own settings are refused by name (only
   datagen reads them), an id is a label; a record with both or neither of prompt / messages is refused."""
-  from magicdec_jax.cli.flags import read_prompts_file
+  from magicdec_jax.cli.build import read_prompts_file
   marked = tmp_path / "bom.jsonl"
   marked.write_bytes(b'\xef\xbb\xbf{"prompt": "hello"}\n'
                      b'{"id": 2, "messages": [{"role": "user", "content": "x"}]}\nplain\n')
