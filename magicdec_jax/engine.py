@@ -169,18 +169,20 @@ class Engine:
   def _replicated(self) -> NamedSharding:
     return NamedSharding(self.mesh, P())
 
-  def _executable(self, name: str, fun, args: tuple, static: dict, in_sh: tuple, out_sh, donate: tuple = ()):
-    """(fun's executable for these shapes, compiled once (compile.py), and args placed per in_sh); call
-    under `jax.set_mesh(self.mesh)`. The target's prefill compiles with the plan's prefill options."""
+  def _executable(self, name: str, fun, args: tuple, static: dict, in_sh: tuple, out_sh, donate: tuple = (),
+                  options=None):
+    """(fun's executable for these shapes, compiled once (compile.py) with XLA `options` (None: the
+    plan's decode options), and args placed per in_sh); call under `jax.set_mesh(self.mesh)`."""
     args = jax.device_put(args, in_sh)
-    options = self.plan.prefill_xla_options if name == "prefill" else self.plan.xla_options
+    options = self.plan.xla_options if options is None else options
     return compiling.jit_executable(name, fun, args, static, options=options,
                                     donate_argnames=donate, in_shardings=in_sh, out_shardings=out_sh), args
 
-  def _run(self, name: str, fun, args: tuple, static: dict, in_sh: tuple, out_sh, donate: tuple = ()):
+  def _run(self, name: str, fun, args: tuple, static: dict, in_sh: tuple, out_sh, donate: tuple = (),
+           options=None):
     """fun(*args, **static) on the mesh."""
     with jax.set_mesh(self.mesh):
-      exe, args = self._executable(name, fun, args, static, in_sh, out_sh, donate)
+      exe, args = self._executable(name, fun, args, static, in_sh, out_sh, donate, options)
       return exe(*args)
 
   def _static(self, **extra) -> dict:
@@ -190,7 +192,8 @@ class Engine:
   def prefill(self, tokens: jax.Array, lengths: jax.Array, num_slots: int) -> tuple[Any, Any]:
     """Right-padded prompts [B, P] -> (target cache with num_slots slots, the draft's ring or None)."""
     args, static, in_sh = self._prefill_call(tokens, lengths, num_slots)
-    target = self._run("prefill", loop.prefill, args, static, in_sh, self._target_sh)
+    target = self._run("prefill", loop.prefill, args, static, in_sh, self._target_sh,
+                       options=self.plan.prefill_xla_options)
     return target, self.prefill_draft(target, tokens, lengths, static["chunk"])
 
   def _prefill_call(self, tokens, lengths, num_slots):
@@ -302,8 +305,9 @@ class Engine:
     """The optimized HLO of "prefill" (tokens, lengths, num_slots) or "decode" (a LoopState) as this
     engine compiles it (cached: a later call with the same shapes runs this very executable)."""
     fun, call, static, in_sh, out_sh, donate = self._step_call(kind, *args)
+    options = self.plan.prefill_xla_options if kind == "prefill" else None
     with jax.set_mesh(self.mesh):
-      return self._executable(kind, fun, call, static, in_sh, out_sh, donate)[0].as_text()
+      return self._executable(kind, fun, call, static, in_sh, out_sh, donate, options)[0].as_text()
 
   def exported(self, kind: str, *args, platform: str = "cuda") -> jax.export.Exported:
     """`compiled_text`'s step lowered for `platform` through jax.export, without its shardings: a GPU's
