@@ -10,7 +10,8 @@ the speedup and the rows with identical tokens. The self-draft is the demo's: St
              T 0.8 top-p 0.95 (sampled acceptance over `--seeds` seeds), the draft's step timed alone first
              (calibrate.time_step, the copies interleaved `--step-rounds` times; `--steps-only`: that alone);
              `--int4-group`, `--int4-keep-int8`, `--int4-symmetric` vary the copies' QuantForm (the draft's field)
-  numerics   numerics "fast" and "invariant", plain and MagicDec; `--design NAME=FIELD:VALUE,...` adds invariant
+  numerics   numerics "fast" and "invariant", plain and MagicDec, with invariant / fast per loop round over the
+             repeats' pairs (median, 95% interval); `--design NAME=FIELD:VALUE,...` adds invariant
              numerics at other fixed shapes (backend.FixedShapes fields, ranges as lo-hi, e.g.
              `--design rows8=decode_rows:8-8 --design kb64=key_block:64`); `--dtype bfloat16` for GPUs' dtype
   lookup     prompt lookup (PromptLookupDraft, chains of `--gammas`) beside the self-draft, the demo's prompts
