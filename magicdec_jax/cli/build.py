@@ -1,6 +1,7 @@
 """The objects run.py's flags describe: the model (loaded, in its shards with --mesh), the draft, the
-DecodeSettings, generate's keyword arguments and the prompts of a file. Read after `flags.validate` has
-checked the flags; each raises `app.UsageError` naming the flag it read.
+DecodeSettings, generate's keyword arguments and the prompts of a file. Built after `flags.validate` has
+checked the flags, from the values it let through; what only building can find wrong (a prompts file's line,
+a mesh the devices cannot make) raises `app.UsageError` naming its flag.
 """
 from __future__ import annotations
 
