@@ -422,9 +422,11 @@ def test_smollm2_bfloat16_every_draft_batch_and_refill(sampled):
     res = md.generate(smol(), prompts, **kw, **draft())
     got[name] = differing(res.tokens)
     print(f"{name}: acceptance {res.stats['acceptance_rate']:.3f}, rows differing {got[name]}")
-  chain = SMOL_DRAFTS["chain3"]()
-  got["alone"] = [] if md.generate(smol(), [prompts[5]], **kw, **chain).tokens[0] == ref.tokens[5] else [5]
-  got["reversed"] = differing(md.generate(smol(), prompts[::-1], **kw, **chain).tokens[::-1])
+  chain = SMOL_DRAFTS["chain3"]()             # a row samples by (seed, stream id, position): ids kept
+  alone = md.generate(smol(), [prompts[5]], stream_ids=[5], **kw, **chain).tokens[0]
+  got["alone"] = [] if alone == ref.tokens[5] else [5]
+  got["reversed"] = differing(md.generate(smol(), prompts[::-1], stream_ids=list(range(8))[::-1], **kw,
+                                          **chain).tokens[::-1])
   out = {r.index: r.tokens for r in md.generate_stream(smol(), prompts, batch_size=4, **kw, **chain)}
   got["stream"] = differing([out[i] for i in range(8)])
   assert not any(got.values()), got
