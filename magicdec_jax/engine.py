@@ -191,9 +191,8 @@ class Engine:
   # ---- device steps ------------------------------------------------------------------------------------
   def prefill(self, tokens: jax.Array, lengths: jax.Array, num_slots: int) -> tuple[Any, Any]:
     """Right-padded prompts [B, P] -> (target cache with num_slots slots, the draft's ring or None)."""
-    args, static, in_sh = self._prefill_call(tokens, lengths, num_slots)
-    target = self._run("prefill", loop.prefill, args, static, in_sh, self._target_sh,
-                       options=self.plan.prefill_xla_options)
+    fun, args, static, in_sh, out_sh, donate, options = self._step_call("prefill", tokens, lengths, num_slots)
+    target = self._run("prefill", fun, args, static, in_sh, out_sh, donate, options)
     return target, self.prefill_draft(target, tokens, lengths, static["chunk"])
 
   def _prefill_call(self, tokens, lengths, num_slots):
@@ -290,22 +289,21 @@ class Engine:
                      (*self.param_sh, st), st, donate=("state",))
 
   def _step_call(self, kind: str, *args):
-    """(fun, args, static, in_sh, out_sh, donate) of "prefill" (tokens, lengths, num_slots) or "decode"
-    (a LoopState)."""
+    """(fun, args, static, in_sh, out_sh, donate, XLA options) of "prefill" (tokens, lengths, num_slots;
+    the plan's prefill options) or "decode" (a LoopState; None: the decode options)."""
     if kind == "prefill":
       call, static, in_sh = self._prefill_call(*args)
-      return loop.prefill, call, static, in_sh, self._target_sh, ()
+      return loop.prefill, call, static, in_sh, self._target_sh, (), self.plan.prefill_xla_options
     if kind == "decode":
       st = self._state_sh(args[0])
       return (loop.decode, (self.target_params, self.draft_params, args[0]), self._decode_static(),
-              (*self.param_sh, st), st, ("state",))
+              (*self.param_sh, st), st, ("state",), None)
     raise ValueError(f"kind must be 'prefill' or 'decode', got {kind!r}")
 
   def compiled_text(self, kind: str, *args) -> str:
     """The optimized HLO of "prefill" (tokens, lengths, num_slots) or "decode" (a LoopState) as this
     engine compiles it (cached: a later call with the same shapes runs this very executable)."""
-    fun, call, static, in_sh, out_sh, donate = self._step_call(kind, *args)
-    options = self.plan.prefill_xla_options if kind == "prefill" else None
+    fun, call, static, in_sh, out_sh, donate, options = self._step_call(kind, *args)
     with jax.set_mesh(self.mesh):
       return self._executable(kind, fun, call, static, in_sh, out_sh, donate, options)[0].as_text()
 
@@ -313,7 +311,7 @@ class Engine:
     """`compiled_text`'s step lowered for `platform` through jax.export, without its shardings: a GPU's
     lowering (Pallas Triton kernels included) checked on a machine without one. Triton's own compile to
     GPU code is not part of it."""
-    fun, call, static, _, _, _ = self._step_call(kind, *args)
+    fun, call, static, *_ = self._step_call(kind, *args)
     return compiling.export_for(platform, functools.partial(fun, **static), *call)
 
   def with_schedule(self, state: loop.LoopState) -> loop.LoopState:
