@@ -56,7 +56,7 @@ from magicdec_jax.layers import rms_norm
 from magicdec_jax.layers.attention import NEG_INF
 from magicdec_jax.layers.dense import dense
 from magicdec_jax.layers.quant import QuantizedWeight
-from magicdec_jax.model import Block, Model, init_params, lm_logits
+from magicdec_jax.model import Block, Model, init_params, lm_logits, rotations
 
 HEAD_FILE = "feature_head.json"
 PARAMS_DIR = "params"
@@ -204,8 +204,9 @@ def step(cfg: ModelConfig, hparams: dict, tparams: dict, g: jax.Array, tokens: j
   e = table.rows(tokens, g.dtype) if isinstance(table, QuantizedWeight) else \
       jnp.take(table, tokens, axis=0).astype(g.dtype)
   x = dense("BTF,FD->BTD", jnp.concatenate([g, e], axis=-1), hparams["fc"])
-  h, cache_k, cache_v, _ = Block(cfg).apply({"params": hparams["layers"][0]}, x, positions, cache_k,
-                                            cache_v, write_slots, attn_spec)
+  h, cache_k, cache_v, _ = Block(cfg).apply({"params": hparams["layers"][0]}, x, positions,
+                                            rotations(cfg, 0, positions, attn_spec, {}), cache_k, cache_v,
+                                            write_slots, attn_spec)
   return head_logits(cfg, hparams, tparams, h), h, cache_k, cache_v
 
 

@@ -32,6 +32,7 @@ from magicdec_jax.layers.dense import dense
 from magicdec_jax.layers.invariant import tile_map
 from magicdec_jax.layers.prefill_attention import CausalChunk, softcapped
 from magicdec_jax.layers.quant import QuantizedWeight
+from magicdec_jax.layers.rope import rope_frequencies, rotation
 from magicdec_jax.traced import traced_once
 
 
@@ -64,8 +65,8 @@ class Block(nn.Module):
     self.attn = Attention(cfg, self.impl, self.layer)
     self.mlp = GatedMLP(cfg.intermediate_size, cfg.jnp_dtype, cfg.activation)
 
-  def pre(self, x, positions, alt_pos=None):
-    return self.attn.qkv(self.attn_norm(x), positions, alt_pos)
+  def pre(self, x, rot, alt_rot=None):
+    return self.attn.qkv(self.attn_norm(x), rot, alt_rot)
 
   def attend(self, q, q_alt, k, v, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
     return self.attn.attend_cache(q, q_alt, k, v, positions, cache_k, cache_v, write_slots, spec, return_scores)
@@ -77,43 +78,61 @@ class Block(nn.Module):
     m = self.mlp(self.mlp_norm(x))
     return x + (self.post_mlp_norm(m) if post_norms else m)
 
-  def __call__(self, x, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
-    q, q_alt, k, v = self.pre(x, positions, getattr(spec, "alt_pos", None))
+  def __call__(self, x, positions, rots, cache_k, cache_v, write_slots, spec, return_scores=False):
+    q, q_alt, k, v = self.pre(x, *rots)
     o, cache_k, cache_v, scores = self.attend(q, q_alt, k, v, positions, cache_k, cache_v, write_slots, spec,
                                               return_scores)
     return self.post(x, o), cache_k, cache_v, scores
 
 
-def invariant_block(lp, cfg: ModelConfig, impl: str, layer: int, x, positions, cache_k, cache_v, write_slots,
+def invariant_block(lp, cfg: ModelConfig, impl: str, layer: int, x, positions, rots, cache_k, cache_v, write_slots,
                     spec, return_scores=False):
   """Block `layer` with fixed-shape numerics (layers/invariant.py): its token-wise stages in calls of the
   config's fixed row counts (cfg.fixed), its attention per row."""
-  if getattr(spec, "alt_pos", None) is not None:
+  (cos, sin), alt_rot = rots
+  if alt_rot is not None:
     raise ValueError("fixed-shape numerics compute the target, which has no alternative query positions "
                      "(a draft's ring rule); drafts compute with loop.draft_config")
   block, variables = Block(cfg, impl, layer), {"params": lp}
   rows = cfg.fixed.rows(isinstance(spec, CausalChunk))
-  q, q_alt, k, v = tile_map(lambda xt, pt: block.apply(variables, xt, pt, method=Block.pre), rows, x, positions)
+  q, q_alt, k, v = tile_map(lambda xt, ct, st: block.apply(variables, xt, (ct, st), method=Block.pre), rows, x,
+                            cos, sin)
   o, cache_k, cache_v, scores = block.apply(variables, q, q_alt, k, v, positions, cache_k, cache_v, write_slots,
                                             spec, return_scores, method=Block.attend)
   x = tile_map(lambda xt, ot: block.apply(variables, xt, ot, method=Block.post), rows, x, o)
   return x, cache_k, cache_v, scores
 
 
-def apply_layer(lp, cfg: ModelConfig, impl: str, layer: int, x, positions, cache_k, cache_v, write_slots, spec,
-                return_scores=False):
-  """Layer `layer` of the decoder, as the config's numerics compute it."""
+def apply_layer(lp, cfg: ModelConfig, impl: str, layer: int, x, positions, rots, cache_k, cache_v, write_slots,
+                spec, return_scores=False):
+  """Layer `layer` of the decoder, as the config's numerics compute it. rots: (cos, sin) of the tokens'
+  positions for this layer's RoPE and of the spec's alt_pos (or None): `rotations`."""
   if cfg.invariant:
-    return invariant_block(lp, cfg, impl, layer, x, positions, cache_k, cache_v, write_slots, spec, return_scores)
-  return Block(cfg, impl, layer).apply({"params": lp}, x, positions, cache_k, cache_v, write_slots, spec,
+    return invariant_block(lp, cfg, impl, layer, x, positions, rots, cache_k, cache_v, write_slots, spec,
+                           return_scores)
+  return Block(cfg, impl, layer).apply({"params": lp}, x, positions, rots, cache_k, cache_v, write_slots, spec,
                                        return_scores)
+
+
+def rotations(cfg: ModelConfig, layer: int, positions, spec, memo: dict):
+  """((cos, sin), alt or None) for layer `layer`: RoPE's rotation [B, T, D/2] at the tokens' positions and at
+  the spec's alt_pos, computed once per forward pass for all layers with the same frequencies (`memo`): the
+  layers' q and k read one rotation instead of each computing its own."""
+  inv_freq = rope_frequencies(cfg, layer)
+  alt = getattr(spec, "alt_pos", None)
+  key = (inv_freq.tobytes(), None if alt is None else id(alt))
+  if key not in memo:
+    tabled = cfg.max_position_embeddings if cfg.invariant else None
+    memo[key] = (rotation(positions, inv_freq, tabled), None if alt is None else rotation(alt, inv_freq, tabled))
+  return memo[key]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def init_layer(cfg: ModelConfig, key: jax.Array) -> dict:
   """One layer's random params (one executable per config, whatever the seed)."""
   dt, b, t, s = cfg.jnp_dtype, 1, 1, 1
-  dummy = (jnp.zeros((b, t, cfg.hidden_size), dt), jnp.zeros((b, t), jnp.int32),
+  rot = jnp.zeros((b, t, cfg.head_dim // 2), jnp.float32)
+  dummy = (jnp.zeros((b, t, cfg.hidden_size), dt), jnp.zeros((b, t), jnp.int32), ((rot, rot), None),
            jnp.zeros((b, cfg.num_kv_heads, s, cfg.head_dim), dt),
            jnp.zeros((b, cfg.num_kv_heads, s, cfg.head_dim), dt), jnp.zeros((b, t), jnp.int32),
            PrefixTree(jnp.zeros((b,), jnp.int32), jnp.ones((t, t), bool)))
@@ -149,7 +168,7 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
   slots and the rule as that layer's ring sees them (`ring_rule`): write_slots are virtual (linear) slots.
   """
   x = embed(params, cfg, tokens)
-  ks, vs, scores, feats, rings = [], [], [], {}, {}
+  ks, vs, scores, feats, rings, rots = [], [], [], {}, {}, {}
   for i, (lp, ck, cv) in enumerate(zip(params["layers"], cache.k, cache.v, strict=True)):
     ws, sp = write_slots, spec
     if isinstance(cache, KVCache) and cache.is_ring(i):
@@ -159,8 +178,8 @@ def forward(params: dict, cfg: ModelConfig, tokens: jax.Array, positions: jax.Ar
             ring_rule(spec, positions, size)      # fixed-shape numerics read a prefill's ring by position
         rings[size] = (None if ws is None else cache.layer_slots(i, ws), rule)
       ws, sp = rings[size]
-    x, ck, cv, sc = traced_once(apply_layer, lp, cfg, impl, cfg.layer_kind(i), x, positions, ck, cv, ws, sp,
-                                return_scores)
+    x, ck, cv, sc = traced_once(apply_layer, lp, cfg, impl, cfg.layer_kind(i), x, positions,
+                                rotations(cfg, i, positions, sp, rots), ck, cv, ws, sp, return_scores)
     ks.append(ck)
     vs.append(cv)
     scores.append(sc)

@@ -28,7 +28,7 @@ from magicdec_jax.layers.dense import dense, weight_param
 from magicdec_jax.layers.invariant import chunk_attention, tiled_attention
 from magicdec_jax.layers.norm import RMSNorm
 from magicdec_jax.layers.prefill_attention import CausalChunk, causal_chunk_attention, softcapped
-from magicdec_jax.layers.rope import apply_rope, rope_frequencies
+from magicdec_jax.layers.rope import rotate
 from magicdec_jax.pallas.xla_attention import dot_operands, fold_queries, unfold_queries, visibility_mask
 
 NEG_INF = -1e30
@@ -207,18 +207,17 @@ class Attention(nn.Module):
     if cfg.o_bias:
       self.bo = self.param("o_bias", zeros, (dm,), dt)
 
-  def qkv(self, x, positions, alt_pos=None):
-    """x [B, T, Dm] -> q [B, T, H, D] (rotated at positions), q rotated at alt_pos (or None), k, v [B, T, K, D]."""
+  def qkv(self, x, rot, alt_rot=None):
+    """x [B, T, Dm] -> q [B, T, H, D] rotated by rot = (cos, sin) [B, T, D/2] (rope.rotation at the tokens'
+    positions, for this layer's frequencies), q rotated by alt_rot (or None), k, v [B, T, K, D]."""
     cfg = self.cfg
     bq, bk, bv = (self.bq, self.bk, self.bv) if cfg.qkv_bias else (None, None, None)
-    inv_freq = rope_frequencies(cfg, self.layer)
     q_raw, k = project(x, self.wq, bq), project(x, self.wk, bk)
     if cfg.qk_norm:
       q_raw, k = self.q_norm(q_raw), self.k_norm(k)
-    tabled = cfg.max_position_embeddings if cfg.invariant else None
-    q = apply_rope(q_raw, positions, inv_freq, tabled)
-    q_alt = None if alt_pos is None else apply_rope(q_raw, alt_pos, inv_freq, tabled)
-    return q, q_alt, apply_rope(k, positions, inv_freq, tabled), project(x, self.wv, bv)
+    q = rotate(q_raw, *rot, fixed=cfg.invariant)
+    q_alt = None if alt_rot is None else rotate(q_raw, *alt_rot, fixed=cfg.invariant)
+    return q, q_alt, rotate(k, *rot, fixed=cfg.invariant), project(x, self.wv, bv)
 
   def attend_cache(self, q, q_alt, k, v, positions, cache_k, cache_v, write_slots, spec, return_scores=False):
     """The new tokens' k/v written at write_slots, then q attending to the cache under `spec` ->

@@ -97,22 +97,33 @@ def angle_error(positions: jax.Array, inv_freq: np.ndarray, one: jax.Array) -> j
   return (((p_hi * f_hi - angle) + p_hi * f_lo) + p_lo * f_hi) + p_lo * f_lo
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray, max_position: int | None = None) -> jax.Array:
-  """x [B, T, N, D], positions [B, T] (int) -> x rotated by the float32 angle position * inv_freq, in
-  x.dtype. max_position: the rotation read from tables of positions below it (tabled_rotation; fixed-shape
-  numerics), else the backend's cos / sin."""
+def rotation(positions: jax.Array, inv_freq: np.ndarray, max_position: int | None = None
+             ) -> tuple[jax.Array, jax.Array]:
+  """positions [B, T] (int) -> (cos, sin) [B, T, D/2] float32 of the float32 angle position * inv_freq.
+  max_position: read from tables of positions below it (tabled_rotation; fixed-shape numerics), else the
+  backend's cos / sin. A forward pass computes it once for every layer that shares inv_freq."""
   if max_position is None:
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)  # [B, T, D/2]
-    cos, sin = jnp.cos(angles), jnp.sin(angles)
-  else:
-    cos, sin = tabled_rotation(positions.astype(jnp.int32), inv_freq, max_position)
+    return jnp.cos(angles), jnp.sin(angles)
+  return tabled_rotation(positions.astype(jnp.int32), inv_freq, max_position)
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, fixed: bool = False) -> jax.Array:
+  """x [B, T, N, D] rotated by `rotation`'s cos, sin [B, T, D/2], in x.dtype (fixed: each product rounded
+  on its own, so a token's result is the same bits in any program)."""
   cos, sin = cos[:, :, None, :], sin[:, :, None, :]
   x32 = x.astype(jnp.float32)
   x1, x2 = jnp.split(x32, 2, axis=-1)
-  if max_position is None:
+  if not fixed:
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   else:
     one = unknown_one(x32)
     out = jnp.concatenate([rounded(x1 * cos, one) - rounded(x2 * sin, one),
                            rounded(x2 * cos, one) + rounded(x1 * sin, one)], axis=-1)
   return out.astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray, max_position: int | None = None) -> jax.Array:
+  """x [B, T, N, D], positions [B, T] (int) -> x rotated by the float32 angle position * inv_freq, in
+  x.dtype: `rotate` by `rotation` (max_position: its tables, fixed-shape numerics)."""
+  return rotate(x, *rotation(positions, inv_freq, max_position), fixed=max_position is not None)
