@@ -11,11 +11,13 @@ Training text: the plays from the front; held out: `held_out=True` windows, whic
   nice -n 10 python -m benchmarks.drafts.train model --steps=200 --batch=4 --seq_len=256 --loss=kl
   flock /tmp/magicdec_cpu.lock python -m benchmarks.drafts.train feature --steps=400 --max_seconds=420
   python -m benchmarks.drafts.train step --batch=4 --seq_len=256 --draft_vocab=8192 --repeats=5
+  python -m benchmarks.drafts.train model --smoke     # any kind: random tiny target, 2 steps, tiny shapes (seconds)
 """
 from __future__ import annotations
 
 import functools
 import os
+import tempfile
 import time
 
 import jax
@@ -23,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
-from magicdec_jax import checkpoints, feature_head, textdata
+from magicdec_jax import feature_head, textdata
 from magicdec_jax.layers.dense import narrow_weights
 from magicdec_jax.training import distill, distill_feature
 
@@ -128,8 +130,13 @@ def time_step(a, target, env) -> dict:
           "speedup_bfloat16_over_float32": res["float32"]["median_s"] / res["bfloat16"]["median_s"]}
 
 
+SMOKE = dict(steps=2, batch=2, seq_len=32, train_tokens=2048, eval_windows=1, eval_tokens=300, eval_every=1,
+             layers=1, repeats=2, max_seconds=600.0, draft_vocab=64)
+
+
 def main(argv=None):
-  ap = common.parser(__doc__, smoke=None, output="json")
+  ap = common.parser(__doc__, smoke="random tiny target (byte tokenizer), 2 steps, tiny shapes, a temporary out_dir",
+                     output="json")
   ap.add_argument("kind", choices=("model", "feature", "step"))
   for name, typ, default in (("steps", int, None), ("batch", int, 4), ("seq_len", int, 256), ("lr", float, None),
                              ("warmup", int, None), ("eval_every", int, None), ("eval_windows", int, 2),
@@ -139,7 +146,9 @@ def main(argv=None):
     ap.add_argument(f"--{name}", type=typ, default=default)
   ap.add_argument("--loss", default="kl", choices=distill.LOSSES)
   ap.add_argument("--compute", default="float32", choices=distill_feature.COMPUTE_DTYPES)
-  a = ap.parse_args(argv)
+  a = common.parse(ap, argv, **SMOKE)
+  if a.smoke and a.out_dir is None:
+    a.out_dir = tempfile.mkdtemp(prefix=f"train-{a.kind}-smoke-")
   defaults = {"model": dict(steps=200, lr=6e-4, warmup=20, eval_every=25, out_dir="/tmp/distill_smollm2", draft_vocab=0),
               "feature": dict(steps=400, lr=1e-3, warmup=10, eval_every=50, out_dir="out/feature_head_smollm2",
                               draft_vocab=0),
@@ -147,10 +156,10 @@ def main(argv=None):
   for k, v in defaults.items():
     if getattr(a, k) is None:
       setattr(a, k, v)
-  target = checkpoints.load_model("smollm2-135m", dtype="float32")
+  target, source = common.model(a.smoke)
   run = {"model": train_model, "feature": train_feature, "step": time_step}[a.kind]
   out = run(a, target, common.env_info())
-  out["target"] = "smollm2-135m (GGUF dequantized, float32)"
+  out["target"] = f"{source} (float32)"
   name = {"model": f"distill_smollm2_{a.loss}", "feature": "feature_head_smollm2", "step": "feature_train_step"}[a.kind]
   common.finish(out, common.output_path(a.json, name))
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import magicdec_jax as md
-from magicdec_jax import constraints, testing
+from magicdec_jax import constraints, feature_head, testing
 from magicdec_jax.model import full_forward
 from magicdec_jax.trees import Tree
 
@@ -332,6 +332,51 @@ def _trained_speed(doc, out, mod, stdout):
     if name != "plain":
       assert run["identical_to_ar"], name
       assert 1.0 <= run["mean_accepted_length"] <= 3.0
+
+
+def _decodes_like_plain(draft) -> None:
+  """The trained draft on the random tiny target gives a plain autoregressive run's greedy tokens."""
+  target = testing.random_tiny_model(0)
+  prompts = [np.random.default_rng(6).integers(0, target.config.vocab_size, size=n).tolist() for n in (9, 20)]
+  ar = md.generate(target, prompts, max_new_tokens=10)
+  assert md.generate(target, prompts, max_new_tokens=10, gamma=2, draft=draft).tokens == ar.tokens
+
+
+def _train_run(doc, steps_at=(0, 1, 2)):
+  _env_ok(doc)
+  assert doc["target"] == "random-tiny (float32)"
+  assert doc["train_tokens"] == doc["train_windows"] * doc["config"]["seq_len"] == doc["train_windows"] * 32
+  assert [h["step"] for h in doc["curve"]] == list(steps_at)
+  assert "the last 1 play(s)" in doc["heldout"]["source"]
+
+
+@case("drafts.train:model")
+def _train_model(doc, out, mod, stdout):
+  """Two distillation steps: the curve's bookkeeping, and the draft written decodes the target's own tokens."""
+  _train_run(doc)
+  assert all(0 <= h["acceptance"] <= 1 for h in doc["curve"])
+  _decodes_like_plain(md.ModelDraft(md.load_model(doc["config"]["out_dir"]), sink=2, window=8))
+
+
+@case("drafts.train:feature")
+def _train_feature(doc, out, mod, stdout):
+  """Two feature-head steps over a 65-token draft vocabulary: finished, and the head written drafts losslessly."""
+  _train_run(doc)
+  assert doc["finished"] and doc["draft_vocab"]["size"] == 65
+  assert all(len(h["acceptance"]) == 3 and all(0 <= x <= 1 for x in h["acceptance"]) for h in doc["curve"])
+  _decodes_like_plain(md.FeatureDraft(feature_head.load_head(doc["config"]["out_dir"]), sink=2, window=8))
+
+
+@case("drafts.train:step")
+def _train_step(doc, out, mod, stdout):
+  """One training step in float32 and bfloat16 compute from the same head and batches: the same first loss
+  within bfloat16's rounding, and the ratio is the medians' quotient."""
+  _env_ok(doc)
+  f32, bf16 = doc["results"]["float32"], doc["results"]["bfloat16"]
+  assert len(f32["times_s"]) == len(bf16["times_s"]) == 2 and f32["median_s"] > 0 and bf16["median_s"] > 0
+  assert all(np.isfinite(f32["loss"])) and all(np.isfinite(bf16["loss"]))
+  assert abs(bf16["loss"][0] - f32["loss"][0]) <= 0.02 * abs(f32["loss"][0])
+  assert doc["speedup_bfloat16_over_float32"] == pytest.approx(f32["median_s"] / bf16["median_s"])
 
 
 @case("constraints.decode", slow=False)
