@@ -120,7 +120,7 @@ def rotations(cfg: ModelConfig, layer: int, positions, spec, memo: dict):
   layers' q and k read one rotation instead of each computing its own."""
   inv_freq = rope_frequencies(cfg, layer)
   alt = getattr(spec, "alt_pos", None)
-  key = (inv_freq.tobytes(), None if alt is None else id(alt))
+  key = (inv_freq.tobytes(), None if alt is None else id(alt))   # (alt_pos: the one array the layers' rule holds)
   if key not in memo:
     tabled = cfg.max_position_embeddings if cfg.invariant else None
     memo[key] = (rotation(positions, inv_freq, tabled), None if alt is None else rotation(alt, inv_freq, tabled))
