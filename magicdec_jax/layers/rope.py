@@ -55,7 +55,7 @@ def rope_tables(inv_freq: np.ndarray, max_position: int) -> tuple[np.ndarray, ..
 
 
 def tabled_rotation(positions: jax.Array, inv_freq: np.ndarray, max_position: int) -> tuple[jax.Array, jax.Array]:
-  """cos and sin [B, T, D/2] of the float32 angle position * inv_freq (rounded as apply_rope's fast form and
+  """cos and sin [B, T, D/2] of the float32 angle position * inv_freq (rounded as `rotation`'s fast form and
   transformers round it) for positions [B, T] < max_position: the exact product's rotation from rope_tables
   by the angle-sum identity, turned back by the float32 product's rounding error e (exact: angle_error; its
   cos and sin as series, |e| being half an ulp of the angle). Table reads, products and sums only, so a
@@ -121,9 +121,3 @@ def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array, fixed: bool = False) ->
     out = jnp.concatenate([rounded(x1 * cos, one) - rounded(x2 * sin, one),
                            rounded(x2 * cos, one) + rounded(x1 * sin, one)], axis=-1)
   return out.astype(x.dtype)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray, max_position: int | None = None) -> jax.Array:
-  """x [B, T, N, D], positions [B, T] (int) -> x rotated by the float32 angle position * inv_freq, in
-  x.dtype: `rotate` by `rotation` (max_position: its tables, fixed-shape numerics)."""
-  return rotate(x, *rotation(positions, inv_freq, max_position), fixed=max_position is not None)
