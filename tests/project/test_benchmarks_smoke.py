@@ -22,6 +22,8 @@ from magicdec_jax import constraints, feature_head, testing
 from magicdec_jax.model import full_forward
 from magicdec_jax.trees import Tree
 
+from conftest import random_prompts
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CASES = {}      # case -> (module, check(doc, out, module, stdout), slow, extra argv, in a subprocess)
 
@@ -337,7 +339,7 @@ def _trained_speed(doc, out, mod, stdout):
 def _decodes_like_plain(draft) -> None:
   """The trained draft on the random tiny target gives a plain autoregressive run's greedy tokens."""
   target = testing.random_tiny_model(0)
-  prompts = [np.random.default_rng(6).integers(0, target.config.vocab_size, size=n).tolist() for n in (9, 20)]
+  prompts = random_prompts((9, 20), target.config.vocab_size, seed=6)
   ar = md.generate(target, prompts, max_new_tokens=10)
   assert md.generate(target, prompts, max_new_tokens=10, gamma=2, draft=draft).tokens == ar.tokens
 
@@ -547,7 +549,7 @@ def test_a_benchmark_varies_a_quantized_copys_form_through_the_draft():
   import magicdec_jax as md
   from benchmarks import common
   from magicdec_jax.layers import quant
-  from conftest import random_prompts, tiny_model
+  from conftest import tiny_model
 
   before = quant.backend_form()
   form = common.int4_form(group=32, keep_int8=(), symmetric=True)
